@@ -1,0 +1,121 @@
+"""The rank side of ``run_ranks``: a loop that runs jobs sent by the parent.
+
+Test modules are imported by pytest in importlib mode under names that are not importable
+(``packages.pt-dist.tests.test_store``), so functions travel as (module name, file, qualname)
+and the worker loads the file itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import importlib.util
+import os
+import pickle
+import sys
+import traceback
+import types
+from dataclasses import dataclass
+
+_store = None
+
+
+def store():
+    """Inside a rank: a client of the parent's TCPStore, for test-side rendezvous (e.g. publishing a port)."""
+    if _store is None:
+        raise RuntimeError("harness.store() is only available inside a rank started by run_ranks")
+    return _store
+
+
+@dataclass(frozen=True)
+class FnRef:
+    module: str
+    file: str | None
+    qualname: str
+
+    @classmethod
+    def of(cls, fn) -> FnRef:
+        qualname = getattr(fn, "__qualname__", "")
+        if "<locals>" in qualname or "<lambda>" in qualname or not qualname:
+            raise TypeError(f"run_ranks needs a module-level function, got {fn!r}: ranks import it by name")
+        mod = sys.modules.get(fn.__module__)
+        return cls(fn.__module__, getattr(mod, "__file__", None), qualname)
+
+    def resolve(self):
+        mod = _load_module(self.module, self.file)
+        obj = mod
+        for part in self.qualname.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+def _load_module(name: str, file: str | None):
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        mod = importlib.import_module(name)
+        if file is None or os.path.abspath(getattr(mod, "__file__", "") or "") == os.path.abspath(file):
+            return mod
+    except ImportError:
+        if file is None:
+            raise
+    # Placeholder parents so pickle's __import__ of the dotted name resolves.
+    parts = name.split(".")
+    for i in range(1, len(parts)):
+        parent = ".".join(parts[:i])
+        if parent not in sys.modules:
+            sys.modules[parent] = types.ModuleType(parent)
+    spec = importlib.util.spec_from_file_location(name, file)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _setup(rank: int, job: dict):
+    global _store
+    import torch
+    import torch.distributed as dist
+
+    world_size, timeout = job["world_size"], datetime.timedelta(seconds=job["timeout"])
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1"})
+    _store = dist.TCPStore("127.0.0.1", job["store_port"], world_size + 1, is_master=False, timeout=timeout)
+    backend = job["backend"]
+    if backend is None:
+        return
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, store=dist.PrefixStore("pg", _store), rank=rank,
+                            world_size=world_size, timeout=timeout)
+
+
+def _teardown():
+    global _store
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _store = None
+
+
+def worker_main(rank: int, commands, results) -> None:
+    """Run jobs until told to stop; on failure the parent kills this process with the pool."""
+    import torch.distributed  # noqa: F401 - the slow import happens before the job's clock starts
+
+    results.put((rank, "ready", None))
+    while True:
+        job = commands.get()
+        if job is None:
+            return
+        try:
+            _setup(rank, job)
+            fn = job["fn"].resolve()
+            args = pickle.loads(job["args"])
+            out = fn(rank, job["world_size"], *args)
+            _teardown()
+            payload = pickle.dumps(out)
+        except BaseException:  # noqa: BLE001 - report everything, including SystemExit, to the parent
+            results.put((rank, "error", traceback.format_exc()))
+            continue
+        results.put((rank, "ok", payload))

@@ -1,0 +1,150 @@
+"""The harness's own guarantees: results by rank, raising/hanging/killed ranks fail fast and by name."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import RankError, run_ranks, store
+
+
+def _all_reduce(rank, world_size):
+    t = torch.arange(5, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(t)
+    return t
+
+
+def test_four_ranks_all_reduce():
+    out = run_ranks(_all_reduce, 4, backend="gloo")
+    expected = torch.arange(5, dtype=torch.float32) * sum(range(1, 5))
+    assert len(out) == 4
+    for t in out:
+        torch.testing.assert_close(t, expected, rtol=0, atol=0)
+
+
+def _identity(rank, world_size, payload):
+    return rank, world_size, dist.get_rank(), dist.get_world_size(), payload, os.environ["RANK"]
+
+
+def test_args_and_results_by_rank():
+    out = run_ranks(_identity, 3, {"x": [1, 2]}, backend="gloo")
+    assert out == [(r, 3, r, 3, {"x": [1, 2]}, str(r)) for r in range(3)]
+
+
+def _raise_on_one(rank, world_size):
+    if rank == 1:
+        raise ValueError("boom from the test")
+    dist.barrier()  # rank 0 is stuck here until it is killed
+
+
+def test_raising_rank_is_named_with_traceback():
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as err:
+        run_ranks(_raise_on_one, 2, backend="gloo", timeout=60)
+    msg = str(err.value)
+    assert "rank 1 raised" in msg and "ValueError: boom from the test" in msg and "_raise_on_one" in msg
+    assert time.monotonic() - t0 < 30, "a raising rank must not wait for the full timeout"
+
+
+def _hang_on_one(rank, world_size):
+    if rank == 1:
+        time.sleep(3600)
+    return rank
+
+
+def test_hanging_rank_times_out_and_is_named():
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as err:
+        run_ranks(_hang_on_one, 2, backend="gloo", timeout=3)
+    assert "ranks [1] did not finish (timed out" in str(err.value)
+    assert time.monotonic() - t0 < 20
+
+
+def _die_on_one(rank, world_size):
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def test_killed_rank_is_seen_before_the_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as err:
+        run_ranks(_die_on_one, 2, backend="gloo", timeout=120)
+    assert "rank 1 died (killed by SIGKILL)" in str(err.value)
+    assert time.monotonic() - t0 < 30
+
+
+def _sees_env(rank, world_size):
+    return os.environ.get("HARNESS_TEST_VAR")
+
+
+def test_env_reaches_fresh_ranks():
+    assert run_ranks(_sees_env, 2, backend=None, env={"HARNESS_TEST_VAR": "on"}) == ["on", "on"]
+
+
+def _publish(rank, world_size):
+    s = store()
+    s.set(f"k{rank}", str(rank * 10))
+    return [int(s.get(f"k{r}")) for r in range(world_size)]
+
+
+def test_store_without_process_group():
+    assert not dist.is_initialized()
+    assert run_ranks(_publish, 2, backend=None) == [[0, 10], [0, 10]]
+
+
+def test_pool_survives_a_failure():
+    with pytest.raises(RankError):
+        run_ranks(_raise_on_one, 2, backend="gloo", timeout=60)
+    out = run_ranks(_all_reduce, 2, backend="gloo")
+    torch.testing.assert_close(out[0], torch.arange(5, dtype=torch.float32) * 3)
+
+
+def test_lambda_is_refused():
+    with pytest.raises(TypeError, match="module-level function"):
+        run_ranks(lambda r, w: r, 1)
+
+
+@pytest.mark.gpu(2)
+def test_nccl_all_reduce_on_two_gpus():
+    out = run_ranks(_all_reduce_cuda, 2, backend="auto")
+    torch.testing.assert_close(out[0], torch.arange(5, dtype=torch.float32) * 3)
+
+
+def _all_reduce_cuda(rank, world_size):
+    assert dist.get_backend() == "nccl"
+    t = torch.arange(5, dtype=torch.float32, device="cuda") * (rank + 1)
+    dist.all_reduce(t)
+    return t.cpu()
+
+
+def test_two_multi_rank_tests_in_parallel_under_xdist(tmp_path):
+    """Two tests rendezvous at the same time in two xdist workers: no port clash, both pass."""
+    (tmp_path / "test_par.py").write_text(textwrap.dedent("""
+        import time, torch, torch.distributed as dist
+        from harness import run_ranks
+
+        def _work(rank, world_size):
+            t = torch.ones(3)
+            for _ in range(20):
+                dist.all_reduce(t)
+                t /= world_size
+            return t
+
+        def test_a():
+            assert all(torch.allclose(t, torch.ones(3)) for t in run_ranks(_work, 2, backend="gloo"))
+
+        def test_b():
+            assert all(torch.allclose(t, torch.ones(3)) for t in run_ranks(_work, 2, backend="gloo"))
+    """))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider",
+                           "--import-mode=importlib", "--rootdir", str(tmp_path), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout

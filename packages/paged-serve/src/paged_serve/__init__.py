@@ -1,0 +1,3 @@
+"""paged_serve."""
+
+__version__ = "0.1.0"
