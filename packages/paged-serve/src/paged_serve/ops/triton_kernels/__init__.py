@@ -1,0 +1,1 @@
+"""Triton PagedAttention kernels: one file per kernel family (cache writes/copies, decode, prefill)."""
