@@ -1,0 +1,181 @@
+"""Safetensors checkpoint files: sharded writing with an index, and validated reading.
+
+Mirrors transformers' ``save_pretrained(max_shard_size=...)`` layout (``model.safetensors`` or
+``model-0000X-of-0000N.safetensors`` + ``model.safetensors.index.json``). Reading validates each file's header against
+its size before any tensor is copied, so a truncated or corrupted file fails with the file and tensor named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save as safetensors_save
+
+from .utils import atomic_write_bytes, atomic_write_text
+
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+_SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+
+_DTYPE_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+    "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8,
+}
+
+
+class CheckpointError(OSError):
+    """A checkpoint file is missing, truncated, corrupted or does not match the model."""
+
+
+def convert_file_size_to_int(size: int | str) -> int:
+    """``"5GB"`` -> 5 * 10**9, ``"5GiB"`` -> 5 * 2**30, ints pass through (transformers' convention)."""
+    if isinstance(size, int):
+        if size <= 0:
+            raise ValueError(f"max_shard_size must be positive, got {size}")
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)\s*", str(size), flags=re.IGNORECASE)
+    if not match:
+        raise ValueError(f"max_shard_size={size!r} is not an int or a size like '5GB', '200MB', '1GiB'")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    power = "BKMGT".index(unit[0]) if unit != "B" else 0
+    base = 1024 if "I" in unit else 1000
+    value = int(number * base**power)
+    if value <= 0:
+        raise ValueError(f"max_shard_size={size!r} must be positive")
+    return value
+
+
+def tensor_nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def split_state_dict_into_shards(state_dict: dict[str, torch.Tensor], max_shard_size: int | str) -> list[list[str]]:
+    """Greedy split in key order; a tensor larger than the limit gets a shard of its own (like huggingface_hub)."""
+    limit = convert_file_size_to_int(max_shard_size)
+    shards: list[list[str]] = [[]]
+    current = 0
+    for key, tensor in state_dict.items():
+        size = tensor_nbytes(tensor)
+        if shards[-1] and current + size > limit:
+            shards.append([])
+            current = 0
+        shards[-1].append(key)
+        current += size
+    return shards
+
+
+def save_state_dict(
+    state_dict: dict[str, torch.Tensor], save_directory: str, max_shard_size: int | str = "5GB", metadata=None
+) -> list[str]:
+    """Write ``state_dict`` as one file or shards + index; stale weight files of an earlier save are removed."""
+    os.makedirs(save_directory, exist_ok=True)
+    metadata = {"format": "pt", **(metadata or {})}
+    # safetensors refuses shared storage; a contiguous copy per tensor is what transformers writes too.
+    tensors = {k: v.detach().contiguous() for k, v in state_dict.items()}
+    shards = split_state_dict_into_shards(tensors, max_shard_size)
+    if len(shards) == 1:
+        names = [SAFE_WEIGHTS_NAME]
+    else:
+        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    written = set()
+    weight_map = {}
+    for name, keys in zip(names, shards):
+        data = safetensors_save({k: tensors[k] for k in keys}, metadata=metadata)
+        atomic_write_bytes(os.path.join(save_directory, name), data)
+        written.add(name)
+        weight_map.update({k: name for k in keys})
+    index_path = os.path.join(save_directory, SAFE_WEIGHTS_INDEX_NAME)
+    if len(shards) > 1:
+        total = sum(tensor_nbytes(t) for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        atomic_write_text(index_path, json.dumps(index, indent=2) + "\n")
+    elif os.path.exists(index_path):
+        os.remove(index_path)
+    for entry in os.listdir(save_directory):
+        stale = entry == SAFE_WEIGHTS_NAME or _SHARD_RE.match(entry)
+        if stale and entry not in written:
+            os.remove(os.path.join(save_directory, entry))
+    return names
+
+
+def resolve_weight_files(directory: str) -> dict[str, list[str]]:
+    """Map each weight file of a checkpoint directory to the keys the index promises it holds."""
+    directory = os.fspath(directory)
+    index_path = os.path.join(directory, SAFE_WEIGHTS_INDEX_NAME)
+    single = os.path.join(directory, SAFE_WEIGHTS_NAME)
+    if os.path.isfile(index_path):
+        try:
+            with open(index_path, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise CheckpointError(f"{index_path} is not a valid safetensors index: {err!r}") from err
+        files: dict[str, list[str]] = {}
+        for key, name in weight_map.items():
+            files.setdefault(os.path.join(directory, name), []).append(key)
+        for file, keys in files.items():
+            if not os.path.isfile(file):
+                raise CheckpointError(f"{file} is listed in {index_path} (e.g. for tensor {keys[0]!r}) but is missing")
+        return files
+    if os.path.isfile(single):
+        return {single: list(read_safetensors_header(single))}
+    raise CheckpointError(
+        f"no {SAFE_WEIGHTS_NAME} or {SAFE_WEIGHTS_INDEX_NAME} in {directory!r} (hf-lite reads safetensors only)"
+    )
+
+
+def read_safetensors_header(file: str) -> dict[str, dict]:
+    """Parse and check a safetensors header: every tensor's byte range must fit its dtype*shape and the file size."""
+    size = os.path.getsize(file)
+    with open(file, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{file} is truncated: {size} bytes, not even a safetensors header length")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if 8 + header_len > size:
+            raise CheckpointError(
+                f"{file} is truncated or corrupted: header claims {header_len} bytes, file has {size}"
+            )
+        try:
+            header = json.loads(f.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise CheckpointError(f"{file} has a corrupted safetensors header: {err}") from err
+    header.pop("__metadata__", None)
+    data_size = size - 8 - header_len
+    for name, info in header.items():
+        try:
+            start, end = info["data_offsets"]
+            n = 1
+            for dim in info["shape"]:
+                n *= dim
+            itemsize = _DTYPE_BYTES.get(info["dtype"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"{file}: tensor {name!r} has a corrupted header entry {info!r}") from err
+        if end > data_size:
+            raise CheckpointError(
+                f"{file} is truncated: tensor {name!r} needs bytes [{start}, {end}) "
+                f"but the data section has {data_size}"
+            )
+        if itemsize is not None and end - start != n * itemsize:
+            raise CheckpointError(f"{file}: tensor {name!r} spans {end - start} bytes, its shape needs {n * itemsize}")
+    return header
+
+
+def load_safetensors_file(file: str, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """Load (some) tensors of one validated file; any low-level failure names the file and tensor."""
+    header = read_safetensors_header(file)
+    wanted = list(header) if keys is None else keys
+    out = {}
+    with safe_open(file, framework="pt") as f:
+        for key in wanted:
+            if key not in header:
+                raise CheckpointError(f"{file} does not contain tensor {key!r} although the index says it does")
+            try:
+                out[key] = f.get_tensor(key)
+            except Exception as err:  # safetensors raises its own error types
+                raise CheckpointError(f"{file}: cannot read tensor {key!r}: {err}") from err
+    return out

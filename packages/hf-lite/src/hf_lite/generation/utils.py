@@ -1,0 +1,250 @@
+"""GenerationMixin.generate: greedy and multinomial decoding over a KV cache (transformers' ``generation/utils.py``).
+
+Flow as in transformers: merge kwargs into a copy of the model's GenerationConfig, settle special tokens (pad
+defaults to the first EOS), infer the attention mask and position ids (left padding -> positions count real tokens
+only), fix ``max_length``, build the logits processors and stopping criteria, then run one decoding loop. Each step
+after the prefill feeds a single token and the cache supplies the past.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ..cache_utils import DynamicCache
+from ..modeling_outputs import ModelOutput
+from .beam_search import beam_search
+from .configuration_utils import GenerationConfig
+from .logits_process import (
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from .stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerateDecoderOnlyOutput(ModelOutput):
+    sequences: torch.LongTensor | None = None
+    scores: tuple | None = None
+    past_key_values: object | None = None
+
+
+@dataclass
+class GenerateBeamDecoderOnlyOutput(ModelOutput):
+    sequences: torch.LongTensor | None = None
+    sequences_scores: torch.FloatTensor | None = None
+    scores: tuple | None = None
+    beam_indices: torch.LongTensor | None = None
+    past_key_values: object | None = None
+
+
+def _merge(default_list, custom_list):
+    """A user-supplied processor/criterion replaces the default of the same type, else is appended (transformers)."""
+    if not custom_list:
+        return default_list
+    merged = type(default_list)()
+    for item in default_list:
+        custom = next((c for c in custom_list if type(c) is type(item)), None)
+        merged.append(custom if custom is not None else item)
+    merged.extend(c for c in custom_list if c not in merged)
+    return merged
+
+
+class GenerationMixin:
+    """Mixed into causal-LM models; relies on ``forward(input_ids, attention_mask, position_ids, past_key_values,
+    use_cache, logits_to_keep)`` returning ``.logits`` and ``.past_key_values``."""
+
+    # ------------------------------------------------------------------ setup
+    def _prepare_special_tokens(self, gc: GenerationConfig, device) -> None:
+        eos = gc.eos_token_id
+        eos = [eos] if isinstance(eos, int) else (list(eos) if eos is not None else None)
+        if eos is not None and any(not isinstance(e, int) or e < 0 for e in eos):
+            raise ValueError(f"`eos_token_id` should consist of positive integers, but is {gc.eos_token_id!r}")
+        gc._eos_token_tensor = torch.tensor(eos, device=device) if eos else None
+        pad = gc.pad_token_id
+        if pad is None and eos:
+            pad = eos[0]
+        gc._pad_token_tensor = torch.tensor(pad, device=device) if pad is not None else None
+
+    @staticmethod
+    def _prepare_attention_mask_for_generation(input_ids: torch.Tensor, gc: GenerationConfig) -> torch.Tensor:
+        pad, eos = gc._pad_token_tensor, gc._eos_token_tensor
+        can_infer = pad is not None and bool(torch.isin(pad, input_ids).any())
+        if can_infer and eos is not None:
+            can_infer = not bool(torch.isin(pad, eos).any())
+        if can_infer:
+            return input_ids.ne(pad).long()
+        return torch.ones_like(input_ids, dtype=torch.long)
+
+    def _get_logits_processor(self, gc, input_len: int, attention_mask, custom, device) -> LogitsProcessorList:
+        processors = LogitsProcessorList()
+        eos = gc._eos_token_tensor
+        if gc.repetition_penalty is not None and gc.repetition_penalty != 1.0:
+            padding_lengths = (attention_mask != 0).int().argmax(dim=1) if attention_mask is not None else None
+            processors.append(RepetitionPenaltyLogitsProcessor(gc.repetition_penalty, padding_lengths))
+        if gc.no_repeat_ngram_size is not None and gc.no_repeat_ngram_size > 0:
+            processors.append(NoRepeatNGramLogitsProcessor(gc.no_repeat_ngram_size))
+        if gc.bad_words_ids is not None:
+            processors.append(NoBadWordsLogitsProcessor(gc.bad_words_ids, eos))
+        if gc.min_length is not None and eos is not None and gc.min_length > 0:
+            processors.append(MinLengthLogitsProcessor(gc.min_length, eos, device=device))
+        if gc.min_new_tokens is not None and eos is not None and gc.min_new_tokens > 0:
+            processors.append(MinNewTokensLengthLogitsProcessor(input_len, gc.min_new_tokens, eos, device=device))
+        if gc.suppress_tokens is not None:
+            processors.append(SuppressTokensLogitsProcessor(gc.suppress_tokens, device=device))
+        processors = _merge(processors, custom)
+        if gc.do_sample:
+            # Beam sampling must keep one non-EOS candidate per EOS id so beams can continue.
+            keep = (eos.shape[0] + 1 if eos is not None else 2) if gc.num_beams > 1 else 1
+            if gc.temperature is not None and gc.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(gc.temperature))
+            if gc.top_k is not None and gc.top_k != 0:
+                processors.append(TopKLogitsWarper(gc.top_k, min_tokens_to_keep=keep))
+            if gc.top_p is not None and gc.top_p < 1.0:
+                processors.append(TopPLogitsWarper(gc.top_p, min_tokens_to_keep=keep))
+            if gc.min_p is not None:
+                processors.append(MinPLogitsWarper(gc.min_p, min_tokens_to_keep=keep))
+        return processors
+
+    def _get_stopping_criteria(self, gc, custom, tokenizer) -> StoppingCriteriaList:
+        criteria = StoppingCriteriaList()
+        if gc.max_length is not None:
+            criteria.append(MaxLengthCriteria(gc.max_length, getattr(self.config, "max_position_embeddings", None)))
+        if gc.max_time is not None:
+            criteria.append(MaxTimeCriteria(gc.max_time))
+        if gc.stop_strings is not None:
+            if tokenizer is None:
+                raise ValueError(
+                    "There are one or more stop strings, but no tokenizer: pass `tokenizer=` to `generate` "
+                    "when generating with stop strings."
+                )
+            criteria.append(StopStringCriteria(tokenizer, gc.stop_strings))
+        if gc._eos_token_tensor is not None:
+            criteria.append(EosTokenCriteria(gc._eos_token_tensor))
+        return _merge(criteria, custom)
+
+    # ------------------------------------------------------------------ entry point
+    @torch.no_grad()
+    def generate(
+        self,
+        inputs: torch.LongTensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        logits_processor: LogitsProcessorList | None = None,
+        stopping_criteria: StoppingCriteriaList | None = None,
+        streamer=None,
+        tokenizer=None,
+        **kwargs,
+    ):
+        base = generation_config if generation_config is not None else self.generation_config
+        gc = copy.deepcopy(base if base is not None else GenerationConfig())
+        has_default_max_length = kwargs.get("max_length") is None and gc.max_length == 20 and gc.max_new_tokens is None
+        model_kwargs = gc.update(**kwargs)
+        input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
+        if input_ids is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise ValueError("generate needs `input_ids` as a 2D LongTensor (batch, sequence)")
+        attention_mask = model_kwargs.pop("attention_mask", None)
+        unknown = set(model_kwargs) - {"use_cache", "position_ids"}
+        if unknown:
+            raise ValueError(f"The following `model_kwargs` are not used by the model: {sorted(unknown)}")
+        device = input_ids.device
+        self._prepare_special_tokens(gc, device)
+        if attention_mask is None:
+            attention_mask = self._prepare_attention_mask_for_generation(input_ids, gc)
+        input_len = input_ids.shape[1]
+        if gc.max_new_tokens is not None:
+            gc.max_length = gc.max_new_tokens + input_len
+        elif has_default_max_length:
+            gc.max_length = gc.max_length + input_len
+            max_pos = getattr(self.config, "max_position_embeddings", None)
+            if max_pos is not None:
+                gc.max_length = min(gc.max_length, max_pos)
+        if gc.min_new_tokens is not None:
+            gc.min_length = gc.min_new_tokens + input_len
+        if input_len >= gc.max_length:
+            logger.warning("Input length is %d, but `max_length` is set to %d", input_len, gc.max_length)
+        processors = self._get_logits_processor(gc, input_len, attention_mask, logits_processor, device)
+        criteria = self._get_stopping_criteria(gc, stopping_criteria, tokenizer)
+        position_ids = attention_mask.long().cumsum(-1) - 1
+        position_ids = position_ids.masked_fill(attention_mask == 0, 0)
+
+        if streamer is not None and gc.num_beams > 1:
+            raise ValueError("`streamer` cannot be used with beam search: set `num_beams=1` to stream.")
+        expand = gc.num_beams if gc.num_beams > 1 else gc.num_return_sequences
+        if expand > 1:
+            input_ids = input_ids.repeat_interleave(expand, dim=0)
+            attention_mask = attention_mask.repeat_interleave(expand, dim=0)
+            position_ids = position_ids.repeat_interleave(expand, dim=0)
+        if gc.num_beams > 1:
+            return beam_search(self, input_ids, attention_mask, position_ids, processors, criteria, gc)
+        return self._sample(input_ids, attention_mask, position_ids, processors, criteria, gc, streamer)
+
+    # ------------------------------------------------------------------ greedy / sampling
+    def _sample(self, input_ids, attention_mask, position_ids, processors, criteria, gc, streamer):
+        pad = gc._pad_token_tensor
+        has_eos_criteria = any(isinstance(c, EosTokenCriteria) for c in criteria)
+        if has_eos_criteria and pad is None:
+            raise ValueError("`pad_token_id` must be set to fill finished sequences when stopping on EOS")
+        batch = input_ids.shape[0]
+        unfinished = torch.ones(batch, dtype=torch.long, device=input_ids.device)
+        cache = DynamicCache() if gc.use_cache else None
+        scores = () if gc.return_dict_in_generate and gc.output_scores else None
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
+        step_ids, step_pos = input_ids, position_ids
+        while True:
+            out = self(
+                input_ids=step_ids,
+                attention_mask=attention_mask,
+                position_ids=step_pos,
+                past_key_values=cache,
+                use_cache=gc.use_cache,
+                logits_to_keep=1,
+            )
+            logits = out.logits[:, -1].to(dtype=torch.float32, copy=True)
+            next_scores = processors(input_ids, logits)
+            if scores is not None:
+                scores += (next_scores,)
+            if gc.do_sample:
+                next_tokens = torch.multinomial(torch.softmax(next_scores, dim=-1), num_samples=1).squeeze(1)
+            else:
+                next_tokens = torch.argmax(next_scores, dim=-1)
+            if has_eos_criteria:
+                next_tokens = next_tokens * unfinished + pad * (1 - unfinished)
+            input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
+            if streamer is not None:
+                streamer.put(next_tokens.cpu())
+            unfinished = unfinished & ~criteria(input_ids, scores).long()
+            if unfinished.max() == 0:
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
+            next_pos = position_ids[:, -1:] + 1
+            position_ids = torch.cat([position_ids, next_pos], dim=-1)
+            if gc.use_cache:
+                step_ids, step_pos, cache = next_tokens[:, None], next_pos, out.past_key_values
+            else:
+                step_ids, step_pos = input_ids, position_ids
+        if streamer is not None:
+            streamer.end()
+        if gc.return_dict_in_generate:
+            return GenerateDecoderOnlyOutput(sequences=input_ids, scores=scores, past_key_values=cache)
+        return input_ids

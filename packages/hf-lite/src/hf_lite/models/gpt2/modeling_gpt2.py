@@ -1,0 +1,208 @@
+"""GPT-2 (Radford et al. 2019) with transformers' module and parameter names, so checkpoints interchange.
+
+``Conv1D`` stores its weight as (in, out), exactly as OpenAI's TF checkpoint and transformers do.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...activations import get_activation
+from ...cache_utils import DynamicCache
+from ...generation.utils import GenerationMixin
+from ...loss_utils import causal_lm_loss
+from ...masking_utils import create_causal_mask
+from ...modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from ...modeling_utils import PreTrainedModel
+from .configuration_gpt2 import GPT2Config
+
+
+class Conv1D(nn.Module):
+    """A linear layer with a transposed (in, out) weight: ``y = x @ W + b``."""
+
+    def __init__(self, nf: int, nx: int):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.empty(nx, nf))
+        self.bias = nn.Parameter(torch.zeros(nf))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], self.nf)
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, config: GPT2Config, layer_idx: int):
+        super().__init__()
+        self.embed_dim = config.n_embd
+        self.num_heads = config.n_head
+        self.head_dim = self.embed_dim // self.num_heads
+        self.layer_idx = layer_idx
+        self.scaling = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
+        if config.scale_attn_by_inverse_layer_idx:
+            self.scaling /= float(layer_idx + 1)
+        self.c_attn = Conv1D(3 * self.embed_dim, self.embed_dim)
+        self.c_proj = Conv1D(self.embed_dim, self.embed_dim)
+        self.attn_dropout = nn.Dropout(config.attn_pdrop)
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, hidden_states, attention_mask=None, cache: DynamicCache | None = None):
+        bsz, q_len, _ = hidden_states.shape
+        q, k, v = self.c_attn(hidden_states).split(self.embed_dim, dim=2)
+        q, k, v = (t.view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attention_mask,
+            dropout_p=self.attn_dropout.p if self.training else 0.0,
+            is_causal=attention_mask is None and q_len > 1,
+            scale=self.scaling,
+        )
+        out = out.transpose(1, 2).reshape(bsz, q_len, self.embed_dim)
+        return self.resid_dropout(self.c_proj(out))
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, intermediate_size: int, config: GPT2Config):
+        super().__init__()
+        self.c_fc = Conv1D(intermediate_size, config.n_embd)
+        self.c_proj = Conv1D(config.n_embd, intermediate_size)
+        self.act = get_activation(config.activation_function)
+        self.dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, config: GPT2Config, layer_idx: int):
+        super().__init__()
+        inner = config.n_inner if config.n_inner is not None else 4 * config.n_embd
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = GPT2Attention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = GPT2MLP(inner, config)
+
+    def forward(self, hidden_states, attention_mask=None, cache=None):
+        hidden_states = hidden_states + self.attn(self.ln_1(hidden_states), attention_mask, cache)
+        return hidden_states + self.mlp(self.ln_2(hidden_states))
+
+
+class GPT2PreTrainedModel(PreTrainedModel):
+    config_class = GPT2Config
+    base_model_prefix = "transformer"
+    _keys_to_ignore_on_load_unexpected = [r"attn\.bias$", r"attn\.masked_bias$"]
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, Conv1D)):
+            # GPT-2 paper sec. 2.3: residual projections scaled by 1/sqrt(N) at init, N = 2 residuals per layer.
+            if getattr(module, "_is_residual_proj", False):
+                std = std / math.sqrt(2 * self.config.n_layer)
+            module.weight.data.normal_(0.0, std)
+            if module.bias is not None:
+                module.bias.data.zero_()
+        elif isinstance(module, nn.Embedding):
+            module.weight.data.normal_(0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            module.weight.data.fill_(1.0)
+            module.bias.data.zero_()
+
+
+class GPT2Model(GPT2PreTrainedModel):
+    def __init__(self, config: GPT2Config):
+        super().__init__(config)
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = nn.ModuleList([GPT2Block(config, i) for i in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        for block in self.h:
+            block.attn.c_proj._is_residual_proj = True
+            block.mlp.c_proj._is_residual_proj = True
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.wte
+
+    def set_input_embeddings(self, value):
+        self.wte = value
+
+    def forward(
+        self,
+        input_ids=None,
+        past_key_values=None,
+        attention_mask=None,
+        position_ids=None,
+        inputs_embeds=None,
+        use_cache=None,
+        cache=None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        past_key_values = cache if past_key_values is None else past_key_values
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if isinstance(past_key_values, (tuple, list)):
+            past_key_values = DynamicCache.from_legacy_cache(past_key_values)
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        if inputs_embeds is None:
+            inputs_embeds = self.wte(input_ids)
+        past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
+        q_len = inputs_embeds.shape[1]
+        if past_len + q_len > self.config.n_positions:
+            raise ValueError(f"sequence length {past_len + q_len} exceeds n_positions={self.config.n_positions}")
+        if position_ids is None:
+            position_ids = torch.arange(past_len, past_len + q_len, device=inputs_embeds.device)[None]
+        hidden = self.drop(inputs_embeds + self.wpe(position_ids))
+        mask = create_causal_mask(attention_mask, q_len, past_len, hidden.dtype, hidden.device)
+        for block in self.h:
+            hidden = block(hidden, mask, past_key_values)
+        hidden = self.ln_f(hidden)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values if use_cache else None)
+
+
+class GPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+
+    def __init__(self, config: GPT2Config):
+        super().__init__(config)
+        self.transformer = GPT2Model(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        past_key_values=None,
+        attention_mask=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        logits_to_keep: int = 0,
+        cache=None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        out = self.transformer(
+            input_ids=input_ids,
+            past_key_values=past_key_values if past_key_values is not None else cache,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+        )
+        hidden = out.last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.lm_head(hidden)
+        loss = causal_lm_loss(logits, labels, **kwargs) if labels is not None else None
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
