@@ -1,0 +1,106 @@
+"""Loss scaling for fp16 training (Micikevicius et al., "Mixed Precision Training", 2018, section 3.2).
+
+Same state machine as DeepSpeed's ``deepspeed/runtime/fp16/loss_scaler.py``: on overflow the step is
+skipped and the scale is divided by 2 once ``hysteresis`` overflows have been absorbed; after
+``scale_window`` clean steps since the last overflow it doubles.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class LossScaler:
+    """A static loss scale (``fp16.loss_scale > 0``, or 1.0 for fp32/bf16)."""
+
+    dynamic = False
+
+    def __init__(self, scale: float = 1.0):
+        self.cur_scale = float(scale)
+
+    @property
+    def loss_scale(self) -> float:
+        return self.cur_scale
+
+    def update_scale(self, overflow: bool) -> None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {"cur_scale": self.cur_scale}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.cur_scale = sd["cur_scale"]
+
+
+class DynamicLossScaler(LossScaler):
+    dynamic = True
+
+    def __init__(self, init_scale: float = 2.0**16, scale_window: int = 1000, min_scale: float = 1.0,
+                 delayed_shift: int = 2, consecutive_hysteresis: bool = False, scale_factor: float = 2.0):
+        super().__init__(init_scale)
+        self.cur_iter = 0
+        self.last_overflow_iter = -1
+        self.scale_factor = scale_factor
+        self.scale_window = scale_window
+        self.min_scale = min_scale
+        self.delayed_shift = delayed_shift
+        self.cur_hysteresis = delayed_shift
+        self.consecutive_hysteresis = consecutive_hysteresis
+
+    def update_scale(self, overflow: bool) -> None:
+        if overflow:
+            if self.delayed_shift == 1 or self.cur_hysteresis == 1:
+                if self.cur_scale == self.min_scale:
+                    raise RuntimeError(f"loss scale already at its minimum {self.min_scale}; gradients keep "
+                                       "overflowing (raise fp16.min_loss_scale or fix the model)")
+                new = max(self.cur_scale / self.scale_factor, self.min_scale)
+                logger.info("fp16 overflow: skipping step, loss scale %s -> %s", self.cur_scale, new)
+                self.cur_scale = new
+            else:
+                logger.info("fp16 overflow: skipping step, hysteresis %d -> %d", self.cur_hysteresis,
+                            self.cur_hysteresis - 1)
+                self.cur_hysteresis -= 1
+            self.last_overflow_iter = self.cur_iter
+        else:
+            if self.consecutive_hysteresis:
+                self.cur_hysteresis = self.delayed_shift
+            clean = self.cur_iter - self.last_overflow_iter - 1
+            if clean > 0 and clean % self.scale_window == 0:
+                if not self.consecutive_hysteresis:
+                    self.cur_hysteresis = self.delayed_shift
+                self.cur_scale *= self.scale_factor
+        self.cur_iter += 1
+
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")}
+
+    def load_state_dict(self, sd: dict) -> None:
+        for k, v in sd.items():
+            setattr(self, k, v)
+
+
+def has_overflow(tensors, group=None) -> bool:
+    """Whether any rank saw inf/NaN: one MAX all-reduce so every rank skips the same step."""
+    flag = torch.zeros(1, dtype=torch.float32)
+    for t in tensors:
+        if t is not None and t.numel() and not torch.isfinite(t).all():
+            flag.fill_(1.0)
+            break
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
+    return bool(flag.item())
+
+
+def create_loss_scaler(fp16_config) -> LossScaler:
+    if not fp16_config.enabled:
+        return LossScaler(1.0)
+    if fp16_config.loss_scale > 0:
+        return LossScaler(fp16_config.loss_scale)
+    return DynamicLossScaler(init_scale=2.0**fp16_config.initial_scale_power,
+                             scale_window=fp16_config.loss_scale_window, min_scale=fp16_config.min_loss_scale,
+                             delayed_shift=fp16_config.hysteresis,
+                             consecutive_hysteresis=fp16_config.consecutive_hysteresis)

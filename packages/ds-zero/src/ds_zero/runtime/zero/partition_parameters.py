@@ -1,0 +1,228 @@
+"""ZeRO-3 parameter partitioning (Rajbhandari et al., "ZeRO", 2020, section 5.3: P_os+g+p).
+
+Each parameter is split into ``world_size`` equal chunks (the last one zero-padded); rank r keeps
+chunk r in ``param.ds_tensor`` and ``param.data`` is swapped for an empty tensor. Gathering
+all-gathers the chunks back into ``param.data``; releasing empties it again. Mirrors
+``deepspeed/runtime/zero/partition_parameters.py`` (``zero.Init``, ``GatheredParameters``,
+``ZeroParamStatus``).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import itertools
+
+import torch
+import torch.distributed as dist
+
+_ids = itertools.count()
+
+
+class ZeroParamStatus(enum.Enum):
+    AVAILABLE = 1  # param.data holds the full tensor
+    NOT_AVAILABLE = 2  # param.data is empty; only ds_tensor (this rank's chunk) exists
+    INFLIGHT = 3  # an async all-gather is filling it
+
+
+def _world(group) -> tuple[int, int]:
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def is_zero_param(p: torch.Tensor) -> bool:
+    return hasattr(p, "ds_id")
+
+
+def chunk_numel(numel: int, world_size: int) -> int:
+    return -(-numel // world_size)
+
+
+def _empty_like(p: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=p.dtype, device=p.device)
+
+
+def partition_param(p: torch.nn.Parameter, group=None, broadcast: bool = True) -> None:
+    """Turn a full parameter into a ZeRO-3 one; rank 0's values win so all ranks agree."""
+    if is_zero_param(p):
+        return
+    world, rank = _world(group)
+    if broadcast and world > 1:
+        dist.broadcast(p.data, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    c = chunk_numel(p.numel(), world)
+    flat = p.data.reshape(-1)
+    chunk = torch.zeros(c, dtype=p.dtype, device=p.device)
+    lo, hi = rank * c, min((rank + 1) * c, p.numel())
+    if hi > lo:
+        chunk[: hi - lo].copy_(flat[lo:hi])
+    p.ds_id = next(_ids)
+    p.ds_shape = p.shape
+    p.ds_numel = p.numel()
+    p.ds_tensor = chunk
+    p.ds_persist = False
+    p.ds_group = group
+    p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+    p.data = _empty_like(p)
+
+
+class AllGatherHandle:
+    """One coalesced all-gather of several parameters' chunks; ``wait()`` installs the full tensors."""
+
+    def __init__(self, params: list, group, async_op: bool):
+        self.params = params
+        world, _ = _world(group)
+        self.world = world
+        sizes = [p.ds_tensor.numel() for p in params]
+        self.sizes = sizes
+        send = torch.cat([p.ds_tensor for p in params]) if len(params) > 1 else params[0].ds_tensor.contiguous()
+        self.recv = torch.empty(world * send.numel(), dtype=send.dtype, device=send.device)
+        self.work = dist.all_gather_into_tensor(self.recv, send, group=group, async_op=async_op)
+        for p in params:
+            p.ds_status = ZeroParamStatus.INFLIGHT
+
+    def wait(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        rows = self.recv.view(self.world, -1)
+        off = 0
+        for p, c in zip(self.params, self.sizes):
+            full = rows[:, off:off + c].reshape(-1)[: p.ds_numel]
+            p.data = full.view(p.ds_shape).to(p.ds_tensor.dtype)
+            p.ds_status = ZeroParamStatus.AVAILABLE
+            off += c
+        self.params = []
+
+
+def gather_params(params, async_op: bool = False) -> AllGatherHandle | None:
+    """All-gather the not-yet-available ZeRO params (grouped by process group), one collective each."""
+    todo = [p for p in params if is_zero_param(p) and p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
+    if not todo:
+        return None
+    group = todo[0].ds_group
+    handle = AllGatherHandle(todo, group, async_op)
+    if not async_op:
+        handle.wait()
+    return handle
+
+
+def release_param(p: torch.nn.Parameter) -> None:
+    if is_zero_param(p) and not p.ds_persist and p.ds_status == ZeroParamStatus.AVAILABLE:
+        p.data = _empty_like(p)
+        p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+
+
+def repartition_param(p: torch.nn.Parameter) -> None:
+    """Copy this rank's slice of the (possibly modified) full ``p.data`` back into ``ds_tensor``."""
+    world, rank = _world(p.ds_group)
+    c = p.ds_tensor.numel()
+    lo, hi = rank * c, min((rank + 1) * c, p.ds_numel)
+    if hi > lo:
+        p.ds_tensor[: hi - lo].copy_(p.data.reshape(-1)[lo:hi])
+
+
+class GatheredParameters:
+    """``with GatheredParameters(params, modifier_rank=0):`` read (or, on ``modifier_rank``, modify) full params.
+
+    On exit the modifier rank's values are broadcast and re-partitioned, then the params are released.
+    With ``modifier_rank=None`` the params are read-only and changes are discarded.
+    """
+
+    def __init__(self, params, modifier_rank: int | None = None, fwd_module=None, enabled: bool = True):
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        self.params = [p for p in params if is_zero_param(p)]
+        self.modifier_rank = modifier_rank
+        self.enabled = enabled and bool(self.params)
+
+    def __enter__(self):
+        if self.enabled:
+            self._was_available = {id(p) for p in self.params if p.ds_status == ZeroParamStatus.AVAILABLE}
+            gather_params(self.params)
+        return self
+
+    def __exit__(self, *exc):
+        if not self.enabled:
+            return False
+        if self.modifier_rank is not None:
+            for p in self.params:
+                dist.broadcast(p.data, src=self.modifier_rank, group=p.ds_group)
+                repartition_param(p)
+                for hook in getattr(p, "ds_on_modified", []):
+                    hook(p)
+        for p in self.params:
+            if id(p) not in self._was_available:
+                release_param(p)
+        return False
+
+
+def _all_subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _all_subclasses(sub)
+
+
+class Init:
+    """Construct a model already partitioned: each module's own parameters are split right after its ``__init__``.
+
+    As in DeepSpeed, every ``nn.Module`` subclass's ``__init__`` is wrapped while the context is
+    active (classes defined inside it too), so at most one submodule's parameters are whole at a time.
+    """
+
+    def __init__(self, module=None, data_parallel_group=None, enabled: bool = True, dtype=None,
+                 config_dict_or_path=None):
+        if enabled and not dist.is_initialized():
+            raise RuntimeError("ds_zero.zero.Init needs torch.distributed to be initialised first")
+        self.group = data_parallel_group
+        self.enabled = enabled
+        self.dtype = dtype
+        self._patched: list = []
+        if module is not None and enabled:
+            self._partition_module(module)
+
+    def _partition_module(self, module: torch.nn.Module) -> None:
+        for p in module.parameters(recurse=False):
+            if self.dtype is not None and p.is_floating_point():
+                p.data = p.data.to(self.dtype)
+            partition_param(p, self.group)
+
+    def _wrap(self, cls) -> None:
+        if "__init__" not in cls.__dict__:
+            return
+        orig = cls.__dict__["__init__"]
+        ctx = self
+
+        @functools.wraps(orig)
+        def wrapped(module, *args, **kwargs):
+            orig(module, *args, **kwargs)
+            ctx._partition_module(module)
+
+        cls.__init__ = wrapped
+        self._patched.append((cls, orig))
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        for cls in {torch.nn.Module, *_all_subclasses(torch.nn.Module)}:
+            self._wrap(cls)
+        ctx = self
+        self._orig_init_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
+
+        @classmethod
+        def init_subclass(cls, **kwargs):
+            super(torch.nn.Module, cls).__init_subclass__(**kwargs)
+            ctx._wrap(cls)
+
+        torch.nn.Module.__init_subclass__ = init_subclass
+        return self
+
+    def __exit__(self, *exc):
+        if not self.enabled:
+            return False
+        for cls, orig in reversed(self._patched):
+            cls.__init__ = orig
+        self._patched.clear()
+        if self._orig_init_subclass is None:
+            del torch.nn.Module.__init_subclass__
+        else:
+            torch.nn.Module.__init_subclass__ = self._orig_init_subclass
+        return False

@@ -1,0 +1,91 @@
+"""Bucketed gradient reduction to the owning ranks, run from backward hooks (ZeRO section 5.2, P_os+g).
+
+Gradients are copied into a bucket as autograd produces them; a full bucket is reduced so that each
+rank receives only the pieces it owns, summed over ranks, and adds them into its gradient partition.
+When every rank owns the same amount of the bucket (ZeRO-3's per-parameter chunks) that is one
+``reduce_scatter``; otherwise (ZeRO-2's contiguous partitions) one ``reduce`` per owning rank, as
+DeepSpeed's ``average_tensor`` does. With ``overlap_comm`` the collective runs asynchronously while
+backward continues and is only waited for when the next bucket goes out.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class GradientBucketReducer:
+    """``add(grad, pieces)``; ``pieces`` is a list of ``(dst_rank, src_lo, src_hi, dst_offset)`` on the flat grad."""
+
+    def __init__(self, grad_partitions: list[torch.Tensor], bucket_numel: int, dtype: torch.dtype,
+                 overlap_comm: bool, group=None):
+        self.grad_partitions = grad_partitions
+        self.bucket_numel = max(1, int(bucket_numel))
+        self.dtype = dtype
+        self.overlap_comm = overlap_comm
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._entries: list = []  # (flat grad, pieces, partition index)
+        self._numel = 0
+        self._pending = None
+
+    def add(self, grad: torch.Tensor, pieces: list, partition_index: int = 0) -> None:
+        # Pre-divide (as DeepSpeed does) so the sum over ranks is the mean and fp16 sums stay in range.
+        flat = grad.detach().reshape(-1).to(self.dtype).div(self.world_size)
+        if self._numel and self._numel + flat.numel() > self.bucket_numel:
+            self.flush()
+        self._entries.append((flat, pieces, partition_index))
+        self._numel += flat.numel()
+        if self._numel >= self.bucket_numel:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._entries:
+            return
+        entries, self._entries, self._numel = self._entries, [], 0
+        rows: list[list[torch.Tensor]] = [[] for _ in range(self.world_size)]
+        mine = []  # (partition index, dst offset, length) in arrival order for this rank
+        for flat, pieces, pidx in entries:
+            for dst, lo, hi, off in pieces:
+                rows[dst].append(flat[lo:hi])
+                if dst == self.rank:
+                    mine.append((pidx, off, hi - lo))
+        lengths = [sum(t.numel() for t in r) for r in rows]
+        self.wait()
+        if len(set(lengths)) == 1:
+            send = torch.cat([t for r in rows for t in r])
+            recv = torch.empty(lengths[0], dtype=self.dtype, device=send.device)
+            work = dist.reduce_scatter_tensor(recv, send, group=self.group, async_op=self.overlap_comm)
+            works = [work]
+        else:
+            works, recv = [], None
+            for dst, r in enumerate(rows):
+                if not r:
+                    continue
+                buf = torch.cat(r) if len(r) > 1 else r[0].clone()
+                works.append(dist.reduce(buf, dst=dist.get_global_rank(self.group, dst) if self.group else dst,
+                                         group=self.group, async_op=self.overlap_comm))
+                if dst == self.rank:
+                    recv = buf
+        self._pending = (works, recv, mine)
+        if not self.overlap_comm:
+            self.wait()
+
+    def wait(self) -> None:
+        """Finish the in-flight bucket and add this rank's share into its gradient partitions."""
+        if self._pending is None:
+            return
+        works, recv, mine = self._pending
+        self._pending = None
+        for w in works:
+            if w is not None:
+                w.wait()
+        cursor = 0
+        for pidx, off, n in mine:
+            self.grad_partitions[pidx][off:off + n].add_(recv[cursor:cursor + n])
+            cursor += n
+
+    def finish(self) -> None:
+        self.flush()
+        self.wait()
