@@ -43,6 +43,7 @@ def _paged_prefill_kernel(
     BLOCK_N: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -61,6 +62,8 @@ def _paged_prefill_kernel(
     q_pos = context_len - q_len + offs_m  # absolute position of each new token in its sequence
     q_off = (q_start + offs_m)[:, None] * stride_qt + head * stride_qh + d[None, :]
     q = tl.load(q_ptr + q_off, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -75,6 +78,8 @@ def _paged_prefill_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k_off = blocks[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
         k = tl.load(k_cache_ptr + k_off, mask=kv_mask, other=0.0)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         causal = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
         scores = tl.where(causal, scores, float("-inf"))
@@ -84,7 +89,11 @@ def _paged_prefill_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v_off = blocks[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh + d[None, :]
         v = tl.load(v_cache_ptr + v_off, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        p = p.to(v_cache_ptr.dtype.element_ty)  # P in the cache dtype for the tensor-core P @ V, as FlashAttention
+        if UPCAST_DOT:
+            v = v.to(tl.float32)
+            p = p.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -149,6 +158,9 @@ def paged_prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         HEAD_PAD=triton.next_power_of_2(head_size),
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 or not big else "tf32",
+        # Triton 3.9's interpreter multiplies bf16 tiles' raw bits in tl.dot; on CPU the (exactly representable)
+        # bf16 values are widened to fp32 first, which gives the same products as a bf16 MMA accumulating in fp32.
+        UPCAST_DOT=not big and query.dtype != torch.float32,
     )
     return out

@@ -1,0 +1,77 @@
+"""paged-serve test setup: Triton kernels run in the interpreter on CPU, plus builders of random paged KV caches.
+
+``TRITON_INTERPRET=1`` must be in the environment before ``triton`` is first imported, so it is set here at import
+time (pytest imports conftest.py before the test modules). On a CUDA machine the gpu-marked tests still compile
+the kernels, because the interpreter is only switched on when no GPU is present.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from paged_serve.ops import reference  # noqa: E402
+
+
+class PagedKV:
+    """Random K/V for ``context_lens`` sequences scattered over shuffled cache blocks; everything else is NaN."""
+
+    def __init__(self, context_lens, block_size, num_kv_heads, head_size, dtype, device="cpu", seed=0, spare=2):
+        gen = torch.Generator().manual_seed(seed)
+        self.context_lens_list = list(context_lens)
+        self.block_size = block_size
+        blocks_per_seq = [-(-n // block_size) for n in self.context_lens_list]
+        num_blocks = sum(blocks_per_seq) + spare
+        shape = (num_blocks, block_size, num_kv_heads, head_size)
+        self.key_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        self.value_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        perm = torch.randperm(num_blocks, generator=gen)
+        poison = int(perm[-1])  # a never-written (all-NaN) block: padding entries point at it
+        max_blocks = max(blocks_per_seq) + 1
+        self.block_tables = torch.full((len(blocks_per_seq), max_blocks), poison, dtype=torch.int32)
+        self.keys, self.values = [], []
+        cursor = 0
+        for s, (n, nb) in enumerate(zip(self.context_lens_list, blocks_per_seq)):
+            table = perm[cursor : cursor + nb]
+            cursor += nb
+            self.block_tables[s, :nb] = table.to(torch.int32)
+            k = torch.randn(n, num_kv_heads, head_size, generator=gen).to(dtype)
+            v = torch.randn(n, num_kv_heads, head_size, generator=gen).to(dtype)
+            pos = torch.arange(n)
+            slots = table[pos // block_size] * block_size + pos % block_size
+            reference.reshape_and_cache(k.to(device), v.to(device), self.key_cache, self.value_cache, slots.to(device))
+            self.keys.append(k)
+            self.values.append(v)
+        self.block_tables = self.block_tables.to(device)
+        self.context_lens = torch.tensor(self.context_lens_list, dtype=torch.int32, device=device)
+
+
+@pytest.fixture
+def paged_kv():
+    return PagedKV
+
+
+def sdpa_reference(q, k, v, causal_offset=None):
+    """fp32 ``scaled_dot_product_attention`` of ``q`` [q_len, H, D] over contiguous ``k``/``v`` [L, Hkv, D].
+
+    The new tokens are the last ``q_len`` of ``L``: a bottom-right causal mask for prefill.
+    """
+    q_len, num_heads, _ = q.shape
+    group = num_heads // k.shape[1]
+    qf = q.float().transpose(0, 1)[None]
+    kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)[None]
+    vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)[None]
+    length = k.shape[0]
+    mask = torch.arange(length)[None, :] <= torch.arange(length - q_len, length)[:, None]
+    out = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask.to(qf.device))
+    return out[0].transpose(0, 1)
+
+
+@pytest.fixture
+def sdpa():
+    return sdpa_reference
