@@ -1,0 +1,66 @@
+"""The backend registry (torch.distributed.Backend): a name -> a function that builds a ProcessGroup.
+
+``Backend.register_backend(name, creator)`` adds third-party backends, as in torch. Creators take
+``(store, rank, size, timeout_s, group_name, secret, global_ranks)``; ``store`` is already namespaced
+for the group.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class Backend(str):
+    TCP = "tcp"
+    SHM = "shm"
+    GLOO = "gloo"
+    NCCL = "nccl"
+    MPI = "mpi"
+    _plugins: dict = {}
+
+    def __new__(cls, name: str):
+        if not isinstance(name, str):
+            raise ValueError(f"Backend name must be a string, got {name!r}")
+        value = name.lower()
+        if value not in cls._plugins:
+            raise ValueError(f"unknown backend {name!r}; registered: {sorted(cls._plugins)}")
+        return super().__new__(cls, value)
+
+    @classmethod
+    def register_backend(cls, name: str, func, torch_backed: bool = False) -> None:
+        cls._plugins[name.lower()] = (func, torch_backed)
+
+    @classmethod
+    def creator(cls, name: str):
+        return cls._plugins[Backend(name)][0]
+
+    @classmethod
+    def is_torch_backed(cls, name: str) -> bool:
+        return cls._plugins[Backend(name)][1]
+
+
+def _tcp(store, rank, size, timeout, group_name, secret, global_ranks):
+    from pt_dist.backends.tcp import ProcessGroupTCP
+
+    return ProcessGroupTCP(store, rank, size, timeout, group_name, secret,
+                           host=os.environ.get("PT_DIST_LISTEN_ADDR", "127.0.0.1"))
+
+
+def _shm(store, rank, size, timeout, group_name, secret, global_ranks):
+    from pt_dist.backends.shm import ProcessGroupSHM
+
+    return ProcessGroupSHM(store, rank, size, timeout, group_name, secret)
+
+
+def _torch(name):
+    def create(store, rank, size, timeout, group_name, secret, global_ranks):
+        from pt_dist.backends.torch_adapter import TorchProcessGroup
+
+        return TorchProcessGroup.create(name, store, rank, size, timeout, group_name, global_ranks)
+    return create
+
+
+Backend.register_backend("tcp", _tcp)
+Backend.register_backend("shm", _shm)
+for _name in ("gloo", "nccl", "mpi"):
+    Backend.register_backend(_name, _torch(_name), torch_backed=True)

@@ -1,0 +1,276 @@
+"""What the native backends share: argument checks, the per-collective header agreement, and failure policy.
+
+Before every collective each rank publishes a short header (op, sequence number, dtype, shape, reduce
+op, root) and checks everyone else's, so ranks that call different collectives, or the same one with
+different shapes or dtypes, all raise the same ``DistError`` instead of exchanging garbage (the idea
+of c10d's ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` collective fingerprints, always on). Any other failure
+(peer died, timeout) leaves the transport out of step, so the group refuses further work, as NCCL's
+communicator abort does.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+
+import torch
+
+from pt_dist.errors import DistError
+from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
+from pt_dist.work import OpQueue, Work
+
+
+class HeaderMismatch(DistError):
+    """Ranks disagreed on a collective's arguments; the transport is still in step."""
+
+
+def _check_tensor(t, what: str, op_name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op_name}: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{op_name}: native backends take CPU tensors, {what} is on {t.device}")
+    if t.is_sparse:
+        raise ValueError(f"{op_name}: {what} is sparse; only dense tensors are supported")
+
+
+def _contig(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+class NativeProcessGroup(ProcessGroup):
+    """Base of the from-scratch backends; subclasses supply the transport and the algorithms."""
+
+    def __init__(self, rank: int, size: int, timeout: float, group_name: str = ""):
+        super().__init__(rank, size, group_name)
+        self.timeout = float(timeout)
+        self._seq = 0
+        self._broken: str | None = None
+        self._queue = OpQueue(f"{self.name()}-{group_name}")
+
+    # transport hooks ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _exchange_headers(self, header: bytes, op_name: str) -> list[bytes]:
+        """Every rank's header, by rank."""
+
+    @abc.abstractmethod
+    def _broadcast(self, t: torch.Tensor, src: int) -> None: ...
+
+    @abc.abstractmethod
+    def _all_reduce(self, t: torch.Tensor, op: ReduceOp) -> None: ...
+
+    @abc.abstractmethod
+    def _reduce(self, t: torch.Tensor, dst: int, op: ReduceOp) -> None: ...
+
+    @abc.abstractmethod
+    def _all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None: ...
+
+    @abc.abstractmethod
+    def _reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp) -> None: ...
+
+    @abc.abstractmethod
+    def _all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                    longest: int) -> None:
+        """Splits are element counts of the flat 1-D views; ``longest`` is the largest split on any rank."""
+
+    @abc.abstractmethod
+    def _barrier(self) -> None: ...
+
+    @abc.abstractmethod
+    def _p2p(self, kind: str, t: torch.Tensor, peer: int, tag: int, copy_back=None) -> Work:
+        """Queue a send/recv on the peer channel; ``copy_back`` is where a received non-contiguous tensor goes."""
+
+    # the shared protocol --------------------------------------------------------------------------
+    def _launch(self, op_name: str, body, async_op: bool, header: str = "", per_rank: str = "") -> Work:
+        def run():
+            if self._broken:
+                raise DistError(f"{op_name} on group {self.group_name!r}: the group is unusable after an "
+                                f"earlier failure: {self._broken}")
+            try:
+                self._seq += 1
+                infos = self._agree(op_name, header, per_rank)
+                return body(infos)
+            except HeaderMismatch:
+                raise
+            except DistError as e:
+                self._broken = str(e)
+                self._abort()
+                raise
+            except (OSError, ConnectionError) as e:
+                self._broken = f"{op_name}: {e!r}"
+                self._abort()
+                raise DistError(f"{op_name} on group {self.group_name!r} (rank {self._rank}): transport "
+                                f"failure {e!r}") from e
+        return self._queue.submit(op_name, run, async_op)
+
+    def _agree(self, op_name: str, header: str, per_rank: str) -> list[str]:
+        mine = f"{op_name}|seq={self._seq}|{header}"
+        blobs = self._exchange_headers(f"{mine}#{per_rank}".encode(), op_name)
+        commons, infos = zip(*(b.decode(errors="replace").partition("#")[::2] for b in blobs))
+        if any(c != mine for c in commons):
+            lines = "; ".join(f"rank {r}: {c}" for r, c in enumerate(commons))
+            raise HeaderMismatch(f"{op_name} on group {self.group_name!r}: ranks called mismatched collectives "
+                                 f"(op/dtype/shape/root differ): {lines}")
+        return list(infos)
+
+    def _abort(self) -> None:  # noqa: B027 - backends close their transport so peers fail fast
+        """Tear down the transport after a failure so peers blocked on us fail fast."""
+
+    def _check_root(self, root: int, what: str, op_name: str) -> None:
+        if not isinstance(root, int) or not 0 <= root < self._size:
+            raise ValueError(f"{op_name}: {what}={root!r} is not a rank of group {self.group_name!r} "
+                             f"(size {self._size})")
+
+    @staticmethod
+    def _desc(t: torch.Tensor) -> str:
+        return f"{t.dtype}{list(t.shape)}"
+
+    # collectives -------------------------------------------------------------------------------
+    def broadcast(self, tensor, src=0, async_op=False):
+        _check_tensor(tensor, "tensor", "broadcast")
+        self._check_root(src, "src", "broadcast")
+
+        def body(_):
+            buf = _contig(tensor)
+            self._broadcast(buf.view(-1), src)
+            if buf is not tensor:
+                tensor.copy_(buf)
+            return [tensor]
+        return self._launch("broadcast", body, async_op, f"{self._desc(tensor)}|src={src}")
+
+    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
+        _check_tensor(tensor, "tensor", "all_reduce")
+        op = ReduceOp.of(op)
+        check_reduce_dtype(op, tensor.dtype, "all_reduce")
+
+        def body(_):
+            buf = _contig(tensor)
+            self._all_reduce(buf.view(-1), op)
+            if buf is not tensor:
+                tensor.copy_(buf)
+            return [tensor]
+        return self._launch("all_reduce", body, async_op, f"{self._desc(tensor)}|{op.name}")
+
+    def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
+        _check_tensor(tensor, "tensor", "reduce")
+        self._check_root(dst, "dst", "reduce")
+        op = ReduceOp.of(op)
+        check_reduce_dtype(op, tensor.dtype, "reduce")
+
+        def body(_):
+            buf = _contig(tensor)
+            self._reduce(buf.view(-1), dst, op)
+            if buf is not tensor and self._rank == dst:
+                tensor.copy_(buf)
+            return [tensor]
+        return self._launch("reduce", body, async_op, f"{self._desc(tensor)}|{op.name}|dst={dst}")
+
+    def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
+        for what, t in (("output_tensor", output_tensor), ("input_tensor", input_tensor)):
+            _check_tensor(t, what, "all_gather_into_tensor")
+        if output_tensor.dtype != input_tensor.dtype or output_tensor.numel() != input_tensor.numel() * self._size:
+            raise ValueError(f"all_gather_into_tensor: output {self._desc(output_tensor)} must hold world_size="
+                             f"{self._size} x input {self._desc(input_tensor)} of the same dtype")
+
+        def body(_):
+            out = _contig(output_tensor)
+            self._all_gather(out.view(-1), _contig(input_tensor).view(-1))
+            if out is not output_tensor:
+                output_tensor.copy_(out)
+            return [output_tensor]
+        return self._launch("all_gather_into_tensor", body, async_op, self._desc(input_tensor))
+
+    def all_gather(self, tensor_list, tensor, async_op=False):
+        _check_tensor(tensor, "tensor", "all_gather")
+        if len(tensor_list) != self._size:
+            raise ValueError(f"all_gather: tensor_list has {len(tensor_list)} entries, group size is {self._size}")
+        for i, t in enumerate(tensor_list):
+            _check_tensor(t, f"tensor_list[{i}]", "all_gather")
+            if t.dtype != tensor.dtype or t.numel() != tensor.numel():
+                raise ValueError(f"all_gather: tensor_list[{i}] is {self._desc(t)}, input is {self._desc(tensor)}")
+
+        def body(_):
+            flat = torch.empty(self._size * tensor.numel(), dtype=tensor.dtype)
+            self._all_gather(flat, _contig(tensor).view(-1))
+            for t, piece in zip(tensor_list, flat.chunk(self._size) if tensor.numel() else [flat] * self._size):
+                t.copy_(piece.view(t.shape))
+            return tensor_list
+        return self._launch("all_gather", body, async_op, self._desc(tensor))
+
+    def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, async_op=False):
+        for what, t in (("output", output), ("input", input)):
+            _check_tensor(t, what, "reduce_scatter_tensor")
+        op = ReduceOp.of(op)
+        check_reduce_dtype(op, input.dtype, "reduce_scatter_tensor")
+        if output.dtype != input.dtype or input.numel() != output.numel() * self._size:
+            raise ValueError(f"reduce_scatter_tensor: input {self._desc(input)} must hold world_size={self._size} "
+                             f"x output {self._desc(output)} of the same dtype")
+
+        def body(_):
+            out = _contig(output)
+            self._reduce_scatter(out.view(-1), _contig(input).view(-1), op)
+            if out is not output:
+                output.copy_(out)
+            return [output]
+        return self._launch("reduce_scatter_tensor", body, async_op, f"{self._desc(output)}|{op.name}")
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
+        for what, t in (("output", output), ("input", input)):
+            _check_tensor(t, what, "all_to_all_single")
+        if output.dtype != input.dtype:
+            raise ValueError(f"all_to_all_single: output dtype {output.dtype} != input dtype {input.dtype}")
+        if input.dim() == 0 or output.dim() == 0:
+            raise ValueError("all_to_all_single: input and output need at least one dimension to split")
+        row_in, row_out = math.prod(input.shape[1:]), math.prod(output.shape[1:])
+        in_splits = self._splits(input, input_split_sizes, "input_split_sizes")
+        out_splits = self._splits(output, output_split_sizes, "output_split_sizes")
+
+        def body(infos):
+            ins, outs = zip(*([list(map(int, p.split(","))) for p in info.split(";")] for info in infos))
+            bad = [(r, j) for r in range(self._size) for j in range(self._size) if ins[r][j] != outs[j][r]]
+            if bad:  # every rank sees every rank's splits, so all of them raise together
+                r, j = bad[0]
+                raise HeaderMismatch(f"all_to_all_single on group {self.group_name!r}: rank {r} sends {ins[r][j]} "
+                                     f"rows to rank {j}, which expects {outs[j][r]}")
+            out = _contig(output)
+            self._all_to_all(out.view(-1), _contig(input).view(-1), [s * row_out for s in out_splits],
+                             [s * row_in for s in in_splits], max(max(row) for row in ins) * row_in)
+            if out is not output:
+                output.copy_(out)
+            return [output]
+        return self._launch("all_to_all_single", body, async_op, f"{input.dtype}|row={list(input.shape[1:])}",
+                            f"{','.join(map(str, in_splits))};{','.join(map(str, out_splits))}")
+
+    def _splits(self, t: torch.Tensor, sizes, what: str) -> list[int]:
+        rows = t.shape[0]
+        if sizes is None or len(sizes) == 0:
+            if rows % self._size:
+                raise ValueError(f"all_to_all_single: dim 0 ({rows}) is not divisible by group size {self._size}; "
+                                 f"pass {what}")
+            return [rows // self._size] * self._size
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != self._size or any(s < 0 for s in sizes) or sum(sizes) != rows:
+            raise ValueError(f"all_to_all_single: {what}={sizes} must have {self._size} non-negative entries "
+                             f"summing to dim 0 ({rows})")
+        return sizes
+
+    def barrier(self, async_op=False):
+        return self._launch("barrier", lambda _: self._barrier(), async_op)
+
+    def send(self, tensor, dst, tag=0):
+        _check_tensor(tensor, "tensor", "send")
+        self._check_root(dst, "dst", "send")
+        if dst == self._rank:
+            raise ValueError(f"send: dst={dst} is this rank")
+        return self._p2p("send", _contig(tensor), dst, int(tag))
+
+
+    def recv(self, tensor, src, tag=0):
+        _check_tensor(tensor, "tensor", "recv")
+        self._check_root(src, "src", "recv")
+        if src == self._rank:
+            raise ValueError(f"recv: src={src} is this rank")
+        buf = _contig(tensor)
+        return self._p2p("recv", buf, src, int(tag), None if buf is tensor else tensor)
+
+    def shutdown(self) -> None:
+        self._queue.shutdown()

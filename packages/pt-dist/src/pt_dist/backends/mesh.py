@@ -1,0 +1,255 @@
+"""The socket mesh under the native backends: one authenticated connection per peer and purpose.
+
+Every rank listens on ``host:0`` (127.0.0.1 unless told otherwise), publishes the address in the group's
+store, and the higher rank of each pair connects to the lower one (as gloo's full-mesh pairs do). A
+connector must pass the shared-secret handshake before it may even name its rank; strangers are
+dropped and the listener is closed once the mesh is complete. Collectives use ``sendrecv`` (full-duplex
+streaming into preallocated ``memoryview`` s, no per-chunk copies); point-to-point traffic gets its own
+sockets and threads so an ``isend`` never blocks behind, or interleaves with, a collective.
+"""
+
+from __future__ import annotations
+
+import queue
+import selectors
+import socket
+import struct
+import threading
+import time
+
+import torch
+
+from pt_dist import wire
+from pt_dist.errors import DistError, missing_text
+from pt_dist.work import Work
+
+COLL, P2P = 0, 1
+_P2P_HEAD = struct.Struct("<qq16s")
+MAX_HEADER = 1 << 16
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor's storage (zero-size tensors give an empty view)."""
+    if t.numel() == 0:
+        return memoryview(bytearray(0))
+    return memoryview(t.detach().view(-1).view(torch.uint8).numpy()).cast("B")
+
+
+class PeerMesh:
+    def __init__(self, store, rank: int, size: int, secret: bytes, timeout: float, group_name: str,
+                 host: str = "127.0.0.1"):
+        self.rank, self.size, self.timeout, self.group_name = rank, size, timeout, group_name
+        self.socks: dict[tuple[int, int], socket.socket] = {}
+        self._p2p_queues: dict[tuple[str, int], queue.Queue] = {}
+        self._closed = False
+        if size == 1:
+            return
+        listener = socket.create_server((host, 0), backlog=4 * size)
+        try:
+            store.set(f"mesh/{rank}", f"{host}:{listener.getsockname()[1]}")
+            expected = 2 * (size - 1 - rank)
+            acceptor = threading.Thread(target=self._accept, args=(listener, secret, expected), daemon=True)
+            acceptor.start()
+            for peer in range(rank):
+                peer_host, port = store.get(f"mesh/{peer}").decode().rsplit(":", 1)
+                for chan in (COLL, P2P):
+                    self.socks[(peer, chan)] = self._connect(peer_host, int(port), secret, chan)
+            acceptor.join(self.timeout + 1)
+            missing = sorted({p for p in range(rank + 1, size) for c in (COLL, P2P) if (p, c) not in self.socks})
+            if missing:
+                raise DistError(f"group {group_name!r}: mesh setup timed out after {timeout:.1f}s; "
+                                f"{missing_text(missing)}")
+        finally:
+            listener.close()
+        for (_, chan), sock in self.socks.items():
+            wire.tune(sock)
+            sock.setblocking(chan != COLL)
+            if chan == P2P:
+                sock.settimeout(timeout)
+
+    def _accept(self, listener: socket.socket, secret: bytes, expected: int) -> None:
+        deadline = time.monotonic() + self.timeout
+        got = 0
+        while got < expected and time.monotonic() < deadline:
+            listener.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                conn.settimeout(wire.HANDSHAKE_TIMEOUT)
+                wire.server_handshake(conn, secret)
+                peer, chan = struct.unpack("<ii", wire.recv_exact(conn, 8))
+                if not (self.rank < peer < self.size and chan in (COLL, P2P)) or (peer, chan) in self.socks:
+                    raise wire.ProtocolError(f"bad mesh identity rank={peer} channel={chan}")
+            except (OSError, wire.ProtocolError, struct.error):
+                conn.close()  # a stranger or a garbled peer: drop it, keep waiting for the real ones
+                continue
+            self.socks[(peer, chan)] = conn
+            got += 1
+
+    def _connect(self, host: str, port: int, secret: bytes, chan: int) -> socket.socket:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                sock = socket.create_connection((host, port), timeout=wire.HANDSHAKE_TIMEOUT)
+                wire.client_handshake(sock, secret)
+                sock.sendall(struct.pack("<ii", self.rank, chan))
+                return sock
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise DistError(f"group {self.group_name!r}: cannot reach a peer at {host}:{port}: {e}") from e
+                time.sleep(0.02)
+
+    def close(self) -> None:
+        self._closed = True
+        for sock in self.socks.values():
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        for q in self._p2p_queues.values():
+            q.put(None)
+
+    # collectives ---------------------------------------------------------------------------------
+    def _fail(self, op: str, why: str, peers) -> DistError:
+        return DistError(f"{op} on group {self.group_name!r} (rank {self.rank} of {self.size}): {why}; "
+                         f"{missing_text(peers)}")
+
+    def sendrecv(self, op: str, dst: int | None, send: memoryview | None, src: int | None,
+                 recv: memoryview | None) -> None:
+        """Stream ``send`` to ``dst`` while filling ``recv`` from ``src``; either may be None."""
+        ns = len(send) if send is not None else 0
+        nr = len(recv) if recv is not None else 0
+        ss = self.socks[(dst, COLL)] if ns else None
+        rs = self.socks[(src, COLL)] if nr else None
+        sent = got = 0
+        deadline = time.monotonic() + self.timeout
+        sel = None
+        while sent < ns or got < nr:
+            progressed = False
+            if sent < ns:
+                try:
+                    sent += ss.send(send[sent:])
+                    progressed = True
+                except BlockingIOError:
+                    pass
+                except OSError as e:
+                    raise self._fail(op, f"sending to rank {dst} failed ({e!r})", [dst]) from None
+            if got < nr:
+                try:
+                    k = rs.recv_into(recv[got:])
+                except BlockingIOError:
+                    k = -1
+                except OSError as e:
+                    raise self._fail(op, f"receiving from rank {src} failed ({e!r})", [src]) from None
+                if k == 0:
+                    raise self._fail(op, f"rank {src} closed its connection (exited or aborted)", [src])
+                if k > 0:
+                    got += k
+                    progressed = True
+            if progressed:
+                continue
+            if sel is None:
+                sel = selectors.DefaultSelector()
+                if ss is not None:
+                    sel.register(ss, selectors.EVENT_WRITE if ss is not rs else
+                                 selectors.EVENT_WRITE | selectors.EVENT_READ)
+                if rs is not None and rs is not ss:
+                    sel.register(rs, selectors.EVENT_READ)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                waiting = ([src] if got < nr else []) + ([dst] if sent < ns else [])
+                raise self._fail(op, f"timed out after {self.timeout:.1f}s (sent {sent}/{ns} bytes to rank {dst}, "
+                                 f"got {got}/{nr} from rank {src})", waiting)
+            sel.select(min(remaining, 1.0))
+        if sel is not None:
+            sel.close()
+
+    def exchange_headers(self, op: str, header: bytes) -> list[bytes]:
+        """All-to-all of small frames in one round: send ours to everyone, read everyone's at once."""
+        if len(header) > MAX_HEADER:
+            raise ValueError(f"{op}: collective header of {len(header)} bytes is too large")
+        out = [b""] * self.size
+        out[self.rank] = header
+        frame = struct.pack("<I", len(header)) + header
+        for peer in range(self.size):
+            if peer != self.rank:
+                self.sendrecv(op, peer, memoryview(frame), None, None)
+        pending = {p: bytearray() for p in range(self.size) if p != self.rank}
+        deadline = time.monotonic() + self.timeout
+        with selectors.DefaultSelector() as sel:
+            for p in pending:
+                sel.register(self.socks[(p, COLL)], selectors.EVENT_READ, p)
+            while pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._fail(op, f"timed out after {self.timeout:.1f}s waiting for peers to join the "
+                                     f"collective", pending)
+                for key, _ in sel.select(min(remaining, 1.0)):
+                    p = key.data
+                    if p not in pending:
+                        continue
+                    buf = pending[p]
+                    need = 4 if len(buf) < 4 else 4 + struct.unpack_from("<I", buf)[0]
+                    try:
+                        chunk = key.fileobj.recv(need - len(buf))
+                    except BlockingIOError:
+                        continue
+                    except OSError as e:
+                        raise self._fail(op, f"rank {p} connection failed ({e!r})", [p]) from None
+                    if not chunk:
+                        raise self._fail(op, f"rank {p} closed its connection (exited or aborted)", [p])
+                    buf += chunk
+                    if len(buf) >= 4 and struct.unpack_from("<I", buf)[0] > MAX_HEADER:
+                        raise self._fail(op, f"rank {p} sent a malformed collective header", [p])
+                    if len(buf) >= 4 and len(buf) == 4 + struct.unpack_from("<I", buf)[0]:
+                        out[p] = bytes(buf[4:])
+                        del pending[p]
+                        sel.unregister(key.fileobj)
+        return out
+
+    # point to point ------------------------------------------------------------------------------
+    def p2p(self, kind: str, t: torch.Tensor, peer: int, tag: int, copy_back=None) -> Work:
+        """Queue on the (kind, peer) thread: sends to one peer stay ordered, as do receives from one peer."""
+        if self._closed:
+            raise DistError(f"{kind} on group {self.group_name!r}: the group was shut down or failed")
+        work = Work(kind)
+        key = (kind, peer)
+        if key not in self._p2p_queues:
+            self._p2p_queues[key] = queue.Queue()
+            threading.Thread(target=self._p2p_loop, args=(key,), daemon=True,
+                             name=f"pt_dist-{kind}-{peer}").start()
+        self._p2p_queues[key].put((work, t, tag, copy_back))
+        return work
+
+    def _p2p_loop(self, key) -> None:
+        kind, peer = key
+        sock = self.socks[(peer, P2P)]
+        while True:
+            item = self._p2p_queues[key].get()
+            if item is None:
+                return
+            work, t, tag, copy_back = item
+            try:
+                view = byte_view(t)
+                dtype = str(t.dtype).encode()[:16]
+                if kind == "send":
+                    sock.sendall(_P2P_HEAD.pack(tag, len(view), dtype))
+                    sock.sendall(view)
+                else:
+                    ptag, nbytes, pdtype = _P2P_HEAD.unpack(wire.recv_exact(sock, _P2P_HEAD.size))
+                    if (ptag, nbytes, pdtype.rstrip(b"\0")) != (tag, len(view), dtype):
+                        wire.recv_exact(sock, nbytes)  # drain so the channel stays in step
+                        raise DistError(f"recv on group {self.group_name!r}: rank {peer} sent tag={ptag} "
+                                        f"{pdtype.rstrip(bytes(1)).decode()} x {nbytes} bytes, expected tag={tag} "
+                                        f"{t.dtype} x {len(view)} bytes")
+                    wire.recv_into_exact(sock, view)
+                    if copy_back is not None:
+                        copy_back.copy_(t)
+                work._finish([copy_back if copy_back is not None else t])
+            except DistError as e:
+                work._finish(exc=e)
+            except (OSError, ConnectionError) as e:
+                work._finish(exc=self._fail(kind, f"peer rank {peer} failed or timed out ({e!r})", [peer]))

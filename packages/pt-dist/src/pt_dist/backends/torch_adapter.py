@@ -1,0 +1,236 @@
+"""``"gloo"``, ``"nccl"``, ``"mpi"``: thin adapters onto torch.distributed's real process groups.
+
+The production path: our rendezvous (store, rank, size) is handed to ``torch.distributed`` through a
+``torch.distributed.Store`` subclass that forwards to our store, so torch's DDP/FSDP and the real
+libraries run on the very same group. The adapter only translates group-local ranks to global ones,
+emulates ``ReduceOp.AVG`` where the library lacks it (gloo), stages non-contiguous tensors, and turns
+library failures into ``DistError``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import torch
+import torch.distributed as dist
+
+from pt_dist.errors import DistError
+from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
+from pt_dist.work import Work
+
+_TORCH_OPS = {ReduceOp.SUM: "SUM", ReduceOp.PRODUCT: "PRODUCT", ReduceOp.MIN: "MIN", ReduceOp.MAX: "MAX",
+              ReduceOp.AVG: "AVG"}
+
+
+class TorchStore(dist.Store):
+    """Our store seen through c10d's Store interface (what ``init_process_group(store=...)`` takes)."""
+
+    def __init__(self, store):
+        super().__init__()
+        self._store = store
+
+    def set(self, key, value):
+        self._store.set(key, value)
+
+    def get(self, key):
+        return self._store.get(key)
+
+    def add(self, key, amount):
+        return self._store.add(key, amount)
+
+    def compare_set(self, key, expected_value, desired_value):
+        return self._store.compare_set(key, expected_value, desired_value)
+
+    def wait(self, keys, timeout=None):
+        self._store.wait(keys, timeout)
+
+    def check(self, keys):
+        return self._store.check(keys)
+
+    def delete_key(self, key):
+        return self._store.delete_key(key)
+
+    def num_keys(self):
+        return self._store.num_keys()
+
+
+def check_available(name: str) -> None:
+    """Fail before any communication when this torch build cannot run the backend."""
+    if name == "mpi" and not dist.is_mpi_available():
+        raise DistError("backend 'mpi' needs a torch build with MPI support, and this one has none "
+                        "(torch.distributed.is_mpi_available() is False); use 'gloo', 'tcp' or 'shm', or build "
+                        "torch from source against an MPI library")
+    if name == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
+        raise DistError("backend 'nccl' needs CUDA devices and a torch build with NCCL; use 'gloo', 'tcp' or 'shm'")
+    if name == "gloo" and not dist.is_gloo_available():
+        raise DistError("backend 'gloo' is not available in this torch build")
+
+
+class _TorchWork(Work):
+    """Wraps a torch Work; ``post`` (copy-back, AVG division) runs exactly once after completion."""
+
+    def __init__(self, op_name: str, group_name: str, twork, result, post=None):
+        super().__init__(op_name)
+        self._twork, self._result, self._post, self._group = twork, result, post, group_name
+        self._post_lock = threading.Lock()
+
+    def _run_post(self):
+        with self._post_lock:
+            if self._post is not None:
+                post, self._post = self._post, None
+                post()
+        return self._result
+
+    def wait(self, timeout=None):
+        if self._done.is_set():
+            return super().wait()
+        try:
+            if self._twork is not None:
+                self._twork.wait() if timeout is None else self._twork.wait(
+                    timeout if isinstance(timeout, datetime.timedelta) else datetime.timedelta(seconds=timeout))
+            self._finish(self._run_post())
+        except DistError as e:
+            self._finish(exc=e)
+        except RuntimeError as e:
+            self._finish(exc=DistError(f"{self.op_name} on group {self._group!r} failed in torch.distributed: {e}"))
+        return super().wait()
+
+    def is_completed(self):
+        return self._done.is_set() or self._twork is None or self._twork.is_completed()
+
+    def get_future(self):
+        if self._done.is_set() or self._twork is None:
+            return super().get_future()
+        return self._twork.get_future().then(lambda fut: (fut.wait(), self._run_post())[1])
+
+
+class TorchProcessGroup(ProcessGroup):
+    def __init__(self, backend: str, pg, rank: int, size: int, group_name: str):
+        super().__init__(rank, size, group_name)
+        self.backend, self.pg = backend, pg
+
+    @classmethod
+    def create(cls, name, store, rank, size, timeout, group_name, global_ranks):
+        check_available(name)
+        td = datetime.timedelta(seconds=timeout)
+        if dist.is_initialized():
+            raise DistError(f"backend {name!r}: torch.distributed already has a default group; call "
+                            f"destroy_process_group first")
+        if name == "mpi":
+            dist.init_process_group("mpi", timeout=td)
+        else:
+            if name == "nccl":
+                torch.cuda.set_device(rank % torch.cuda.device_count())
+            dist.init_process_group(name, store=TorchStore(store), rank=rank, world_size=size, timeout=td)
+        return cls(name, dist.group.WORLD, dist.get_rank(), dist.get_world_size(), group_name)
+
+    @classmethod
+    def new_subgroup(cls, name, global_ranks, timeout, group_name):
+        """Collective over the whole default group (torch requires every rank to call new_group)."""
+        pg = dist.new_group(ranks=global_ranks, timeout=datetime.timedelta(seconds=timeout), backend=name)
+        if pg is None or pg == dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+        return cls(name, pg, dist.get_rank(pg), dist.get_world_size(pg), group_name)
+
+    def name(self):
+        return self.backend
+
+    def shutdown(self):
+        if self.pg is dist.group.WORLD:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        elif dist.is_initialized():
+            dist.destroy_process_group(self.pg)
+
+    def _g(self, r: int) -> int:
+        return dist.get_global_rank(self.pg, r) if self.pg is not dist.group.WORLD else r
+
+    def _run(self, op_name, launch, result, async_op, post=None) -> Work:
+        try:
+            twork = launch()
+        except RuntimeError as e:
+            raise DistError(f"{op_name} on group {self.group_name!r} ({self.backend}) failed: {e}") from e
+        work = _TorchWork(op_name, self.group_name, twork, result, post)
+        if not async_op:
+            work.wait()
+        return work
+
+    def _op(self, op, dtype, op_name):
+        op = ReduceOp.of(op)
+        check_reduce_dtype(op, dtype, op_name)
+        native_avg = self.backend == "nccl"
+        top = getattr(dist.ReduceOp, _TORCH_OPS[op if op is not ReduceOp.AVG or native_avg else ReduceOp.SUM])
+        return op, top, (op is ReduceOp.AVG and not native_avg)
+
+    @staticmethod
+    def _stage(t):
+        return t if t.is_contiguous() else t.contiguous()
+
+    def _posts(self, *steps):
+        steps = [s for s in steps if s is not None]
+        return (lambda: [s() for s in steps]) if steps else None
+
+    def broadcast(self, tensor, src=0, async_op=False):
+        buf = self._stage(tensor)
+        back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
+        return self._run("broadcast", lambda: dist.broadcast(buf, self._g(src), group=self.pg, async_op=True),
+                         [tensor], async_op, back)
+
+    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
+        op, top, emulate_avg = self._op(op, tensor.dtype, "all_reduce")
+        buf = self._stage(tensor)
+        avg = (lambda: buf.div_(self._size)) if emulate_avg else None
+        back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
+        return self._run("all_reduce", lambda: dist.all_reduce(buf, top, group=self.pg, async_op=True),
+                         [tensor], async_op, self._posts(avg, back))
+
+    def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
+        op, top, emulate_avg = self._op(op, tensor.dtype, "reduce")
+        buf = self._stage(tensor)
+        mine = self._rank == dst
+        avg = (lambda: buf.div_(self._size)) if emulate_avg and mine else None
+        back = (lambda: tensor.copy_(buf)) if buf is not tensor and mine else None
+        return self._run("reduce", lambda: dist.reduce(buf, self._g(dst), top, group=self.pg, async_op=True),
+                         [tensor], async_op, self._posts(avg, back))
+
+    def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
+        out = self._stage(output_tensor)
+        back = (lambda: output_tensor.copy_(out)) if out is not output_tensor else None
+        return self._run("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(
+            out, self._stage(input_tensor), group=self.pg, async_op=True), [output_tensor], async_op, back)
+
+    def all_gather(self, tensor_list, tensor, async_op=False):
+        bufs = [self._stage(t) for t in tensor_list]
+        backs = [(lambda t=t, b=b: t.copy_(b)) for t, b in zip(tensor_list, bufs) if b is not t]
+        return self._run("all_gather", lambda: dist.all_gather(bufs, self._stage(tensor), group=self.pg,
+                                                               async_op=True), tensor_list, async_op,
+                         self._posts(*backs))
+
+    def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, async_op=False):
+        op, top, emulate_avg = self._op(op, input.dtype, "reduce_scatter_tensor")
+        out = self._stage(output)
+        avg = (lambda: out.div_(self._size)) if emulate_avg else None
+        back = (lambda: output.copy_(out)) if out is not output else None
+        return self._run("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(
+            out, self._stage(input), top, group=self.pg, async_op=True), [output], async_op, self._posts(avg, back))
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
+        out = self._stage(output)
+        back = (lambda: output.copy_(out)) if out is not output else None
+        return self._run("all_to_all_single", lambda: dist.all_to_all_single(
+            out, self._stage(input), output_split_sizes, input_split_sizes, group=self.pg, async_op=True),
+            [output], async_op, back)
+
+    def send(self, tensor, dst, tag=0):
+        return self._run("send", lambda: dist.isend(self._stage(tensor), self._g(dst), group=self.pg, tag=tag),
+                         [tensor], True)
+
+    def recv(self, tensor, src, tag=0):
+        buf = self._stage(tensor)
+        back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
+        return self._run("recv", lambda: dist.irecv(buf, self._g(src), group=self.pg, tag=tag), [tensor], True,
+                         back)
+
+    def barrier(self, async_op=False):
+        return self._run("barrier", lambda: dist.barrier(group=self.pg, async_op=True), [], async_op)

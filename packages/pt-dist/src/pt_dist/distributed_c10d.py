@@ -1,0 +1,264 @@
+"""Process-group management in torch.distributed's style (torch/distributed/distributed_c10d.py).
+
+``init_process_group`` runs the rendezvous, builds the default group through the backend registry,
+and the module-level collectives route to a group (default: the world). Module-level functions take
+*global* ranks for ``src``/``dst`` and translate them to the group's ranks, as torch does.
+``new_group`` must be called by every rank of the world in the same order (each call takes the next
+group id, so ranks agree on the store namespace without talking); non-members get
+``GroupMember.NON_GROUP_MEMBER`` and their collectives on it return ``None``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+from pt_dist.backends import Backend
+from pt_dist.errors import DistError
+from pt_dist.process_group import ProcessGroup, ReduceOp
+from pt_dist.rendezvous import rendezvous
+from pt_dist.store import PrefixStore, Store
+
+log = logging.getLogger(__name__)
+default_pg_timeout = datetime.timedelta(minutes=10)
+
+
+class GroupMember:
+    WORLD: ProcessGroup | None = None
+    NON_GROUP_MEMBER = object()
+
+
+class _World:
+    def __init__(self):
+        self.store: Store | None = None
+        self.secret = b""
+        self.timeout = default_pg_timeout.total_seconds()
+        self.ranks: dict[ProcessGroup, list[int]] = {}  # group -> global ranks, by group rank
+        self.group_count = 0
+
+
+_world = _World()
+
+
+def is_initialized() -> bool:
+    return GroupMember.WORLD is not None
+
+
+def _seconds(timeout) -> float:
+    if timeout is None:
+        return _world.timeout
+    return timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+
+
+def init_process_group(backend: str | None = None, init_method: str | None = None, timeout=None,
+                       world_size: int = -1, rank: int = -1, store: Store | None = None,
+                       group_name: str = "") -> None:
+    """Join the job: rendezvous, then build the default group of ``backend`` ("tcp", "shm", "gloo", ...)."""
+    if is_initialized():
+        raise ValueError("init_process_group: the default process group is already initialized; call "
+                         "destroy_process_group() first")
+    name = Backend(backend or "tcp")
+    t = _seconds(timeout if timeout is not None else default_pg_timeout)
+    if t <= 0:
+        raise ValueError(f"init_process_group: timeout must be positive, got {timeout!r}")
+    if Backend.is_torch_backed(name):
+        from pt_dist.backends.torch_adapter import check_available
+
+        check_available(name)  # before we bind or connect anything
+    if store is not None:
+        if init_method is not None:
+            raise ValueError("init_process_group: pass either init_method or store, not both")
+        if rank < 0 or world_size < 1:
+            raise ValueError(f"init_process_group: a store needs explicit rank and world_size, got rank={rank}, "
+                             f"world_size={world_size}")
+        from pt_dist import wire
+
+        secret = wire.resolve_secret(None, "store")
+    else:
+        rdzv = rendezvous(init_method or "env://", rank, world_size, t)
+        store, rank, world_size, secret = rdzv.store, rdzv.rank, rdzv.world_size, rdzv.secret
+    _world.store, _world.secret, _world.timeout, _world.group_count = store, secret, t, 0
+    pg = Backend.creator(name)(PrefixStore("default_pg", store), rank, world_size, t, group_name or "default_pg",
+                               secret, None)
+    GroupMember.WORLD = pg
+    _world.ranks[pg] = list(range(world_size))
+    log.info("pt_dist: rank %d/%d joined with backend %s", rank, world_size, name)
+
+
+def _group(group) -> ProcessGroup:
+    if group is None:
+        if GroupMember.WORLD is None:
+            raise ValueError("pt_dist: the default process group is not initialized; call init_process_group()")
+        return GroupMember.WORLD
+    if group is GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("pt_dist: this rank is not a member of the group")
+    if group not in _world.ranks:
+        raise ValueError(f"pt_dist: {group!r} is not a live group (destroyed, or from another job)")
+    return group
+
+
+def new_group(ranks=None, timeout=None, backend: str | None = None):
+    """A sub-group of ``ranks`` (global ranks; ``None``: all). Call it on every rank, in the same order."""
+    world = _group(None)
+    size = world.size()
+    ranks = list(range(size)) if ranks is None else sorted(int(r) for r in ranks)
+    if not ranks or len(set(ranks)) != len(ranks) or any(not 0 <= r < size for r in ranks):
+        raise ValueError(f"new_group: ranks={ranks} must be distinct ranks in [0, {size})")
+    name = Backend(backend or world.name())
+    _world.group_count += 1
+    group_name = f"group{_world.group_count}"
+    me = world.rank()
+    t = _seconds(timeout)
+    if Backend.is_torch_backed(name):
+        if not Backend.is_torch_backed(world.name()):
+            raise ValueError(f"new_group: a {name!r} sub-group needs a torch-backed default group, the default is "
+                             f"{world.name()!r}")
+        from pt_dist.backends.torch_adapter import TorchProcessGroup
+
+        pg = TorchProcessGroup.new_subgroup(name, ranks, t, group_name)
+        if pg is None:
+            return GroupMember.NON_GROUP_MEMBER
+    else:
+        if me not in ranks:
+            return GroupMember.NON_GROUP_MEMBER
+        pg = Backend.creator(name)(PrefixStore(group_name, _world.store), ranks.index(me), len(ranks), t,
+                                   group_name, _world.secret, ranks)
+    _world.ranks[pg] = ranks
+    return pg
+
+
+def destroy_process_group(group=None) -> None:
+    """Shut down ``group`` (default: every group, then forget the rendezvous)."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
+    if group is None:
+        for pg in sorted(_world.ranks, key=lambda g: g is GroupMember.WORLD):
+            pg.shutdown()
+        _world.ranks.clear()
+        GroupMember.WORLD = None
+        store, _world.store = _world.store, None
+        if hasattr(store, "close"):
+            store.close()
+        return
+    _group(group).shutdown()
+    del _world.ranks[group]
+
+
+def get_rank(group=None) -> int:
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return -1
+    return _group(group).rank()
+
+
+def get_world_size(group=None) -> int:
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return -1
+    return _group(group).size()
+
+
+def get_backend(group=None) -> str:
+    return _group(group).name()
+
+
+def get_process_group_ranks(group) -> list[int]:
+    return list(_world.ranks[_group(group)])
+
+
+def get_global_rank(group, group_rank: int) -> int:
+    return _world.ranks[_group(group)][group_rank]
+
+
+def get_group_rank(group, global_rank: int) -> int:
+    ranks = _world.ranks[_group(group)]
+    if global_rank not in ranks:
+        raise ValueError(f"global rank {global_rank} is not in group {_group(group).group_name!r} ({ranks})")
+    return ranks.index(global_rank)
+
+
+def _ret(work, async_op):
+    return work if async_op else None
+
+
+# module-level collectives: global ranks in, group-local ranks to the ProcessGroup ---------------------
+def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    return _ret(_group(group).broadcast(tensor, get_group_rank(group, src), async_op=async_op), async_op)
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    return _ret(_group(group).all_reduce(tensor, op, async_op=async_op), async_op)
+
+
+def reduce(tensor, dst: int = 0, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    return _ret(_group(group).reduce(tensor, get_group_rank(group, dst), op, async_op=async_op), async_op)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    return _ret(_group(group).all_gather(tensor_list, tensor, async_op=async_op), async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False):
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    return _ret(_group(group).all_gather_into_tensor(output_tensor, input_tensor, async_op=async_op), async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    return _ret(_group(group).reduce_scatter_tensor(output, input, op, async_op=async_op), async_op)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op: bool = False):
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    return _ret(_group(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                                async_op=async_op), async_op)
+
+
+def barrier(group=None, async_op: bool = False):
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    return _ret(_group(group).barrier(async_op=async_op), async_op)
+
+
+def isend(tensor, dst: int, group=None, tag: int = 0):
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    return _group(group).send(tensor, get_group_rank(group, dst), tag)
+
+
+def irecv(tensor, src: int, group=None, tag: int = 0):
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    if src is None:
+        raise ValueError("irecv: src=None (receive from any rank) is not supported; name the sender")
+    return _group(group).recv(tensor, get_group_rank(group, src), tag)
+
+
+def send(tensor, dst: int, group=None, tag: int = 0) -> None:
+    work = isend(tensor, dst, group, tag)
+    if work is not None:
+        work.wait()
+
+
+def recv(tensor, src: int, group=None, tag: int = 0) -> int:
+    """Blocking receive; returns the sender's global rank (as torch does)."""
+    work = irecv(tensor, src, group, tag)
+    if work is not None:
+        work.wait()
+    return src
+
+
+__all__ = ["DistError", "GroupMember", "ReduceOp", "all_gather", "all_gather_into_tensor", "all_reduce",
+           "all_to_all_single", "barrier", "broadcast", "destroy_process_group", "get_backend", "get_global_rank",
+           "get_group_rank", "get_process_group_ranks", "get_rank", "get_world_size", "init_process_group",
+           "irecv", "is_initialized", "isend", "new_group", "recv", "reduce", "reduce_scatter_tensor", "send"]

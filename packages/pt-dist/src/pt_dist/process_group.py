@@ -1,0 +1,127 @@
+"""``ProcessGroup``: the collective interface every backend implements, plus ``ReduceOp``.
+
+c10d's ProcessGroup (torch/csrc/distributed/c10d/ProcessGroup.hpp) in miniature: a group has a rank
+and a size, and each collective takes group-local ranks and returns a ``Work``. ``async_op=True``
+returns immediately; otherwise the returned ``Work`` is already complete.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+
+import torch
+
+from pt_dist.errors import DistError, DistStoreError
+from pt_dist.work import Work
+
+__all__ = ["DistError", "DistStoreError", "ProcessGroup", "ReduceOp", "combine_", "check_reduce_dtype"]
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    AVG = "avg"
+    PRODUCT = "product"
+    MIN = "min"
+    MAX = "max"
+
+    @classmethod
+    def of(cls, op) -> ReduceOp:
+        """Accept our enum, a name ("sum"), or torch.distributed.ReduceOp."""
+        if isinstance(op, cls):
+            return op
+        name = str(op).rsplit(".", 1)[-1].upper()
+        name = {"PREMUL_SUM": "", "BAND": "", "BOR": "", "BXOR": ""}.get(name, name)
+        try:
+            return cls[name]
+        except KeyError:
+            raise ValueError(f"unsupported reduce op {op!r}; expected one of {[m.name for m in cls]}") from None
+
+
+def check_reduce_dtype(op: ReduceOp, dtype: torch.dtype, op_name: str) -> None:
+    """Reject (op, dtype) pairs torch itself cannot reduce, before any communication."""
+    if op is ReduceOp.AVG and not (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(f"{op_name}: ReduceOp.AVG needs a floating or complex dtype, got {dtype}")
+    if op in (ReduceOp.MIN, ReduceOp.MAX) and dtype.is_complex:
+        raise ValueError(f"{op_name}: ReduceOp.{op.name} is undefined for complex dtype {dtype}")
+
+
+def combine_(acc: torch.Tensor, other: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    """``acc = op(acc, other)`` in place. Bool follows torch: SUM/MAX are OR, PRODUCT/MIN are AND."""
+    if acc.dtype == torch.bool:
+        if op in (ReduceOp.SUM, ReduceOp.MAX):
+            return acc.logical_or_(other)
+        return acc.logical_and_(other)
+    if op in (ReduceOp.SUM, ReduceOp.AVG):
+        return acc.add_(other)
+    if op is ReduceOp.PRODUCT:
+        return acc.mul_(other)
+    if op is ReduceOp.MAX:
+        return torch.maximum(acc, other, out=acc)
+    return torch.minimum(acc, other, out=acc)
+
+
+def finish_avg_(t: torch.Tensor, op: ReduceOp, world: int) -> torch.Tensor:
+    if op is ReduceOp.AVG and world > 1:
+        t.div_(world)
+    return t
+
+
+class ProcessGroup(abc.ABC):
+    """A set of ranks that run collectives together. Ranks passed to methods are group-local."""
+
+    def __init__(self, rank: int, size: int, group_name: str = ""):
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} is outside a group of size {size}")
+        self._rank, self._size, self.group_name = rank, size, group_name
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    @abc.abstractmethod
+    def name(self) -> str:
+        """The backend's name ("tcp", "shm", "gloo", ...)."""
+
+    @abc.abstractmethod
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Work: ...
+
+    @abc.abstractmethod
+    def all_reduce(self, tensor: torch.Tensor, op=ReduceOp.SUM, async_op: bool = False) -> Work: ...
+
+    @abc.abstractmethod
+    def reduce(self, tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, async_op: bool = False) -> Work: ...
+
+    @abc.abstractmethod
+    def all_gather_into_tensor(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                               async_op: bool = False) -> Work: ...
+
+    @abc.abstractmethod
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work: ...
+
+    @abc.abstractmethod
+    def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM,
+                              async_op: bool = False) -> Work: ...
+
+    @abc.abstractmethod
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes=None,
+                          input_split_sizes=None, async_op: bool = False) -> Work: ...
+
+    @abc.abstractmethod
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Work:
+        """Start sending ``tensor`` to ``dst``; the Work completes once it is handed to the transport."""
+
+    @abc.abstractmethod
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Work:
+        """Start receiving into ``tensor`` from ``src``."""
+
+    @abc.abstractmethod
+    def barrier(self, async_op: bool = False) -> Work: ...
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook; adapters have nothing to release
+        """Release sockets, shared memory and threads."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name()} group={self.group_name!r} rank={self._rank}/{self._size}>"

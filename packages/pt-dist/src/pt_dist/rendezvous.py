@@ -1,0 +1,75 @@
+"""Rendezvous: turn an ``init_method`` URL (or the torchrun environment) into a store, a rank and a size.
+
+The three schemes of torch.distributed.rendezvous: ``env://`` reads MASTER_ADDR, MASTER_PORT, RANK and
+WORLD_SIZE (what torchrun exports); ``tcp://host:port`` names the TCPStore master directly; ``file:///path``
+uses a FileStore on a shared filesystem. ``?rank=``, ``?world_size=`` and ``?secret=`` query parameters are
+accepted as in torch; the secret (else ``$PT_DIST_SECRET``, else derived from the address) guards the
+store and every backend socket.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlparse
+
+from pt_dist import wire
+from pt_dist.store import FileStore, Store, TCPStore
+
+
+@dataclass
+class Rendezvous:
+    store: Store
+    rank: int
+    world_size: int
+    secret: bytes
+
+
+def _int(value, what: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"rendezvous: {what} must be an integer, got {value!r}") from None
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name)
+    if value is None:
+        raise ValueError(f"rendezvous env://: environment variable {name} is not set (torchrun sets MASTER_ADDR, "
+                         f"MASTER_PORT, RANK and WORLD_SIZE)")
+    return value
+
+
+def rendezvous(init_method: str, rank: int = -1, world_size: int = -1, timeout: float = 600.0) -> Rendezvous:
+    url = urlparse(init_method)
+    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+    if rank < 0:
+        rank = _int(query["rank"], "rank") if "rank" in query else -1
+    if world_size < 0:
+        world_size = _int(query["world_size"], "world_size") if "world_size" in query else -1
+    secret = query.get("secret")
+    if url.scheme == "env":
+        host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _int(_env("MASTER_PORT"), "MASTER_PORT")
+        rank = rank if rank >= 0 else _int(_env("RANK"), "RANK")
+        world_size = world_size if world_size >= 0 else _int(_env("WORLD_SIZE"), "WORLD_SIZE")
+    elif url.scheme == "tcp":
+        if not url.hostname or url.port is None:
+            raise ValueError(f"rendezvous: {init_method!r} must look like tcp://host:port")
+        host, port = url.hostname, url.port
+    elif url.scheme == "file":
+        path = url.path
+        if not path:
+            raise ValueError(f"rendezvous: {init_method!r} must look like file:///absolute/path")
+    else:
+        raise ValueError(f"rendezvous: unsupported init_method {init_method!r}; use env://, tcp://host:port "
+                         f"or file:///path")
+    if world_size < 1:
+        raise ValueError(f"rendezvous: world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rendezvous: rank {rank} is outside world_size {world_size}")
+    if url.scheme == "file":
+        key = wire.resolve_secret(secret, f"file:{path}")
+        return Rendezvous(FileStore(path, world_size, timeout=timeout), rank, world_size, key)
+    key = wire.resolve_secret(secret, f"{host}:{port}")
+    store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, secret=key)
+    return Rendezvous(store, rank, world_size, key)

@@ -1,0 +1,404 @@
+"""Key-value stores for rendezvous: ``Store``, ``TCPStore`` (from scratch over sockets), ``FileStore``, ``PrefixStore``.
+
+Mirrors c10d's Store API (torch/csrc/distributed/c10d/Store.hpp): ``set``/``get`` (blocking until the key
+exists), ``add`` (atomic counter stored as decimal text), ``compare_set``, ``wait``, ``delete_key``,
+``num_keys``. The TCPStore master runs a small threaded server; every connection must first pass the
+shared-secret handshake in ``wire.py``, and a malformed frame closes only that connection.
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime
+import fcntl
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+
+from pt_dist import wire
+from pt_dist.errors import DistStoreError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
+MAX_FRAME = 64 << 20
+_WORKERS_KEY = "__pt_dist_store_workers__"
+SET, GET, ADD, CAS, WAIT, DELETE, NUM_KEYS, CHECK = range(1, 9)
+
+
+def _seconds(timeout) -> float:
+    return timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+
+
+def _b(value) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+class Store(abc.ABC):
+    """The c10d Store interface: a small shared dictionary every rank can reach."""
+
+    def __init__(self, timeout=DEFAULT_TIMEOUT):
+        self._timeout = _seconds(timeout)
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self._timeout)
+
+    def set_timeout(self, timeout) -> None:
+        self._timeout = _seconds(timeout)
+
+    @abc.abstractmethod
+    def set(self, key: str, value) -> None: ...
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes:
+        """The value of ``key``, waiting up to the store timeout for some rank to set it."""
+
+    @abc.abstractmethod
+    def add(self, key: str, amount: int) -> int: ...
+
+    @abc.abstractmethod
+    def compare_set(self, key: str, expected_value, desired_value) -> bytes:
+        """Set ``desired`` if the current value equals ``expected`` (or the key is absent and ``expected`` is
+        empty); return the value now stored (or ``expected`` when the key is absent)."""
+
+    @abc.abstractmethod
+    def wait(self, keys: list[str], timeout=None) -> None: ...
+
+    @abc.abstractmethod
+    def check(self, keys: list[str]) -> bool: ...
+
+    @abc.abstractmethod
+    def delete_key(self, key: str) -> bool: ...
+
+    @abc.abstractmethod
+    def num_keys(self) -> int: ...
+
+
+class PrefixStore(Store):
+    """Namespaces another store (c10d PrefixStore): each process group gets its own key space."""
+
+    def __init__(self, prefix: str, store: Store):
+        super().__init__(store.timeout)
+        self.prefix, self.underlying_store = prefix, store
+
+    def _k(self, key: str) -> str:
+        return f"{self.prefix}/{key}"
+
+    def set(self, key, value):
+        self.underlying_store.set(self._k(key), value)
+
+    def get(self, key):
+        return self.underlying_store.get(self._k(key))
+
+    def add(self, key, amount):
+        return self.underlying_store.add(self._k(key), amount)
+
+    def compare_set(self, key, expected_value, desired_value):
+        return self.underlying_store.compare_set(self._k(key), expected_value, desired_value)
+
+    def wait(self, keys, timeout=None):
+        self.underlying_store.wait([self._k(k) for k in keys], timeout)
+
+    def check(self, keys):
+        return self.underlying_store.check([self._k(k) for k in keys])
+
+    def delete_key(self, key):
+        return self.underlying_store.delete_key(self._k(key))
+
+    def num_keys(self):
+        return self.underlying_store.num_keys()
+
+
+def _apply(data: dict, cmd: int, fields: list[bytes]) -> bytes:
+    """The store semantics shared by the TCP server and the file log (all non-blocking commands)."""
+    if cmd == SET:
+        data[fields[0]] = fields[1]
+        return b""
+    if cmd == ADD:
+        value = int(data.get(fields[0], b"0")) + struct.unpack("<q", fields[1])[0]
+        data[fields[0]] = str(value).encode()
+        return struct.pack("<q", value)
+    if cmd == CAS:
+        key, expected, desired = fields
+        if key not in data:
+            if expected:
+                return expected
+            data[key] = desired
+            return desired
+        if data[key] == expected:
+            data[key] = desired
+        return data[key]
+    if cmd == DELETE:
+        return b"\x01" if data.pop(fields[0], None) is not None else b"\x00"
+    raise wire.ProtocolError(f"unknown store command {cmd}")
+
+
+_ARITY = {SET: 2, GET: 2, ADD: 2, CAS: 3, WAIT: 2, DELETE: 1, NUM_KEYS: 0, CHECK: 1}
+
+
+class _StoreServer:
+    """The master's server: accept thread + one thread per authenticated client."""
+
+    def __init__(self, host: str, port: int, secret: bytes):
+        self._sock = socket.create_server((host, port), backlog=128)
+        self.port = self._sock.getsockname()[1]
+        self._secret = secret
+        self._data: dict[bytes, bytes] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._conns: set[socket.socket] = set()
+        threading.Thread(target=self._accept_loop, name="pt_dist-store-accept", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        for conn in list(self._conns):
+            conn.close()
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), name="pt_dist-store-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        self._conns.add(conn)
+        try:
+            conn.settimeout(wire.HANDSHAKE_TIMEOUT)
+            wire.server_handshake(conn, self._secret)
+            conn.settimeout(None)
+            wire.tune(conn, 1 << 20)
+            while True:
+                frame = wire.recv_frame(conn, MAX_FRAME)
+                if not frame:
+                    raise wire.ProtocolError("empty frame")
+                cmd = frame[0]
+                if cmd not in _ARITY:
+                    raise wire.ProtocolError(f"unknown store command {cmd}")
+                wire.send_frame(conn, self._handle(cmd, wire.unpack_fields(frame[1:], _ARITY[cmd])))
+        except (wire.ProtocolError, struct.error, ValueError) as e:
+            log.warning("pt_dist store: dropping a connection: %s", e)
+        except OSError:
+            pass
+        finally:
+            self._conns.discard(conn)
+            conn.close()
+
+    def _handle(self, cmd: int, fields: list[bytes]) -> bytes:
+        with self._cond:
+            if cmd in (GET, WAIT):
+                keys = [fields[0]] if cmd == GET else wire.unpack_all(fields[0])
+                (timeout,) = struct.unpack("<d", fields[1])
+                ok = self._cond.wait_for(lambda: all(k in self._data for k in keys), timeout=timeout)
+                if not ok:
+                    return b"\x00"
+                return b"\x01" + (self._data[keys[0]] if cmd == GET else b"")
+            if cmd == NUM_KEYS:
+                return struct.pack("<q", len(self._data))
+            if cmd == CHECK:
+                keys = wire.unpack_all(fields[0])
+                return b"\x01" if all(k in self._data for k in keys) else b"\x00"
+            out = _apply(self._data, cmd, fields)
+            self._cond.notify_all()
+            return out
+
+
+class TCPStore(Store):
+    """c10d's TCPStore rebuilt: the master (``is_master=True``) hosts the server, every rank is a client.
+
+    ``port=0`` binds a free port (read it back from ``.port``). ``secret`` (or ``$PT_DIST_SECRET``) is the
+    job's shared secret; clients that cannot prove it are dropped before any frame is parsed.
+    """
+
+    def __init__(self, host_name: str = "127.0.0.1", port: int = 0, world_size: int | None = None,
+                 is_master: bool = False, timeout=DEFAULT_TIMEOUT, wait_for_workers: bool = True,
+                 secret: str | bytes | None = None):
+        super().__init__(timeout)
+        if not is_master and port == 0:
+            raise ValueError("TCPStore: a client needs the master's port, got port=0")
+        if world_size is not None and world_size < 1:
+            raise ValueError(f"TCPStore: world_size must be >= 1, got {world_size}")
+        self.host = host_name
+        self._server = None
+        rendezvous = f"{host_name}:{port}"
+        self._secret = wire.resolve_secret(secret, rendezvous)
+        if is_master:
+            self._server = _StoreServer(host_name, port, self._secret)
+        self.port = self._server.port if is_master else port
+        self._lock = threading.Lock()
+        self._sock = self._connect()
+        self.add(_WORKERS_KEY, 1)
+        if is_master and wait_for_workers and world_size:
+            self._wait_workers(world_size)
+
+    def _connect(self) -> socket.socket:
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=min(5.0, self._timeout))
+                wire.client_handshake(sock, self._secret)
+                sock.settimeout(None)
+                wire.tune(sock, 1 << 20)
+                return sock
+            except wire.ProtocolError as e:
+                raise DistStoreError(f"TCPStore {self.host}:{self.port}: {e}") from None
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise DistStoreError(f"TCPStore: could not connect to {self.host}:{self.port} within "
+                                         f"{self._timeout:.1f}s: {e}") from None
+                time.sleep(0.05)
+
+    def _call(self, cmd: int, *fields: bytes, wait_s: float = 0.0) -> bytes:
+        with self._lock:
+            self._sock.settimeout(wait_s + max(30.0, self._timeout))
+            try:
+                wire.send_frame(self._sock, bytes([cmd]) + wire.pack_fields(*fields))
+                return wire.recv_frame(self._sock, MAX_FRAME + 16)
+            except (OSError, wire.ProtocolError) as e:
+                raise DistStoreError(f"TCPStore {self.host}:{self.port}: connection to the store failed: {e!r}"
+                                     ) from None
+
+    def _wait_workers(self, world_size: int) -> None:
+        deadline = time.monotonic() + self._timeout
+        while int(self.get(_WORKERS_KEY)) < world_size:
+            if time.monotonic() > deadline:
+                raise DistStoreError(f"TCPStore: only {int(self.get(_WORKERS_KEY))} of {world_size} workers "
+                                     f"joined within {self._timeout:.1f}s")
+            time.sleep(0.01)
+
+    def set(self, key, value):
+        self._call(SET, _b(key), _b(value))
+
+    def get(self, key):
+        reply = self._call(GET, _b(key), struct.pack("<d", self._timeout), wait_s=self._timeout)
+        if reply[:1] != b"\x01":
+            raise DistStoreError(f"TCPStore.get({key!r}) timed out after {self._timeout:.1f}s")
+        return reply[1:]
+
+    def add(self, key, amount):
+        return struct.unpack("<q", self._call(ADD, _b(key), struct.pack("<q", int(amount))))[0]
+
+    def compare_set(self, key, expected_value, desired_value):
+        return self._call(CAS, _b(key), _b(expected_value), _b(desired_value))
+
+    def wait(self, keys, timeout=None):
+        t = self._timeout if timeout is None else _seconds(timeout)
+        reply = self._call(WAIT, wire.pack_fields(*map(_b, keys)), struct.pack("<d", t), wait_s=t)
+        if reply != b"\x01":
+            raise DistStoreError(f"TCPStore.wait({list(keys)!r}) timed out after {t:.1f}s")
+
+    def check(self, keys):
+        return self._call(CHECK, wire.pack_fields(*map(_b, keys))) == b"\x01"
+
+    def delete_key(self, key):
+        return self._call(DELETE, _b(key)) == b"\x01"
+
+    def num_keys(self):
+        return struct.unpack("<q", self._call(NUM_KEYS))[0]
+
+    def close(self) -> None:
+        self._sock.close()
+        if self._server is not None:
+            self._server.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class FileStore(Store):
+    """c10d's FileStore: an append-only log of store commands in a file, locked with ``flock``.
+
+    Good for ranks on one host (or a shared filesystem); blocking ``get`` polls the log.
+    """
+
+    def __init__(self, file_name: str, world_size: int = -1, timeout=DEFAULT_TIMEOUT):
+        super().__init__(timeout)
+        self.path = file_name
+        self._data: dict[bytes, bytes] = {}
+        self._pos = 0
+        self._lock = threading.Lock()
+        open(file_name, "ab").close()
+
+    def _locked(self, cmd: int | None, fields=()) -> bytes:
+        with self._lock, open(self.path, "r+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                f.seek(self._pos)
+                log_bytes = f.read()
+                self._replay(log_bytes)
+                if cmd is None:
+                    return b""
+                out = _apply(self._data, cmd, list(fields))
+                record = bytes([cmd]) + wire.pack_fields(*fields)
+                f.seek(0, os.SEEK_END)
+                f.write(struct.pack("<I", len(record)) + record)
+                f.flush()
+                self._pos = f.tell()
+                return out
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _replay(self, buf: bytes) -> None:
+        pos = 0
+        while pos + 4 <= len(buf):
+            (n,) = struct.unpack_from("<I", buf, pos)
+            if pos + 4 + n > len(buf):
+                break
+            rec = buf[pos + 4:pos + 4 + n]
+            _apply(self._data, rec[0], wire.unpack_fields(rec[1:], _ARITY[rec[0]]))
+            pos += 4 + n
+        self._pos += pos
+
+    def _wait_for(self, keys: list[bytes], timeout: float) -> bool:
+        deadline, pause = time.monotonic() + timeout, 0.0005
+        while True:
+            self._locked(None)
+            if all(k in self._data for k in keys):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+    def set(self, key, value):
+        self._locked(SET, (_b(key), _b(value)))
+
+    def get(self, key):
+        if not self._wait_for([_b(key)], self._timeout):
+            raise DistStoreError(f"FileStore.get({key!r}) timed out after {self._timeout:.1f}s")
+        return self._data[_b(key)]
+
+    def add(self, key, amount):
+        return struct.unpack("<q", self._locked(ADD, (_b(key), struct.pack("<q", int(amount)))))[0]
+
+    def compare_set(self, key, expected_value, desired_value):
+        return self._locked(CAS, (_b(key), _b(expected_value), _b(desired_value)))
+
+    def wait(self, keys, timeout=None):
+        t = self._timeout if timeout is None else _seconds(timeout)
+        if not self._wait_for([_b(k) for k in keys], t):
+            raise DistStoreError(f"FileStore.wait({list(keys)!r}) timed out after {t:.1f}s")
+
+    def check(self, keys):
+        self._locked(None)
+        return all(_b(k) in self._data for k in keys)
+
+    def delete_key(self, key):
+        return self._locked(DELETE, (_b(key),)) == b"\x01"
+
+    def num_keys(self):
+        self._locked(None)
+        return len(self._data)

@@ -1,0 +1,127 @@
+"""Bytes on the wire: exact reads, length-prefixed fields and the shared-secret handshake.
+
+Every socket pt_dist opens (store and backend mesh) starts with a challenge-response: the listener
+sends a random nonce and the connector must answer ``HMAC-SHA256(secret, nonce)``. Nothing else is
+read from a connection before that check passes, so a stranger on the port can neither inject a
+tensor nor reach a parser. Frames are plain length-prefixed binary (no pickle anywhere).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+
+MAGIC = b"PTD1"
+NONCE_BYTES = 16
+DIGEST_BYTES = 32
+SECRET_ENV = "PT_DIST_SECRET"
+HANDSHAKE_TIMEOUT = 10.0
+
+
+class ProtocolError(ConnectionError):
+    """The peer sent something that is not a well-formed frame (or failed the handshake)."""
+
+
+def resolve_secret(secret: str | bytes | None, rendezvous: str) -> bytes:
+    """The job's shared secret: explicit, else ``$PT_DIST_SECRET``, else derived from the rendezvous address.
+
+    The derived default only keeps out clients that do not know the address; a real job should
+    export ``PT_DIST_SECRET`` (or put ``?secret=`` in the init_method) on every rank.
+    """
+    if secret is None:
+        secret = os.environ.get(SECRET_ENV) or f"pt_dist-rendezvous:{rendezvous}"
+    return secret.encode() if isinstance(secret, str) else bytes(secret)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    recv_into_exact(sock, memoryview(buf))
+    return bytes(buf)
+
+
+def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionResetError("peer closed the connection")
+        got += k
+
+
+def server_handshake(sock: socket.socket, secret: bytes) -> None:
+    """Challenge the connector; raise ``ProtocolError`` (caller closes) unless it proves the secret."""
+    nonce = os.urandom(NONCE_BYTES)
+    sock.sendall(MAGIC + nonce)
+    answer = recv_exact(sock, DIGEST_BYTES)
+    if not hmac.compare_digest(answer, hmac.new(secret, nonce, hashlib.sha256).digest()):
+        raise ProtocolError("client failed the shared-secret handshake")
+    sock.sendall(b"OK")
+
+
+def client_handshake(sock: socket.socket, secret: bytes) -> None:
+    head = recv_exact(sock, len(MAGIC) + NONCE_BYTES)
+    if head[: len(MAGIC)] != MAGIC:
+        raise ProtocolError(f"not a pt_dist endpoint (greeting {head[:4]!r})")
+    sock.sendall(hmac.new(secret, head[len(MAGIC):], hashlib.sha256).digest())
+    try:
+        ok = recv_exact(sock, 2)
+    except ConnectionError:
+        ok = b""
+    if ok != b"OK":
+        raise ProtocolError("the server refused our shared secret (PT_DIST_SECRET differs?)")
+
+
+def pack_fields(*fields: bytes) -> bytes:
+    return b"".join(struct.pack("<I", len(f)) + f for f in fields)
+
+
+def unpack_fields(buf: bytes, count: int) -> list[bytes]:
+    """Split ``count`` length-prefixed fields; a short or overlong buffer is a ``ProtocolError``."""
+    out, pos = [], 0
+    for _ in range(count):
+        if pos + 4 > len(buf):
+            raise ProtocolError("truncated frame")
+        (n,) = struct.unpack_from("<I", buf, pos)
+        pos += 4
+        if pos + n > len(buf):
+            raise ProtocolError("field runs past the frame")
+        out.append(buf[pos:pos + n])
+        pos += n
+    if pos != len(buf):
+        raise ProtocolError("trailing bytes in frame")
+    return out
+
+
+def unpack_all(buf: bytes) -> list[bytes]:
+    """Every length-prefixed field in ``buf`` (validated like ``unpack_fields``)."""
+    pos, count = 0, 0
+    while pos < len(buf):
+        if pos + 4 > len(buf):
+            raise ProtocolError("truncated field list")
+        pos += 4 + struct.unpack_from("<I", buf, pos)[0]
+        count += 1
+    return unpack_fields(buf, count)
+
+
+def send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(struct.pack("<I", len(payload)) + payload)
+
+
+def recv_frame(sock: socket.socket, max_bytes: int) -> bytes:
+    (n,) = struct.unpack("<I", recv_exact(sock, 4))
+    if n > max_bytes:
+        raise ProtocolError(f"frame of {n} bytes exceeds the {max_bytes}-byte limit")
+    return recv_exact(sock, n)
+
+
+def tune(sock: socket.socket, bufsize: int = 4 << 20) -> None:
+    """No Nagle delay on small control frames; big kernel buffers so large chunks stream."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
+        except OSError:
+            pass

@@ -1,0 +1,127 @@
+"""``Work``: the handle a collective returns, and the per-group queue that runs collectives in order.
+
+As in c10d (ProcessGroup::Work), ``async_op=True`` returns at once and the collective runs on the
+group's background thread; ``wait()`` blocks and re-raises the collective's error; ``get_future()``
+gives a ``torch.futures.Future`` resolved with the output tensors (so ``.then`` chains work).
+One thread per group keeps every rank issuing collectives in the same order, which all
+rendezvous-free collective algorithms depend on.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+import torch
+
+
+class Work:
+    """A pending or finished collective."""
+
+    def __init__(self, op_name: str = ""):
+        self.op_name = op_name
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._done = threading.Event()
+        self._exc: BaseException | None = None
+
+    def _finish(self, result=None, exc: BaseException | None = None) -> None:
+        self._exc = exc
+        if exc is None:
+            self._future.set_result(result)
+        else:
+            self._future.set_exception(exc)
+        self._done.set()
+
+    def wait(self, timeout=None) -> bool:
+        """Block until done; re-raise the collective's error. ``timeout`` (seconds or timedelta) bounds the wait."""
+        if timeout is not None and not isinstance(timeout, (int, float)):
+            timeout = timeout.total_seconds()
+        if not self._done.wait(timeout):
+            from pt_dist.errors import DistError
+
+            raise DistError(f"{self.op_name}: Work.wait timed out after {timeout}s")
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._exc is None
+
+    def exception(self) -> BaseException | None:
+        return self._exc
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def result(self) -> list:
+        self.wait()
+        return self._future.value()
+
+    @classmethod
+    def completed(cls, op_name: str, result) -> Work:
+        work = cls(op_name)
+        work._finish(result)
+        return work
+
+
+class OpQueue:
+    """Runs a group's collectives one at a time, in submission order, on one daemon thread.
+
+    A blocking call made while nothing is queued runs inline on the caller's thread (no thread hop,
+    which matters for small-message latency); otherwise it queues behind the pending async work.
+    """
+
+    def __init__(self, name: str):
+        self._name = name
+        self._queue: queue.Queue = queue.Queue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._run_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, op_name: str, fn: Callable[[], object], async_op: bool) -> Work:
+        with self._lock:
+            inline = not async_op and self._pending == 0
+            if not inline:
+                self._pending += 1
+        if inline:
+            with self._run_lock:
+                return Work.completed(op_name, fn())
+        work = Work(op_name)
+        self._ensure_thread()
+        self._queue.put((work, fn))
+        if not async_op:
+            work.wait()
+        return work
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"pt_dist-{self._name}", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            work, fn = item
+            try:
+                with self._run_lock:
+                    result = fn()
+            except BaseException as e:  # noqa: BLE001 - delivered to whoever waits on the Work
+                work._finish(exc=e)
+            else:
+                work._finish(result)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+
+    def shutdown(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+            self._thread = None
