@@ -15,10 +15,15 @@ from .generation import (
 from .modeling_utils import PreTrainedModel
 from .models.auto.configuration_auto import AutoConfig
 from .models.auto.modeling_auto import AutoModel, AutoModelForCausalLM
+from .models.auto.tokenization_auto import AutoTokenizer
 from .models.gpt2.configuration_gpt2 import GPT2Config
 from .models.gpt2.modeling_gpt2 import GPT2LMHeadModel, GPT2Model
 from .models.llama.configuration_llama import LlamaConfig
 from .models.llama.modeling_llama import LlamaForCausalLM, LlamaModel
+from .tokenization_gpt2 import GPT2Tokenizer
+from .tokenization_utils import PreTrainedTokenizer
+from .tokenization_utils_base import BatchEncoding, PreTrainedTokenizerBase
+from .tokenization_utils_fast import PreTrainedTokenizerFast
 
 __version__ = "0.1.0"
 

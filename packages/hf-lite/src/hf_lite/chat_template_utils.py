@@ -1,0 +1,62 @@
+"""Chat templates: render a conversation with the Jinja template stored in tokenizer_config.json.
+
+Same environment as transformers: sandboxed, ``trim_blocks``/``lstrip_blocks``, the ``loopcontrols`` extension, a
+``tojson`` that does not HTML-escape, and the ``raise_exception`` / ``strftime_now`` helpers templates call.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class TemplateError(ValueError):
+    """Raised by a template's ``raise_exception`` or when a template does not compile."""
+
+
+def _raise_exception(message):
+    raise TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@lru_cache(maxsize=32)
+def compile_chat_template(chat_template: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(chat_template)
+    except jinja2.TemplateSyntaxError as err:
+        raise TemplateError(f"chat template does not compile: {err} (line {err.lineno})") from err
+
+
+def render_chat(
+    conversation: list[dict],
+    chat_template: str,
+    add_generation_prompt: bool = False,
+    continue_final_message: bool = False,
+    **template_kwargs,
+) -> str:
+    if not isinstance(conversation, (list, tuple)) or not all(isinstance(m, dict) for m in conversation):
+        raise ValueError("a conversation must be a list of {'role': ..., 'content': ...} dicts")
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("continue_final_message and add_generation_prompt are not compatible")
+    rendered = compile_chat_template(chat_template).render(
+        messages=list(conversation), add_generation_prompt=add_generation_prompt, **template_kwargs
+    )
+    if continue_final_message:
+        final = conversation[-1].get("content")
+        if not isinstance(final, str) or final.strip() not in rendered:
+            raise ValueError("continue_final_message: the final message's content does not appear in the rendered chat")
+        # Cut everything the template appended after the final message (its end-of-turn tokens).
+        rendered = rendered[: rendered.rindex(final.strip()) + len(final.strip())]
+    return rendered

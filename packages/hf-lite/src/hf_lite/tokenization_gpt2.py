@@ -1,0 +1,206 @@
+"""GPT2Tokenizer: byte-level BPE in pure Python (Radford et al. 2019 sec. 2.2; the algorithm as minbpe teaches it).
+
+1. The GPT-2 regex pre-splits text into words, digits, punctuation runs and whitespace, so merges never cross them.
+2. Each word's UTF-8 bytes are mapped to printable unicode characters (``bytes_to_unicode``), so every byte is a
+   base token and no text is ever "unknown".
+3. Merges are applied by rank: repeatedly merge the adjacent pair with the lowest rank, until none is mergeable.
+Results are cached per word. Reads ``vocab.json`` + ``merges.txt`` or a ``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+
+import regex
+
+from .tokenization_utils import PreTrainedTokenizer
+from .tokenization_utils_base import TOKENIZER_FILE
+from .utils import atomic_write_text
+
+GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+VOCAB_FILES_NAMES = {"vocab_file": "vocab.json", "merges_file": "merges.txt"}
+
+
+@lru_cache
+def bytes_to_unicode() -> dict[int, str]:
+    """Byte -> printable char: printable Latin-1 bytes map to themselves, the rest to chars from U+0100 on."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    mapping, shift = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + shift)
+            shift += 1
+    return mapping
+
+
+def _parse_merges(merges) -> list[tuple[str, str]]:
+    pairs = []
+    for m in merges:
+        pair = tuple(m) if isinstance(m, (list, tuple)) else tuple(m.split(" "))
+        if len(pair) != 2:
+            raise ValueError(f"malformed merge {m!r}: expected two space-separated tokens")
+        pairs.append(pair)
+    return pairs
+
+
+class GPT2Tokenizer(PreTrainedTokenizer):
+    vocab_files_names = VOCAB_FILES_NAMES
+
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        merges: list,
+        add_prefix_space: bool = False,
+        errors: str = "replace",
+        post_processor: dict | None = None,
+        **kwargs,
+    ):
+        self.encoder = dict(vocab)
+        self.decoder = {v: k for k, v in self.encoder.items()}
+        self.bpe_ranks = {pair: rank for rank, pair in enumerate(_parse_merges(merges))}
+        self.byte_encoder = bytes_to_unicode()
+        self.byte_decoder = {c: b for b, c in self.byte_encoder.items()}
+        self.add_prefix_space = add_prefix_space
+        self.errors = errors
+        self.pat = regex.compile(GPT2_SPLIT_PATTERN)
+        self.cache: dict[str, list[str]] = {}
+        self._post_processor = post_processor
+        super().__init__(**kwargs)
+        self._special_prefix, self._special_suffix = self._template_specials(post_processor)
+        for token in self._special_prefix + self._special_suffix:
+            self._require_known(token, "post_processor")
+
+    # ------------------------------------------------------------------ BPE
+    @property
+    def vocab_size(self) -> int:
+        return len(self.encoder)
+
+    def bpe(self, token: str) -> list[str]:
+        if token in self.cache:
+            return self.cache[token]
+        word = list(token)
+        while len(word) > 1:
+            ranked = [(self.bpe_ranks.get(pair, float("inf")), pair) for pair in zip(word, word[1:])]
+            rank, best = min(ranked, key=lambda x: x[0])
+            if rank == float("inf"):
+                break
+            merged, i = [], 0
+            while i < len(word):
+                if i < len(word) - 1 and (word[i], word[i + 1]) == best:
+                    merged.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    merged.append(word[i])
+                    i += 1
+            word = merged
+        if len(self.cache) < 100_000:
+            self.cache[token] = word
+        return word
+
+    def _tokenize(self, text: str) -> list[str]:
+        if self.add_prefix_space and text and not text[0].isspace():
+            text = " " + text
+        tokens = []
+        for word in self.pat.findall(text):
+            tokens.extend(self.bpe("".join(self.byte_encoder[b] for b in word.encode("utf-8"))))
+        return tokens
+
+    def _convert_token_to_id(self, token: str) -> int | None:
+        return self.encoder.get(token)
+
+    def _convert_id_to_token(self, index: int) -> str:
+        return self.decoder[index]
+
+    def _token_bytes(self, token: str) -> bytes:
+        # As the Rust ByteLevel decoder: a token made of table chars is bytes, anything else is its own UTF-8.
+        try:
+            return bytes(self.byte_decoder[c] for c in token)
+        except KeyError:
+            return token.encode("utf-8")
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        return b"".join(self._token_bytes(t) for t in tokens).decode("utf-8", errors=self.errors)
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return self.convert_tokens_to_string(self.convert_ids_to_tokens(ids, skip_special_tokens=skip_special_tokens))
+
+    # ------------------------------------------------------------------ files
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> GPT2Tokenizer:
+        directory = os.fspath(pretrained_model_name_or_path)
+        config = cls._read_tokenizer_config(directory)
+        config.update(kwargs)
+        tokenizer_json = os.path.join(directory, TOKENIZER_FILE)
+        vocab_file = os.path.join(directory, VOCAB_FILES_NAMES["vocab_file"])
+        merges_file = os.path.join(directory, VOCAB_FILES_NAMES["merges_file"])
+        if os.path.isfile(tokenizer_json):
+            return cls.from_tokenizer_json(tokenizer_json, **config)
+        if os.path.isfile(vocab_file) and os.path.isfile(merges_file):
+            with open(vocab_file, encoding="utf-8") as f:
+                vocab = json.load(f)
+            with open(merges_file, encoding="utf-8") as f:
+                lines = [ln.rstrip("\n") for ln in f if ln.strip() and not ln.startswith("#version")]
+            added = []
+            added_file = os.path.join(directory, "added_tokens.json")
+            if os.path.isfile(added_file):
+                with open(added_file, encoding="utf-8") as f:
+                    added = [{"content": c, "id": i, "special": True} for c, i in json.load(f).items()]
+            return cls(vocab, lines, added_tokens=added, **config)
+        raise OSError(f"{directory!r} has neither {TOKENIZER_FILE} nor vocab.json + merges.txt")
+
+    @classmethod
+    def from_tokenizer_json(cls, path: str, **kwargs) -> GPT2Tokenizer:
+        with open(path, encoding="utf-8") as f:
+            spec = json.load(f)
+        model = spec.get("model") or {}
+        if model.get("type") != "BPE":
+            raise ValueError(f"{path}: model type {model.get('type')!r} is not BPE; GPT2Tokenizer reads byte-level BPE")
+        if spec.get("normalizer") is not None:
+            raise ValueError(f"{path}: normalizer {spec['normalizer'].get('type')!r} is not supported by GPT2Tokenizer")
+        pre = spec.get("pre_tokenizer") or {}
+        if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True):
+            raise ValueError(f"{path}: pre_tokenizer {pre.get('type')!r} is not the GPT-2 ByteLevel one")
+        kwargs.setdefault("add_prefix_space", pre.get("add_prefix_space", False))
+        added = [{"content": t["content"], "id": t["id"], "special": t.get("special", False)}
+                 for t in spec.get("added_tokens", [])]
+        return cls(model["vocab"], model["merges"], added_tokens=added, post_processor=spec.get("post_processor"),
+                   **kwargs)
+
+    def to_tokenizer_json(self) -> dict:
+        """The ``tokenizers`` library's serialisation of this tokenizer, so the Rust side can load our files."""
+        added = [
+            {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": c not in self._special_added, "special": c in self._special_added}
+            for i, c in sorted(self._added_tokens_decoder.items())
+        ]
+        byte_level = {"type": "ByteLevel", "add_prefix_space": self.add_prefix_space, "trim_offsets": True,
+                      "use_regex": True}
+        merges = [list(p) for p, _ in sorted(self.bpe_ranks.items(), key=lambda kv: kv[1])]
+        return {
+            "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+            "pre_tokenizer": byte_level, "post_processor": self._post_processor or byte_level,
+            "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                      "ignore_merges": False, "vocab": self.encoder, "merges": merges},
+        }
+
+    def _save_vocabulary_files(self, save_directory: str) -> list[str]:
+        atomic_write_text(os.path.join(save_directory, "vocab.json"), json.dumps(self.encoder, ensure_ascii=False))
+        merges = "#version: 0.2\n" + "".join(
+            f"{a} {b}\n" for (a, b), _ in sorted(self.bpe_ranks.items(), key=lambda kv: kv[1])
+        )
+        atomic_write_text(os.path.join(save_directory, "merges.txt"), merges)
+        tokenizer_json = json.dumps(self.to_tokenizer_json(), ensure_ascii=False)
+        atomic_write_text(os.path.join(save_directory, TOKENIZER_FILE), tokenizer_json)
+        return ["vocab.json", "merges.txt", TOKENIZER_FILE]
+
+    def _tokenizer_config(self) -> dict:
+        config = super()._tokenizer_config()
+        config["add_prefix_space"] = self.add_prefix_space
+        return config
