@@ -273,7 +273,8 @@ class PreTrainedModel(nn.Module):
                     continue
                 tensors[key] = tensor
         tied = self._tied_keys()
-        missing = [k for k in expected if k not in tensors and k not in tied and k not in dict(mismatched)]
+        skipped = {m[0] for m in mismatched}
+        missing = [k for k in expected if k not in tensors and k not in tied and k not in skipped]
         return {
             "tensors": tensors,
             "missing_keys": missing,
