@@ -1,0 +1,145 @@
+"""generate() token-identical to transformers on the same weights: greedy, beam search, sampling with a seed."""
+
+import pytest
+import torch
+import transformers
+from hf_lite import GenerationConfig, LlamaForCausalLM
+from hf_lite_testing import make_model
+
+
+def _pair(kind, tmp_path, **kw):
+    ours = make_model(kind, **kw)
+    ours.save_pretrained(tmp_path / kind)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / kind).eval()
+    return ours, theirs
+
+
+def _left_padded(pad_id, seed=0, batch=4, length=7, vocab=97):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (batch, length), generator=g)
+    mask = torch.ones_like(ids)
+    for row, n_pad in enumerate([3, 0, 1, 5][:batch]):
+        ids[row, :n_pad] = pad_id
+        mask[row, :n_pad] = 0
+    return ids, mask
+
+
+def _eos_ids_that_get_hit(theirs, ids, mask, pad):
+    """Pick EOS ids from a free run so that several rows stop early."""
+    free = theirs.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=None,
+                           pad_token_id=pad)
+    new = free[:, ids.shape[1] :]
+    return sorted({int(new[0, 2]), int(new[2, 5])})
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_greedy_batched_left_padded_with_eos_matches_transformers(kind, tmp_path):
+    ours, theirs = _pair(kind, tmp_path)
+    pad = 3
+    ids, mask = _left_padded(pad)
+    eos = _eos_ids_that_get_hit(theirs, ids, mask, pad)
+    kw = dict(attention_mask=mask, max_new_tokens=10, eos_token_id=eos, pad_token_id=pad)
+    expected = theirs.generate(ids, do_sample=False, **kw)
+    got = ours.generate(ids, **kw)
+    assert torch.equal(got, expected)
+    new = got[:, ids.shape[1] :]
+    finished_early = [(new[r, :-1] == pad).any() and any((new[r] == e).any() for e in eos) for r in range(4)]
+    assert sum(bool(f) for f in finished_early) >= 1, "sanity: some row must stop on EOS and be padded"
+
+
+BEAM_CASES = [
+    dict(num_beams=3, length_penalty=1.0, early_stopping=False, num_return_sequences=1),
+    dict(num_beams=4, length_penalty=2.0, early_stopping=True, num_return_sequences=2),
+    dict(num_beams=3, length_penalty=-0.5, early_stopping="never", num_return_sequences=3),
+    dict(num_beams=2, length_penalty=0.0, early_stopping=False, num_return_sequences=2),
+]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_beam_search_matches_transformers(kind, tmp_path):
+    ours, theirs = _pair(kind, tmp_path)
+    pad = 3
+    ids, mask = _left_padded(pad, seed=1)
+    eos = _eos_ids_that_get_hit(theirs, ids, mask, pad)
+    for case in BEAM_CASES:
+        kw = dict(attention_mask=mask, max_new_tokens=9, eos_token_id=eos, pad_token_id=pad, **case)
+        expected = theirs.generate(ids, do_sample=False, return_dict_in_generate=True, output_scores=True, **kw)
+        got = ours.generate(ids, return_dict_in_generate=True, output_scores=True, **kw)
+        assert torch.equal(got.sequences, expected.sequences), case
+        torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, rtol=1e-5, atol=1e-5)
+    assert (got.sequences == eos[0]).any() or (got.sequences == eos[-1]).any(), "sanity: beams must hit EOS"
+
+
+def test_sampling_with_fixed_seed_matches_transformers(tmp_path):
+    ours, theirs = _pair("llama", tmp_path)
+    ids, mask = _left_padded(0, seed=2)
+    for case in [dict(top_k=20, top_p=0.9, temperature=0.7), dict(top_k=0, min_p=0.05, temperature=1.3),
+                 dict(num_return_sequences=2, top_k=10)]:
+        kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=True, pad_token_id=0, eos_token_id=2, **case)
+        torch.manual_seed(123)
+        expected = theirs.generate(ids, **kw)
+        torch.manual_seed(123)
+        got = ours.generate(ids, **kw)
+        assert torch.equal(got, expected), case
+    torch.manual_seed(7)
+    other = ours.generate(ids, **kw)
+    assert not torch.equal(other, got), "sanity: another seed samples differently"
+
+
+def test_beam_sampling_with_fixed_seed_matches_transformers(tmp_path):
+    ours, theirs = _pair("gpt2", tmp_path)
+    ids, mask = _left_padded(3, seed=3)
+    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=True, num_beams=3, num_return_sequences=2,
+              top_k=30, temperature=0.8, pad_token_id=3, eos_token_id=[0, 11])
+    torch.manual_seed(5)
+    expected = theirs.generate(ids, **kw)
+    torch.manual_seed(5)
+    assert torch.equal(ours.generate(ids, **kw), expected)
+
+
+def test_processors_inside_generate_match_transformers(tmp_path):
+    """Repetition penalty, no-repeat-ngram, bad words, suppress tokens and min_new_tokens together (order matters)."""
+    ours, theirs = _pair("gpt2", tmp_path)
+    pad = 3
+    ids, mask = _left_padded(pad, seed=4)
+    eos = _eos_ids_that_get_hit(theirs, ids, mask, pad)
+    kw = dict(attention_mask=mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=pad, repetition_penalty=1.7,
+              no_repeat_ngram_size=2, bad_words_ids=[[11], [40, 41]], suppress_tokens=[12, 13], min_new_tokens=4)
+    expected = theirs.generate(ids, do_sample=False, **kw)
+    got = ours.generate(ids, **kw)
+    assert torch.equal(got, expected)
+    plain = ours.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=pad)
+    assert not torch.equal(plain, got), "sanity: the processors change the output"
+
+
+def test_generation_config_json_saved_and_loaded_with_the_model(tmp_path):
+    model = make_model("llama")
+    model.generation_config = GenerationConfig(max_new_tokens=5, do_sample=True, top_k=7, eos_token_id=[2, 9])
+    model.save_pretrained(tmp_path)
+    theirs = transformers.GenerationConfig.from_pretrained(tmp_path)
+    assert (theirs.max_new_tokens, theirs.do_sample, theirs.top_k, theirs.eos_token_id) == (5, True, 7, [2, 9])
+    loaded = LlamaForCausalLM.from_pretrained(tmp_path)
+    assert loaded.generation_config == model.generation_config
+    out = loaded.generate(torch.tensor([[5, 6, 7]]), do_sample=False, eos_token_id=None)
+    assert out.shape == (1, 8)  # max_new_tokens came from generation_config.json
+    # and a config transformers wrote loads in hf-lite
+    transformers.GenerationConfig(num_beams=4, length_penalty=0.5).save_pretrained(tmp_path / "hf")
+    ours = GenerationConfig.from_pretrained(tmp_path / "hf")
+    assert ours.num_beams == 4 and ours.length_penalty == 0.5
+
+
+def test_generate_rejects_bad_arguments():
+    model = make_model("gpt2")
+    ids = torch.tensor([[5, 6]])
+    with pytest.raises(ValueError, match="num_beams"):
+        model.generate(ids, num_beams=0)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        model.generate(ids, num_beams=2, num_return_sequences=3)
+    with pytest.raises(ValueError, match="early_stopping"):
+        model.generate(ids, num_beams=2, early_stopping="sometimes")
+    with pytest.raises(ValueError, match="not used by the model"):
+        model.generate(ids, bogus_flag=1)
+    with pytest.raises(ValueError, match="stop strings"):
+        model.generate(ids, stop_strings=["x"])
+    with pytest.raises(ValueError, match="2D"):
+        model.generate(torch.tensor([5, 6]))
