@@ -143,14 +143,17 @@ _ARITY = {SET: 2, GET: 2, ADD: 2, CAS: 3, WAIT: 2, DELETE: 1, NUM_KEYS: 0, CHECK
 class _StoreServer:
     """The master's server: accept thread + one thread per authenticated client."""
 
-    def __init__(self, host: str, port: int, secret: bytes):
+    def __init__(self, host: str, port: int):
         self._sock = socket.create_server((host, port), backlog=128)
         self.port = self._sock.getsockname()[1]
-        self._secret = secret
         self._data: dict[bytes, bytes] = {}
         self._cond = threading.Condition()
         self._closed = False
         self._conns: set[socket.socket] = set()
+
+    def start(self, secret: bytes) -> None:
+        """Serve once the secret is known (a derived secret depends on the port just bound)."""
+        self._secret = secret
         threading.Thread(target=self._accept_loop, name="pt_dist-store-accept", daemon=True).start()
 
     def close(self) -> None:
@@ -229,12 +232,11 @@ class TCPStore(Store):
         if world_size is not None and world_size < 1:
             raise ValueError(f"TCPStore: world_size must be >= 1, got {world_size}")
         self.host = host_name
-        self._server = None
-        rendezvous = f"{host_name}:{port}"
-        self._secret = wire.resolve_secret(secret, rendezvous)
-        if is_master:
-            self._server = _StoreServer(host_name, port, self._secret)
+        self._server = _StoreServer(host_name, port) if is_master else None
         self.port = self._server.port if is_master else port
+        self._secret = wire.resolve_secret(secret, f"{host_name}:{self.port}")
+        if self._server is not None:
+            self._server.start(self._secret)
         self._lock = threading.Lock()
         self._sock = self._connect()
         self.add(_WORKERS_KEY, 1)

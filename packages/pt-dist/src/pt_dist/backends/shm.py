@@ -53,9 +53,10 @@ def _pid_dead(pid: int) -> bool:
 
 class ProcessGroupSHM(NativeProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: float, group_name: str = "", secret: bytes = b"",
-                 slot_bytes: int = SLOT_BYTES):
+                 slot_bytes: int | None = None):
         super().__init__(rank, size, timeout, group_name)
-        self.slot_bytes = slot_bytes - slot_bytes % (2 * LINE)
+        slot_bytes = slot_bytes or SLOT_BYTES
+        self.slot_bytes = max(2 * LINE, slot_bytes - slot_bytes % (2 * LINE))
         ctrl = (1 + 2 * size) * LINE
         self._hdr_off = ctrl
         self._slot_off = ctrl + 2 * size * HEADER_BYTES

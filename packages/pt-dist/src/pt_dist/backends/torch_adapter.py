@@ -187,8 +187,9 @@ class TorchProcessGroup(ProcessGroup):
 
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
         op, top, emulate_avg = self._op(op, tensor.dtype, "reduce")
-        buf = self._stage(tensor)
         mine = self._rank == dst
+        # gloo scribbles partial sums on non-root inputs; keep the caller's tensor intact as the native backends do
+        buf = self._stage(tensor) if mine else tensor.clone(memory_format=torch.contiguous_format)
         avg = (lambda: buf.div_(self._size)) if emulate_avg and mine else None
         back = (lambda: tensor.copy_(buf)) if buf is not tensor and mine else None
         return self._run("reduce", lambda: dist.reduce(buf, self._g(dst), top, group=self.pg, async_op=True),
@@ -198,7 +199,8 @@ class TorchProcessGroup(ProcessGroup):
         out = self._stage(output_tensor)
         back = (lambda: output_tensor.copy_(out)) if out is not output_tensor else None
         return self._run("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(
-            out, self._stage(input_tensor), group=self.pg, async_op=True), [output_tensor], async_op, back)
+            out.view(-1), self._stage(input_tensor).view(-1), group=self.pg, async_op=True), [output_tensor], async_op,
+            back)
 
     def all_gather(self, tensor_list, tensor, async_op=False):
         bufs = [self._stage(t) for t in tensor_list]
@@ -213,7 +215,8 @@ class TorchProcessGroup(ProcessGroup):
         avg = (lambda: out.div_(self._size)) if emulate_avg else None
         back = (lambda: output.copy_(out)) if out is not output else None
         return self._run("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(
-            out, self._stage(input), top, group=self.pg, async_op=True), [output], async_op, self._posts(avg, back))
+            out.view(-1), self._stage(input).view(-1), top, group=self.pg, async_op=True), [output], async_op,
+            self._posts(avg, back))
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
         out = self._stage(output)

@@ -1,0 +1,35 @@
+"""Helpers the rank functions share (imported by path: test modules put this folder on sys.path)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+import pt_dist
+from pt_dist.store import TCPStore
+
+import harness
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def join(rank: int, world_size: int, backend: str, timeout: float = 30.0, key: str = "ptd") -> None:
+    """init_process_group on a store rank 0 binds on port 0 (port published through the harness store)."""
+    if rank == 0:
+        store = TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False, timeout=timeout)
+        harness.store().set(f"{key}_port", str(store.port))
+    else:
+        port = int(harness.store().get(f"{key}_port"))
+        store = TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+    pt_dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
+def leave() -> None:
+    """Destroy after everyone is done (rank 0 hosts the store, so it must not vanish first)."""
+    if pt_dist.is_initialized():
+        pt_dist.barrier()
+        pt_dist.destroy_process_group()

@@ -1,0 +1,181 @@
+"""Every collective x backend x world size 1-4 x dtypes x odd sizes, against results computed locally.
+
+One ``run_ranks`` call per (backend, world size) loops over all cases inside the ranks (spawned ranks
+are expensive); each rank returns the list of mismatches and how many checks it ran, so a test that
+silently checked nothing fails too. The torch-backed adapter (gloo) is held to the same expectations.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pt_dist
+import pytest
+import torch
+from pt_dist import ReduceOp
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ptdist_testutil as util  # noqa: E402
+
+NATIVE_DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16, torch.bool, torch.complex64]
+GLOO_DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64]
+SIZES = [0, 1, 7, 1031, "nc"]  # "nc": a non-contiguous (6, 5) transpose
+
+
+def make(rank: int, n: int, dtype: torch.dtype, salt: int) -> torch.Tensor:
+    v = (torch.arange(n) * (rank + 2) + salt * 7 + rank) % 5 + 1
+    if dtype == torch.bool:
+        return v % 2 == 0
+    if dtype.is_complex:
+        return (v * 0.5 + 1j * (v % 3)).to(dtype)
+    if dtype.is_floating_point:
+        return (v * 0.5).to(dtype)
+    return (v - 2).to(dtype)
+
+
+def shaped(rank, size, dtype, salt, scale=1):
+    """A tensor of the case's size; "nc" gives a non-contiguous transposed view."""
+    if size == "nc":
+        return make(rank, 30 * scale, dtype, salt).view(5 * scale, 6).t()
+    return make(rank, size * scale, dtype, salt)
+
+
+def ops_for(dtype):
+    if dtype.is_complex:
+        return [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT]
+    if dtype.is_floating_point:
+        return list(ReduceOp)
+    return [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
+
+
+def reference(xs: list[torch.Tensor], op: ReduceOp) -> torch.Tensor:
+    """Reduce in float64/complex128 (or any/all for bool), independent of the backends' combine code."""
+    s = torch.stack([x.contiguous() for x in xs])
+    if s.dtype == torch.bool:
+        return s.any(0) if op in (ReduceOp.SUM, ReduceOp.MAX) else s.all(0)
+    wide = s.to(torch.complex128 if s.dtype.is_complex else torch.float64)
+    out = {ReduceOp.SUM: lambda: wide.sum(0), ReduceOp.AVG: lambda: wide.mean(0),
+           ReduceOp.PRODUCT: lambda: wide.prod(0), ReduceOp.MIN: lambda: wide.amin(0),
+           ReduceOp.MAX: lambda: wide.amax(0)}[op]()
+    return out.to(s.dtype)
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.is_floating_point or a.dtype.is_complex:
+        wide = torch.complex128 if a.dtype.is_complex else torch.float64
+        rtol = 2e-2 if a.dtype == torch.bfloat16 else 1e-5
+        return torch.allclose(a.to(wide), b.to(wide), rtol=rtol, atol=rtol)
+    return torch.equal(a, b)
+
+
+def _matrix(rank, world_size, backend, dtypes):
+    from pt_dist.backends import shm, tcp
+
+    # tiny chunks/slots so 1031-element cases cross many pipeline chunks and shm rounds
+    saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES
+    tcp.CHUNK_BYTES, shm.SLOT_BYTES = 512, 4096
+    try:
+        util.join(rank, world_size, backend)
+        fails, checks = [], 0
+
+        def check(name, got, want):
+            nonlocal checks
+            checks += 1
+            if not close(got, want):
+                fails.append(f"{backend} ws={world_size} rank={rank} {name}: got {got.flatten()[:6]} "
+                             f"want {want.flatten()[:6]}")
+
+        ws, me = world_size, rank
+        for dtype in dtypes:
+            for salt, size in enumerate(SIZES):
+                tag = f"{dtype} size={size}"
+                everyone = [shaped(r, size, dtype, salt) for r in range(ws)]
+                for op in ops_for(dtype):
+                    t = shaped(me, size, dtype, salt)
+                    pt_dist.all_reduce(t, op=op)
+                    check(f"all_reduce {op.name} {tag}", t, reference(everyone, op))
+                src = salt % ws
+                t = shaped(me, size, dtype, salt)
+                pt_dist.broadcast(t, src=src)
+                check(f"broadcast src={src} {tag}", t, everyone[src])
+                dst = (salt + 1) % ws
+                t = shaped(me, size, dtype, salt)
+                pt_dist.reduce(t, dst=dst, op=ReduceOp.SUM)
+                check(f"reduce dst={dst} {tag}", t, reference(everyone, ReduceOp.SUM) if me == dst else everyone[me])
+                x = shaped(me, size, dtype, salt)
+                out = torch.zeros(ws * x.numel(), dtype=dtype)
+                pt_dist.all_gather_into_tensor(out, x)
+                check(f"all_gather_into_tensor {tag}", out, torch.cat([e.reshape(-1) for e in everyone]))
+                outs = [torch.zeros_like(x) for _ in range(ws)]
+                pt_dist.all_gather(outs, x)
+                for r in range(ws):
+                    check(f"all_gather[{r}] {tag}", outs[r], everyone[r])
+                ins = [shaped(r, size, dtype, salt, scale=ws) for r in range(ws)]
+                out = torch.zeros_like(x)
+                pt_dist.reduce_scatter_tensor(out, ins[me], op=ReduceOp.SUM)
+                want = reference([i.reshape(ws, -1)[me] for i in ins], ReduceOp.SUM).view(x.shape)
+                check(f"reduce_scatter_tensor {tag}", out, want)
+            # all_to_all_single with unequal (and zero) splits, non-contiguous input
+            splits = [[(r + 2 * j) % 3 for j in range(ws)] for r in range(ws)]
+            blocks = [make(r, 3 * sum(splits[r]), dtype, 5).view(3, -1).t() for r in range(ws)]
+            out = torch.zeros(sum(splits[j][me] for j in range(ws)), 3, dtype=dtype)
+            pt_dist.all_to_all_single(out, blocks[me], [splits[j][me] for j in range(ws)], splits[me])
+            want = torch.cat([torch.split(blocks[j], splits[j])[me] for j in range(ws)])
+            check(f"all_to_all_single {dtype} splits={splits}", out, want)
+            if ws > 1:  # a ring of isend/irecv; the receive buffer is non-contiguous
+                got = torch.zeros(5, 6, dtype=dtype).t()
+                works = [pt_dist.isend(shaped(me, "nc", dtype, 9), (me + 1) % ws),
+                         pt_dist.irecv(got, (me - 1) % ws)]
+                for w in works:
+                    w.wait()
+                check(f"isend/irecv {dtype}", got, shaped((me - 1) % ws, "nc", dtype, 9))
+        # async collectives queue in order and overlap with the caller
+        ts = [torch.full((1000,), float(me + k)) for k in range(3)]
+        works = [pt_dist.all_reduce(t, async_op=True) for t in ts]
+        futs = [w.get_future().then(lambda f: f.value()[0].sum().item()) for w in works]
+        for k, (w, f) in enumerate(zip(works, futs)):
+            w.wait()
+            assert w.is_completed() and w.is_success()
+            check(f"async all_reduce {k}", ts[k], torch.full((1000,), float(sum(range(ws)) + ws * k)))
+            checks += f.wait() == 1000 * float(sum(range(ws)) + ws * k)
+        pt_dist.barrier()
+        util.leave()
+        return fails, checks
+    finally:
+        tcp.CHUNK_BYTES, shm.SLOT_BYTES = saved
+        if pt_dist.is_initialized():
+            pt_dist.destroy_process_group()
+
+
+def _expected_checks(ws, dtypes):
+    per_size = sum(len(ops_for(d)) for d in dtypes) + len(dtypes) * (4 + ws)
+    return per_size * len(SIZES) + len(dtypes) * (1 + (ws > 1)) + 6
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_native_collectives_match_local_reference(backend):
+    for ws in (4, 3, 2, 1):  # largest first: the harness pool of 4 ranks then serves every size
+        results = run_ranks(_matrix, ws, backend, NATIVE_DTYPES, backend=None, timeout=240)
+        for fails, checks in results:
+            assert fails == []
+            assert checks == _expected_checks(ws, NATIVE_DTYPES)
+
+
+def test_gloo_adapter_meets_the_same_expectations():
+    for ws in (3, 2):
+        for fails, checks in run_ranks(_matrix, ws, "gloo", GLOO_DTYPES, backend=None, timeout=240):
+            assert fails == []
+            assert checks == _expected_checks(ws, GLOO_DTYPES)
+
+
+def test_reference_is_not_vacuous():
+    """The checker itself must catch a wrong answer."""
+    xs = [make(r, 7, torch.float32, 1) for r in range(3)]
+    assert close(reference(xs, ReduceOp.SUM), sum(xs))
+    assert not close(reference(xs, ReduceOp.SUM), reference(xs, ReduceOp.MAX))
+    assert not close(torch.ones(3), torch.ones(4))
