@@ -237,8 +237,13 @@ class DeepSpeedZeroOptimizer_Stage3(ZeroOptimizerBase):  # noqa: N801 - DeepSpee
                 "optimizer_states": list(self.master_partitions) + self.optimizer_state_tensors()}
 
     def layout(self) -> dict:
-        return {"kind": "chunked", "numels": [[p.ds_numel for p in ps] for ps in self.fp16_groups],
+        return {"kind": "chunked", "partition_count": self.world_size,
+                "numels": [[p.ds_numel for p in ps] for ps in self.fp16_groups],
                 "chunks": [[p.ds_tensor.numel() for p in ps] for ps in self.fp16_groups]}
+
+    @property
+    def trainable_param_groups(self) -> list[list[torch.nn.Parameter]]:
+        return self.fp16_groups
 
     def destroy(self) -> None:
         for h in self._hooks:

@@ -153,8 +153,13 @@ class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
 
     def layout(self) -> dict:
         """Enough to rebuild full params from all ranks' master partitions (zero_to_fp32)."""
-        return {"kind": "flat", "partition_size": list(self.partition_size),
+        return {"kind": "flat", "partition_count": self.world_size if self.partition_optimizer else 1,
+                "partition_size": list(self.partition_size),
                 "numels": [[p.numel() for p in ps] for ps in self.bit16_groups]}
+
+    @property
+    def trainable_param_groups(self) -> list[list[torch.nn.Parameter]]:
+        return self.bit16_groups
 
     def destroy(self) -> None:
         for h in self._hooks:

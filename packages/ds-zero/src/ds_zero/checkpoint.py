@@ -1,0 +1,150 @@
+"""DeepSpeed-layout checkpoints written atomically.
+
+Layout (as DeepSpeed's): ``SAVE_DIR/latest`` holds the tag; ``SAVE_DIR/TAG/mp_rank_00_model_states.pt``
+(rank 0: module weights and buffers, scheduler, counters, param names/shapes, the partition layout)
+and ``SAVE_DIR/TAG/zero_pp_rank_R_mp_rank_00_optim_states.pt`` (each rank: its fp32 master
+partition, optimizer states, loss scaler). Every file is written under a temporary name then
+renamed; the whole tag directory is assembled as ``.TAG.partial`` and renamed into place, and
+``latest`` is replaced last, so a crash mid-save leaves the previous checkpoint loadable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import torch
+import torch.distributed as dist
+
+from ds_zero.runtime.zero.partition_parameters import is_zero_param
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "mp_rank_00_model_states.pt"
+LATEST = "latest"
+
+
+def optim_file(rank: int) -> str:
+    return f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+def atomic_torch_save(obj, path: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(text: str, path: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _model_states(engine, client_state: dict) -> dict:
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    groups = engine.optimizer.trainable_param_groups
+    partitioned = {n for n, p in engine.module.named_parameters() if is_zero_param(p)}
+    # ZeRO-3 params are empty outside forward; their values live in the optimizer partitions.
+    module_sd = {k: v.detach().clone() for k, v in engine.module.state_dict().items() if k not in partitioned}
+    return {
+        "module": module_sd,
+        "param_names": [[names[id(p)] for p in ps] for ps in groups],
+        "param_shapes": [[tuple(getattr(p, "ds_shape", p.shape)) for p in ps] for ps in groups],
+        "layout": engine.optimizer.layout(),
+        "zero_stage": engine.zero_optimization_stage(),
+        "dp_world_size": engine.dp_world_size,
+        "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
+        "global_steps": engine.global_steps, "global_samples": engine.global_samples,
+        "skipped_steps": engine.skipped_steps, "micro_steps": engine.micro_steps,
+        "ds_config": engine.config.raw,
+        "client_state": client_state,
+    }
+
+
+def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest: bool = True) -> bool:
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    if not tag or os.sep in tag or tag.startswith("."):
+        raise ValueError(f"checkpoint tag {tag!r} must be a non-empty name without '{os.sep}' or a leading '.'")
+    save_dir = str(save_dir)
+    rank = dist.get_rank()
+    staging = os.path.join(save_dir, f".{tag}.partial")
+    if rank == 0:
+        os.makedirs(save_dir, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+    dist.barrier()
+    if rank == 0:
+        atomic_torch_save(_model_states(engine, client_state or {}), os.path.join(staging, MODEL_FILE))
+    sd = engine.optimizer.state_dict()
+    sd["zero_stage"] = engine.zero_optimization_stage()
+    atomic_torch_save(sd, os.path.join(staging, optim_file(dist.get_rank(engine.dp_process_group))))
+    dist.barrier()
+    if rank == 0:
+        final, old = os.path.join(save_dir, tag), os.path.join(save_dir, f".{tag}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(final):
+            os.replace(final, old)
+        os.replace(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+        if save_latest:
+            atomic_write_text(tag, os.path.join(save_dir, LATEST))
+    dist.barrier()
+    return True
+
+
+def resolve_tag_dir(load_dir, tag=None) -> str | None:
+    load_dir = str(load_dir)
+    if tag is None:
+        latest = os.path.join(load_dir, LATEST)
+        if not os.path.isfile(latest):
+            return None
+        with open(latest) as f:
+            tag = f.read().strip()
+    path = os.path.join(load_dir, str(tag))
+    if not os.path.isdir(path):
+        # A crash between moving the old copy aside and renaming the new one in leaves ``.TAG.old``.
+        old = os.path.join(load_dir, f".{tag}.old")
+        if os.path.isdir(old):
+            return old
+        raise FileNotFoundError(f"checkpoint tag directory {path!r} does not exist")
+    return path
+
+
+def load_checkpoint(engine, load_dir, tag=None, load_optimizer_states: bool = True,
+                    load_lr_scheduler_states: bool = True):
+    """Returns ``(load_path, client_state)``, or ``(None, None)`` when there is no ``latest`` (as DeepSpeed)."""
+    path = resolve_tag_dir(load_dir, tag)
+    if path is None:
+        logger.warning("no 'latest' file in %s; nothing loaded", load_dir)
+        return None, None
+    states = torch.load(os.path.join(path, MODEL_FILE), map_location="cpu", weights_only=False)
+    if states["dp_world_size"] != engine.dp_world_size or states["zero_stage"] != engine.zero_optimization_stage():
+        raise ValueError(f"checkpoint {path!r} is ZeRO stage {states['zero_stage']} at world size "
+                         f"{states['dp_world_size']}; this engine is stage {engine.zero_optimization_stage()} at "
+                         f"{engine.dp_world_size} (convert it with ds-zero-to-fp32 and load the weights instead)")
+    missing, unexpected = engine.module.load_state_dict(states["module"], strict=False)
+    partitioned = {n for n, p in engine.module.named_parameters() if is_zero_param(p)}
+    if unexpected or set(missing) - partitioned:
+        raise ValueError(f"checkpoint module state does not fit the model: missing {sorted(set(missing) - partitioned)}"
+                         f", unexpected {sorted(unexpected)}")
+    rank = dist.get_rank(engine.dp_process_group)
+    optim = torch.load(os.path.join(path, optim_file(rank)), map_location="cpu", weights_only=False)
+    if load_optimizer_states:
+        engine.optimizer.load_state_dict(optim)
+    else:
+        for master, saved in zip(engine.optimizer.master_partitions, optim["master_partitions"]):
+            master.data.copy_(saved)
+        engine.optimizer._update_params_from_master()
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and states["lr_scheduler"] is not None:
+        engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
+    for key in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
+        setattr(engine, key, states[key])
+    engine.optimizer.zero_grad()
+    return path, states["client_state"]
