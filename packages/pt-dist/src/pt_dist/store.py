@@ -238,7 +238,7 @@ class TCPStore(Store):
         if self._server is not None:
             self._server.start(self._secret)
         self._lock = threading.Lock()
-        self._sock = self._connect()
+        self._idle: list[socket.socket] = [self._connect()]
         self.add(_WORKERS_KEY, 1)
         if is_master and wait_for_workers and world_size:
             self._wait_workers(world_size)
@@ -261,14 +261,21 @@ class TCPStore(Store):
                 time.sleep(0.05)
 
     def _call(self, cmd: int, *fields: bytes, wait_s: float = 0.0) -> bytes:
+        """One request on an idle connection; a thread blocked in ``get`` never stalls another thread's ``set``."""
         with self._lock:
-            self._sock.settimeout(wait_s + max(30.0, self._timeout))
-            try:
-                wire.send_frame(self._sock, bytes([cmd]) + wire.pack_fields(*fields))
-                return wire.recv_frame(self._sock, MAX_FRAME + 16)
-            except (OSError, wire.ProtocolError) as e:
-                raise DistStoreError(f"TCPStore {self.host}:{self.port}: connection to the store failed: {e!r}"
-                                     ) from None
+            sock = self._idle.pop() if self._idle else None
+        if sock is None:
+            sock = self._connect()
+        try:
+            sock.settimeout(wait_s + max(30.0, self._timeout))
+            wire.send_frame(sock, bytes([cmd]) + wire.pack_fields(*fields))
+            reply = wire.recv_frame(sock, MAX_FRAME + 16)
+        except (OSError, wire.ProtocolError) as e:
+            sock.close()
+            raise DistStoreError(f"TCPStore {self.host}:{self.port}: connection to the store failed: {e!r}") from None
+        with self._lock:
+            self._idle.append(sock)
+        return reply
 
     def _wait_workers(self, world_size: int) -> None:
         deadline = time.monotonic() + self._timeout
@@ -309,7 +316,10 @@ class TCPStore(Store):
         return struct.unpack("<q", self._call(NUM_KEYS))[0]
 
     def close(self) -> None:
-        self._sock.close()
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()
         if self._server is not None:
             self._server.close()
 

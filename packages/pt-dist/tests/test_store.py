@@ -1,0 +1,178 @@
+"""Stores: c10d semantics (parity with torch's TCPStore), blocking and timeouts, concurrency, and hostile clients."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import struct
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+from pt_dist import DistStoreError, FileStore, PrefixStore, TCPStore, wire
+from pt_dist.store import SET
+
+from harness import run_ranks
+
+SECRET = b"test-secret"
+
+
+@pytest.fixture(params=["tcp", "file"])
+def store(request, tmp_path):
+    if request.param == "tcp":
+        s = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=2, secret=SECRET)
+        yield s
+        s.close()
+    else:
+        yield FileStore(str(tmp_path / "store"), 1, timeout=2)
+
+
+def _script(s) -> list:
+    """A sequence of store calls whose every result is recorded (run on ours and on torch's)."""
+    out = [s.set("a", "1"), s.get("a"), s.add("n", 5), s.add("n", -2), s.get("n")]
+    out += [s.compare_set("missing", "", "v1"), s.get("missing")]           # absent + empty expected: set
+    out += [s.compare_set("absent2", "x", "v2"), s.check(["absent2"])]      # absent + non-empty: returns expected
+    out += [s.compare_set("a", "1", "2"), s.get("a")]                       # equal: swap
+    out += [s.compare_set("a", "1", "3"), s.get("a")]                       # unequal: current value back
+    out += [s.set("b", b"\x00\xff"), s.get("b"), s.check(["a", "b"]), s.check(["a", "zz"])]
+    out += [s.delete_key("b"), s.delete_key("b"), s.check(["b"])]
+    return [x.encode() if isinstance(x, str) else x for x in out]
+
+
+def test_store_semantics_match_torch_tcpstore(store):
+    ref = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=datetime.timedelta(seconds=2))
+    assert _script(store) == _script(ref)
+    assert _script.__doc__  # the script really ran calls with results, so a wrong answer would differ:
+    assert store.get("n") == b"3"
+
+
+def test_blocking_get_released_by_a_later_set(store):
+    threading.Timer(0.3, lambda: store.set("late", "here")).start()
+    t0 = time.monotonic()
+    assert store.get("late") == b"here"
+    assert 0.2 < time.monotonic() - t0 < 2.0
+    store.wait(["late"])
+
+
+def test_get_and_wait_time_out(store):
+    t0 = time.monotonic()
+    with pytest.raises(DistStoreError, match="timed out"):
+        store.get("never")
+    assert 1.5 < time.monotonic() - t0 < 5
+    with pytest.raises(DistStoreError, match="timed out"):
+        store.wait(["never"], timeout=datetime.timedelta(seconds=0.2))
+
+
+def test_concurrent_adds_and_a_single_compare_set_winner(store):
+    clients = [store] * 2 if isinstance(store, TCPStore) else [FileStore(store.path, timeout=2) for _ in range(2)]
+    if isinstance(store, TCPStore):
+        clients = [TCPStore("127.0.0.1", store.port, timeout=2, secret=SECRET) for _ in range(4)]
+    wins = []
+
+    def worker(c, i):
+        for _ in range(50):
+            c.add("count", 1)
+        if c.compare_set("leader", "", f"w{i}") == f"w{i}".encode():
+            wins.append(i)
+
+    threads = [threading.Thread(target=worker, args=(c, i)) for i, c in enumerate(clients)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert store.get("count") == str(50 * len(clients)).encode()
+    assert len(wins) == 1 and store.get("leader") == f"w{wins[0]}".encode()
+
+
+def test_prefix_store_namespaces(store):
+    a, b = PrefixStore("g1", store), PrefixStore("g2", store)
+    a.set("k", "1")
+    b.set("k", "2")
+    assert (a.get("k"), b.get("k"), store.get("g1/k")) == (b"1", b"2", b"1")
+
+
+def _rank_adds(rank, world_size, port):
+    s = TCPStore("127.0.0.1", port, timeout=30, secret=SECRET)
+    for _ in range(100):
+        s.add("ranks/count", 1)
+    s.add("ranks/arrived", 1)
+    if rank == 0:  # blocks until the last rank's set below
+        return s.get("ranks/last").decode()
+    if rank == world_size - 1:
+        while int(s.get("ranks/arrived")) < world_size:
+            time.sleep(0.01)
+        s.set("ranks/last", f"set by {rank}")
+    return None
+
+
+def test_concurrent_adds_from_all_ranks():
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=30, secret=SECRET)
+    out = run_ranks(_rank_adds, 4, master.port, backend=None, timeout=120)
+    assert out[0] == "set by 3"
+    assert master.get("ranks/count") == b"400"
+
+
+def test_port_zero_reports_the_bound_port_and_binds_loopback():
+    s = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=2, secret=SECRET)
+    assert s.port > 0 and s._server._sock.getsockname()[0] == "127.0.0.1"
+    with pytest.raises(ValueError, match="port=0"):
+        TCPStore("127.0.0.1", 0, is_master=False)
+
+
+def test_master_waits_for_workers_with_a_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(DistStoreError, match="1 of 3 workers"):
+        TCPStore("127.0.0.1", 0, 3, is_master=True, timeout=0.5, secret=SECRET)
+    assert time.monotonic() - t0 < 5
+
+
+def test_wrong_secret_client_is_refused_and_the_store_keeps_serving():
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=2, secret=SECRET)
+    master.set("k", "v")
+    before = master.num_keys()
+    with pytest.raises(DistStoreError, match="refused"):
+        TCPStore("127.0.0.1", master.port, timeout=2, secret=b"not-the-secret")
+    assert master.num_keys() == before and master.get("k") == b"v"
+    os.environ[wire.SECRET_ENV] = SECRET.decode()  # the env variable is the secret when none is passed
+    try:
+        assert TCPStore("127.0.0.1", master.port, timeout=2).get("k") == b"v"
+    finally:
+        del os.environ[wire.SECRET_ENV]
+
+
+def _raw(port) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=3)
+
+
+def _closed(sock) -> bool:
+    try:
+        while True:
+            if sock.recv(4096) == b"":
+                return True
+    except (TimeoutError, ConnectionError):
+        return True
+
+
+def test_garbage_bytes_close_only_that_connection():
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=2, secret=SECRET)
+    client = TCPStore("127.0.0.1", master.port, timeout=2, secret=SECRET)
+    junk = _raw(master.port)
+    junk.sendall(os.urandom(64) + b"\n\r\x00" * 100)  # no handshake at all
+    assert _closed(junk)
+    bad_frames = [struct.pack("<I", 1 << 31),                     # absurd length
+                  struct.pack("<I", 3) + b"\x63ab",                # unknown command
+                  struct.pack("<I", 9) + bytes([SET]) + struct.pack("<I", 500) + b"abcd"]  # field overruns
+    for frame in bad_frames:  # authenticated but malformed
+        sock = _raw(master.port)
+        wire.client_handshake(sock, SECRET)
+        sock.sendall(frame)
+        assert _closed(sock)
+    client.set("still", "alive")
+    assert master.get("still") == b"alive" and client.add("c", 2) == 2
+
+
+def test_file_store_is_shared_through_the_file(tmp_path):
+    a, b = FileStore(str(tmp_path / "f"), timeout=2), FileStore(str(tmp_path / "f"), timeout=2)
+    a.set("x", "1")
+    assert b.get("x") == b"1" and b.add("x", 4) == 5 and a.get("x") == b"5"
+    assert a.num_keys() == b.num_keys() == 1
