@@ -90,7 +90,7 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_mode
     for kind in _KINDS:
         for ranks in all_groups[kind]:
             # new_group is collective over the world: every rank creates every group, keeps its own.
-            group = dist.new_group(ranks) if len(ranks) < world else dist.group.WORLD
+            group = dist.new_group(ranks, use_local_synchronization=True) if len(ranks) < world else dist.group.WORLD
             if me in ranks:
                 state.groups[kind], state.group_ranks[kind] = group, ranks
     _STATE = state

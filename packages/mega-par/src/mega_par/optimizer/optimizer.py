@@ -1,0 +1,111 @@
+"""Megatron's optimizer wrapper over a torch optimizer and the model-parallel gradient norm / clipping.
+
+The global norm counts every parameter exactly once: TP-replicated parameters only on TP rank 0 and the
+last stage's copy of a tied embedding not at all; the squared sum is all-reduced over the model-parallel
+group (TP x PP) so every rank clips by the same factor an unsharded model would use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mega_par import parallel_state as ps
+from mega_par.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+
+
+@dataclass
+class OptimizerConfig:
+    optimizer: str = "adam"  # "adam" (AdamW-style decoupled decay, as Megatron) or "sgd"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    sgd_momentum: float = 0.0
+    clip_grad: float = 0.0  # 0 disables clipping
+    use_distributed_optimizer: bool = False
+
+    def __post_init__(self):
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        if self.lr < 0 or self.clip_grad < 0:
+            raise ValueError(f"lr and clip_grad must be >= 0, got lr={self.lr}, clip_grad={self.clip_grad}")
+
+
+def build_torch_optimizer(config: OptimizerConfig, params):
+    if config.optimizer == "adam":
+        return torch.optim.AdamW(params, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
+                                 eps=config.adam_eps, weight_decay=config.weight_decay)
+    return torch.optim.SGD(params, lr=config.lr, momentum=config.sgd_momentum, weight_decay=config.weight_decay)
+
+
+def param_is_not_shared(param) -> bool:
+    """False for the last stage's copy of a tied embedding when the first stage holds the original."""
+    if not getattr(param, "shared_embedding", False):
+        return True
+    return ps.is_pipeline_first_stage(ignore_virtual=True)
+
+
+def get_grad_norm_fp32(grads_sq_sum: torch.Tensor, groups) -> float:
+    total = grads_sq_sum.clone()
+    for group in groups:
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(total, group=group)
+    return float(total.sqrt())
+
+
+def clip_coefficient(total_norm: float, max_norm: float) -> float | None:
+    if max_norm <= 0:
+        return None
+    coeff = max_norm / (total_norm + 1e-6)
+    return coeff if coeff < 1.0 else None
+
+
+class MegatronOptimizer:
+    """Non-sharded optimizer: steps ``torch.optim`` on the parameters using their ``main_grad`` buffers."""
+
+    def __init__(self, config: OptimizerConfig, model_chunks):
+        self.config, self.model_chunks = config, list(model_chunks)
+        self.params = [p for m in self.model_chunks for p in m.parameters() if p.requires_grad]
+        self.optimizer = build_torch_optimizer(config, self.params)
+
+    def _grads(self):
+        return [(p, p.main_grad if hasattr(p, "main_grad") else p.grad) for p in self.params]
+
+    def get_grad_norm(self) -> float:
+        sq = torch.zeros((), dtype=torch.float32)
+        for p, g in self._grads():
+            if g is not None and param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p):
+                sq += g.float().pow(2).sum()
+        return get_grad_norm_fp32(sq, [ps.get_model_parallel_group()])
+
+    @torch.no_grad()
+    def step(self):
+        """Returns ``(update_successful, grad_norm, num_zeros_in_grad)`` like Megatron."""
+        grad_norm = self.get_grad_norm()
+        coeff = clip_coefficient(grad_norm, self.config.clip_grad)
+        for p, g in self._grads():
+            if g is not None:
+                if coeff is not None:
+                    g.mul_(coeff)
+                p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
+        self.optimizer.step()
+        for p in self.params:
+            p.grad = None
+        return True, grad_norm, None
+
+    def zero_grad(self) -> None:
+        for m in self.model_chunks:
+            if hasattr(m, "zero_grad_buffer"):
+                m.zero_grad_buffer()
+        for p in self.params:
+            p.grad = None
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.optimizer.load_state_dict(state_dict)

@@ -1,0 +1,285 @@
+"""Pipeline schedules (``megatron/core/pipeline_parallel/schedules.py``).
+
+* ``forward_backward_no_pipelining``: one stage, gradient accumulation over micro-batches.
+* ``forward_backward_pipelining_without_interleaving``: PipeDream-Flush 1F1B (Narayanan et al.,
+  arXiv 2104.04473 §2.2): ``p - rank - 1`` warm-up forwards, then one-forward-one-backward, then cool-down;
+  at most ``p`` micro-batches' activations are alive. Bubble fraction ``(p - 1) / (m + p - 1)``.
+* ``forward_backward_pipelining_with_interleaving``: each stage holds ``v`` model chunks (§2.2.2),
+  shrinking the bubble to ``(p - 1) / (v * m)`` of the ideal time.
+
+``forward_step_func(data_iterator, model) -> (output_tensor, loss_func)``; on the last stage
+``loss_func(output_tensor) -> (loss, logged_dict)``. The loss is divided by the number of micro-batches;
+after the last backward, ``finalize_model_grads`` syncs data-parallel, sequence-parallel and embedding grads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from mega_par import parallel_state as ps
+from mega_par.distributed.finalize_model_grads import finalize_model_grads
+from mega_par.pipeline_parallel import p2p_communication as p2p
+
+
+def get_forward_backward_func():
+    """The schedule matching the current parallel state, as Megatron selects it."""
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        if ps.get_virtual_pipeline_model_parallel_world_size() is not None:
+            return forward_backward_pipelining_with_interleaving
+        return forward_backward_pipelining_without_interleaving
+    return forward_backward_no_pipelining
+
+
+def _no_sync(model):
+    return model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor, losses_reduced,
+                 forward_only=False):
+    model.set_input_tensor(input_tensor)
+    output_tensor, loss_func = forward_step_func(data_iterator, model)
+    if ps.is_pipeline_last_stage():
+        loss, logged = loss_func(output_tensor)
+        losses_reduced.append(logged)
+        output_tensor = loss / num_microbatches
+    return output_tensor
+
+
+def backward_step(input_tensor, output_tensor, output_tensor_grad):
+    """Backprop through this stage; returns the gradient of its input (None on the first stage)."""
+    if input_tensor is not None:
+        input_tensor.retain_grad()
+    torch.autograd.backward(output_tensor, grad_tensors=output_tensor_grad)
+    return None if input_tensor is None else input_tensor.grad
+
+
+def _finish(model_chunks, forward_only):
+    if not forward_only:
+        finalize_model_grads(model_chunks)
+
+
+def _check(num_microbatches, seq_length, micro_batch_size):
+    for name, v in (("num_microbatches", num_microbatches), ("seq_length", seq_length),
+                    ("micro_batch_size", micro_batch_size)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def _tensor_shape(model, seq_length, micro_batch_size):
+    config = model.config if hasattr(model, "config") else model.module.config
+    tp = ps.get_tensor_model_parallel_world_size()
+    if config.sequence_parallel and seq_length % tp:
+        raise ValueError(f"seq_length ({seq_length}) must be divisible by the TP size ({tp}) with sequence_parallel")
+    seq = seq_length // tp if config.sequence_parallel else seq_length
+    return (seq, micro_batch_size, config.hidden_size)
+
+
+def forward_backward_no_pipelining(*, forward_step_func, data_iterator, model, num_microbatches: int,
+                                   seq_length: int, micro_batch_size: int, forward_only: bool = False):
+    _check(num_microbatches, seq_length, micro_batch_size)
+    model_chunks = _as_list(model)
+    if len(model_chunks) != 1:
+        raise ValueError(f"no-pipelining schedule needs one model chunk, got {len(model_chunks)}")
+    model, data_iterator = model_chunks[0], _as_list(data_iterator)[0]
+    losses = []
+    # gradients are synced once, after the last micro-batch
+    with _no_sync(model):
+        for _ in range(num_microbatches - 1):
+            out = forward_step(forward_step_func, data_iterator, model, num_microbatches, None, losses, forward_only)
+            if not forward_only:
+                backward_step(None, out, None)
+    out = forward_step(forward_step_func, data_iterator, model, num_microbatches, None, losses, forward_only)
+    if not forward_only:
+        backward_step(None, out, None)
+    _finish(model_chunks, forward_only)
+    return losses
+
+
+def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_iterator, model,
+                                                     num_microbatches: int, seq_length: int, micro_batch_size: int,
+                                                     forward_only: bool = False):
+    _check(num_microbatches, seq_length, micro_batch_size)
+    model_chunks = _as_list(model)
+    if len(model_chunks) != 1:
+        raise ValueError(f"1F1B needs one model chunk per stage, got {len(model_chunks)}; use interleaving")
+    model, data_iterator = model_chunks[0], _as_list(data_iterator)[0]
+    shape = _tensor_shape(model, seq_length, micro_batch_size)
+    pp, rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
+    num_warmup = min(pp - rank - 1, num_microbatches)
+    num_remaining = num_microbatches - num_warmup
+    input_tensors, output_tensors, losses = [], [], []
+    sync = _no_sync(model)
+    sync.__enter__()
+
+    for _ in range(num_warmup):
+        input_tensor = p2p.recv_forward(shape)
+        output_tensor = forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor, losses,
+                                     forward_only)
+        p2p.send_forward(output_tensor)
+        input_tensors.append(input_tensor)
+        output_tensors.append(output_tensor)
+
+    input_tensor = p2p.recv_forward(shape) if num_remaining > 0 else None
+    for i in range(num_remaining):
+        last_iteration = i == num_remaining - 1
+        output_tensor = forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor, losses,
+                                     forward_only)
+        if forward_only:
+            p2p.send_forward(output_tensor)
+            input_tensor = None if last_iteration else p2p.recv_forward(shape)
+            continue
+        output_tensor_grad = p2p.send_forward_recv_backward(output_tensor, shape)
+        input_tensors.append(input_tensor)
+        output_tensors.append(output_tensor)
+        input_tensor, output_tensor = input_tensors.pop(0), output_tensors.pop(0)
+        if last_iteration and num_warmup == 0:
+            sync.__exit__(None, None, None)  # the very last backward: let DDP mark grads ready
+        input_tensor_grad = backward_step(input_tensor, output_tensor, output_tensor_grad)
+        if last_iteration:
+            input_tensor = None
+            p2p.send_backward(input_tensor_grad)
+        else:
+            input_tensor = p2p.send_backward_recv_forward(input_tensor_grad, shape)
+
+    if not forward_only:
+        for i in range(num_warmup):
+            if i == num_warmup - 1:
+                sync.__exit__(None, None, None)
+            input_tensor, output_tensor = input_tensors.pop(0), output_tensors.pop(0)
+            output_tensor_grad = p2p.recv_backward(shape)
+            input_tensor_grad = backward_step(input_tensor, output_tensor, output_tensor_grad)
+            p2p.send_backward(input_tensor_grad)
+    else:
+        sync.__exit__(None, None, None)
+    _finish(model_chunks, forward_only)
+    return losses
+
+
+def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_iterator, model,
+                                                  num_microbatches: int, seq_length: int, micro_batch_size: int,
+                                                  forward_only: bool = False):
+    """Interleaved 1F1B over ``vpp`` model chunks per stage; micro-batches advance in groups of ``pp``."""
+    _check(num_microbatches, seq_length, micro_batch_size)
+    model_chunks, iterators = _as_list(model), _as_list(data_iterator)
+    pp, rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size()
+    if vpp is None or len(model_chunks) != vpp or len(iterators) != vpp:
+        raise ValueError(f"interleaving needs virtual_pipeline_model_parallel_size model chunks and data iterators, "
+                         f"got vpp={vpp}, {len(model_chunks)} chunks, {len(iterators)} iterators")
+    if num_microbatches % pp:
+        raise ValueError(f"interleaved schedule needs num_microbatches ({num_microbatches}) divisible by "
+                         f"pipeline_model_parallel_size ({pp})")
+    shape = _tensor_shape(model_chunks[0], seq_length, micro_batch_size)
+    total = num_microbatches * vpp
+    all_warmup = num_microbatches == pp or forward_only
+    num_warmup = total if all_warmup else min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
+    num_remaining = total - num_warmup
+    input_tensors = [[] for _ in range(vpp)]
+    output_tensors = [[] for _ in range(vpp)]
+    output_tensor_grads = [[] for _ in range(vpp)]
+    losses = []
+
+    def chunk_id(k, forward):
+        c = (k % (pp * vpp)) // pp
+        return c if forward else vpp - 1 - c
+
+    def forward_helper(k):
+        c = chunk_id(k, True)
+        ps.set_virtual_pipeline_model_parallel_rank(c)
+        if ps.is_pipeline_first_stage() and len(input_tensors[c]) == len(output_tensors[c]):
+            input_tensors[c].append(None)
+        out = forward_step(forward_step_func, iterators[c], model_chunks[c], num_microbatches, input_tensors[c][-1],
+                           losses, forward_only)
+        output_tensors[c].append(out)
+        if forward_only:  # nothing to backprop: drop references as we go
+            input_tensors[c].pop()
+            output_tensors[c].pop()
+        return out
+
+    def backward_helper(k):
+        c = chunk_id(k, False)
+        ps.set_virtual_pipeline_model_parallel_rank(c)
+        if ps.is_pipeline_last_stage() and not output_tensor_grads[c]:
+            output_tensor_grads[c].append(None)
+        return backward_step(input_tensors[c].pop(0), output_tensors[c].pop(0), output_tensor_grads[c].pop(0))
+
+    syncs = [_no_sync(m) for m in model_chunks]
+    for s in syncs:
+        s.__enter__()
+    ps.set_virtual_pipeline_model_parallel_rank(0)
+    input_tensors[0].append(p2p.recv_forward(shape))
+    for k in range(num_warmup):
+        out = forward_helper(k)
+        next_c = chunk_id(k + 1, True)
+        recv_prev = not (ps.is_pipeline_first_stage(ignore_virtual=True) and next_c == 0) and k != total - 1
+        if ps.is_pipeline_last_stage():
+            out = None
+        if k == num_warmup - 1 and not all_warmup:
+            recv_next = not ps.is_pipeline_last_stage(ignore_virtual=True)
+            inp, grad = p2p.send_forward_backward_recv_forward_backward(out, None, recv_prev, recv_next, shape)
+            output_tensor_grads[vpp - 1].append(grad)
+        else:
+            inp = p2p.send_forward_recv_forward(out, recv_prev, shape)
+        input_tensors[next_c].append(inp)
+
+    for k in range(num_remaining):
+        fk, bk = k + num_warmup, k
+        out = forward_helper(fk)
+        if k == num_remaining - 1:
+            for s in syncs:
+                s.__exit__(None, None, None)
+        in_grad = backward_helper(bk)
+        ps.set_virtual_pipeline_model_parallel_rank(chunk_id(fk, True))
+        if ps.is_pipeline_last_stage():
+            out = None
+        ps.set_virtual_pipeline_model_parallel_rank(chunk_id(bk, False))
+        if ps.is_pipeline_first_stage():
+            in_grad = None
+        recv_prev = True
+        if ps.is_pipeline_first_stage(ignore_virtual=True):
+            next_fc = chunk_id(fk - (pp - 1), True)
+            recv_prev = next_fc != vpp - 1
+            next_fc += 1
+        else:
+            next_fc = chunk_id(fk + 1, True)
+        recv_next = True
+        if ps.is_pipeline_last_stage(ignore_virtual=True):
+            next_bc = chunk_id(bk - (pp - 1), False)
+            recv_next = next_bc != 0
+            next_bc -= 1
+        else:
+            next_bc = chunk_id(bk + 1, False)
+        if k == num_remaining - 1:
+            recv_prev = False
+        inp, grad = p2p.send_forward_backward_recv_forward_backward(out, in_grad, recv_prev, recv_next, shape)
+        if recv_prev:
+            input_tensors[next_fc].append(inp)
+        if recv_next:
+            output_tensor_grads[next_bc].append(grad)
+
+    if not forward_only:
+        if all_warmup:
+            output_tensor_grads[vpp - 1].append(p2p.recv_backward(shape) if not ps.is_pipeline_last_stage(
+                ignore_virtual=True) else None)
+        if num_remaining == 0:
+            for s in syncs:
+                s.__exit__(None, None, None)
+        for k in range(num_remaining, total):
+            in_grad = backward_helper(k)
+            next_bc = chunk_id(k + 1, False)
+            recv_next = not (ps.is_pipeline_last_stage(ignore_virtual=True) and next_bc == vpp - 1) and k != total - 1
+            if ps.is_pipeline_first_stage():
+                in_grad = None
+            output_tensor_grads[next_bc].append(p2p.send_backward_recv_backward(in_grad, recv_next, shape))
+    else:
+        for s in syncs:
+            s.__exit__(None, None, None)
+    ps.set_virtual_pipeline_model_parallel_rank(0)
+    _finish(model_chunks, forward_only)
+    return losses
