@@ -50,26 +50,32 @@ def paged_attention(
     """Decode attention: one query token per sequence over its paged K/V (vLLM ``paged_attention_v1``).
 
     ``query`` ``[num_seqs, num_heads, head_size]``; GQA/MQA when ``num_heads`` is a multiple of the cache's
-    ``num_kv_heads``. Batched: the block tables are gathered into a padded ``[num_seqs, max_len]`` view and the
-    padding masked, so the cost is one gather plus two batched matmuls, computed in fp32.
+    ``num_kv_heads``. Batched: every sequence's slots are gathered into a padded ``[num_seqs, max_len]`` view and
+    the padding masked, so the cost is one gather plus two batched matmuls, computed in fp32.
     """
     num_seqs, num_heads, head_size = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
-    lens = context_lens.to(torch.long)
+    lens = context_lens.to(device=query.device, dtype=torch.long)
     max_len = int(lens.max()) if num_seqs else 0
-    max_blocks = -(-max_len // block_size)
-    # table entries past a sequence's length may hold anything: clamp them to a valid block, mask the tokens
-    tables = block_tables[:, :max_blocks].to(torch.long).clamp(0, key_cache.shape[0] - 1)
-    pad = torch.arange(max_len, device=query.device)[None, :] >= lens[:, None]
-    # [num_seqs, max_blocks * block_size, num_kv_heads, head_size]; masked rows zeroed so stale NaNs cannot leak
-    k = key_cache[tables].flatten(1, 2)[:, :max_len].float().masked_fill(pad[:, :, None, None], 0.0)
-    v = value_cache[tables].flatten(1, 2)[:, :max_len].float().masked_fill(pad[:, :, None, None], 0.0)
+    pos = torch.arange(max_len, device=query.device)
+    pad = pos[None, :] >= lens[:, None]
+    # Per-token slots; padding positions re-read token 0 of the sequence (always written, so finite) and are
+    # masked out of the softmax. Stale slots of the cache (torch.empty garbage, NaN) are therefore never read.
+    pos = torch.where(pad, 0, pos[None, :])
+    blocks = block_tables.to(device=query.device, dtype=torch.long).gather(1, pos // block_size)
+    slots = blocks * block_size + pos % block_size
+    # gather rows of a [slots * kv_heads, head_size] view straight into [num_seqs, num_kv_heads, max_len, head_size]
+    # so the matmuls below see contiguous operands (a strided batched matmul is several times slower on CPU)
+    rows = slots[:, None, :] * num_kv_heads + torch.arange(num_kv_heads, device=query.device)[None, :, None]
+    k = key_cache.reshape(-1, head_size)[rows].float()
+    v = value_cache.reshape(-1, head_size)[rows].float()
     q = query.float().view(num_seqs, num_kv_heads, group, head_size)
-    scores = torch.einsum("skgd,stkd->skgt", q, k) * scale
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [num_seqs, num_kv_heads, group, max_len]
     scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # a zero-length context gives zeros, not NaN
-    result = torch.einsum("skgt,stkd->skgd", probs, v).reshape(num_seqs, num_heads, head_size)
+    probs = torch.softmax(scores, dim=-1)
+    result = torch.matmul(probs, v).masked_fill((lens == 0)[:, None, None, None], 0.0)  # empty context: zeros
+    result = result.reshape(num_seqs, num_heads, head_size)
     if out is None:
         return result.to(query.dtype)
     out.copy_(result)
@@ -106,13 +112,16 @@ def paged_prefill_attention(
         q_len = q.shape[0]
         if q_len == 0:
             continue
-        k = gather_kv(key_cache, block_tables[s], ctx).float().repeat_interleave(group, dim=1)
-        v = gather_kv(value_cache, block_tables[s], ctx).float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        # GQA without repeating K/V: fold each kv head's group of query heads into the matmul's rows
+        q = q.reshape(q_len, num_kv_heads, group, head_size).permute(1, 2, 0, 3).reshape(num_kv_heads, -1, head_size)
+        k = gather_kv(key_cache, block_tables[s], ctx).float().transpose(0, 1).contiguous()  # [kv_heads, ctx, D]
+        v = gather_kv(value_cache, block_tables[s], ctx).float().transpose(0, 1).contiguous()
+        scores = torch.matmul(q, k.transpose(1, 2)).view(num_kv_heads, group, q_len, ctx) * scale
         q_pos = torch.arange(ctx - q_len, ctx, device=query.device)
         future = torch.arange(ctx, device=query.device)[None, :] > q_pos[:, None]
-        scores = scores.masked_fill(future[None], float("-inf"))
-        result[starts[s] : starts[s + 1]] = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
+        probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+        o = torch.matmul(probs.view(num_kv_heads, -1, ctx), v).view(num_kv_heads, group, q_len, head_size)
+        result[starts[s] : starts[s + 1]] = o.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_size)
     if out is None:
         return result.to(query.dtype)
     out.copy_(result)
