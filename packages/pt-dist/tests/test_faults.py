@@ -1,0 +1,176 @@
+"""Faults on the native backends: a peer that dies mid-collective, one that never arrives, mismatched calls.
+
+The dying peer is a child that rank 0 forks (so the harness ranks all finish and report what they saw);
+it joins the group as rank 2, starts a large all_reduce and exits in the middle of it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pt_dist
+import pytest
+import torch
+from pt_dist import DistError, ReduceOp, TCPStore, wire
+from pt_dist.backends.tcp import ProcessGroupTCP
+from pt_dist.store import PrefixStore
+
+import harness
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ptdist_testutil as util  # noqa: E402
+
+BACKENDS = ["tcp", "shm"]
+
+
+def _mismatch(rank, world_size, backend):
+    util.join(rank, world_size, backend, key="mismatch")
+    cases = {
+        "shape": lambda: pt_dist.all_reduce(torch.ones(5 if rank == 2 else 4)),
+        "dtype": lambda: pt_dist.all_reduce(torch.ones(4, dtype=torch.float64 if rank == 1 else torch.float32)),
+        "op": lambda: pt_dist.all_reduce(torch.ones(4), op=ReduceOp.MAX if rank == 0 else ReduceOp.SUM),
+        "collective": lambda: (pt_dist.broadcast(torch.ones(4), 0) if rank == 0 else pt_dist.all_reduce(torch.ones(4))),
+        "root": lambda: pt_dist.broadcast(torch.ones(4), src=rank % 2),
+        "splits": lambda: pt_dist.all_to_all_single(torch.empty(3), torch.ones(3),
+                                                    [1, 1, 1], [2, 1, 0] if rank == 1 else [1, 1, 1]),
+    }
+    seen = {}
+    for name, call in cases.items():
+        try:
+            call()
+            seen[name] = None
+        except DistError as e:
+            seen[name] = str(e)
+    ok = torch.full((6,), float(rank))
+    pt_dist.all_reduce(ok)  # the group survives a detected mismatch
+    util.leave()
+    return seen, ok.tolist()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mismatched_calls_raise_on_every_rank_and_the_group_goes_on(backend):
+    for seen, ok in run_ranks(_mismatch, 3, backend, backend=None, timeout=90):
+        for name, msg in seen.items():
+            assert msg is not None, f"{name} mismatch went unnoticed"
+            assert "rank" in msg
+        assert "float64" in seen["dtype"] and "[5]" in seen["shape"]
+        assert ok == [3.0] * 6
+
+
+def _child_dies(port: int, backend: str) -> None:
+    code = 1
+    try:
+        torch.set_num_threads(1)
+        store = TCPStore("127.0.0.1", port, timeout=30)
+        pt_dist.init_process_group(backend, store=store, rank=2, world_size=3, timeout=20)
+        pt_dist.all_reduce(torch.ones(8))
+        pt_dist.all_reduce(torch.ones(4 << 20), async_op=True)  # 16 MiB: exit while it is in flight
+        time.sleep(0.05)
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _survivors(rank, world_size, backend):
+    child = None
+    if rank == 0:
+        store = TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False, timeout=30)
+        harness.store().set("fault_port", str(store.port))
+        child = os.fork()
+        if child == 0:
+            _child_dies(store.port, backend)
+    else:
+        store = TCPStore("127.0.0.1", int(harness.store().get("fault_port")), timeout=30)
+    try:
+        pt_dist.init_process_group(backend, store=store, rank=rank, world_size=3, timeout=20)
+        warm = torch.ones(8)
+        pt_dist.all_reduce(warm)
+        assert warm.eq(3).all()
+        t0 = time.monotonic()
+        try:
+            pt_dist.all_reduce(torch.ones(4 << 20))
+            first = None
+        except DistError as e:
+            first = str(e)
+        elapsed = time.monotonic() - t0
+        try:
+            pt_dist.all_reduce(torch.ones(2))
+            second = None
+        except DistError as e:
+            second = str(e)
+        return first, elapsed, second
+    finally:
+        pt_dist.destroy_process_group()
+        if child:
+            os.waitpid(child, 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rank_exiting_mid_collective_makes_the_others_raise(backend):
+    for first, elapsed, second in run_ranks(_survivors, 2, backend, backend=None, timeout=90):
+        assert first is not None, "the collective with a dead peer must fail"
+        assert "all_reduce" in first and "default_pg" in first and "missing ranks" in first, first
+        assert elapsed < 10, f"took {elapsed:.1f}s, the group timeout is 20s: death must be noticed early"
+        assert second is not None and "unusable" in second
+
+
+def _absent(rank, world_size, backend):
+    util.join(rank, world_size, backend, timeout=1.5, key="absent")
+    try:
+        if rank == 1:  # never joins the collective; leaves once rank 0 has given up
+            harness.store().get("absent_done")
+            return None
+        t0 = time.monotonic()
+        try:
+            pt_dist.all_reduce(torch.ones(10))
+        except DistError as e:
+            return str(e), time.monotonic() - t0
+        finally:
+            harness.store().set("absent_done", "1")
+        return None, time.monotonic() - t0
+    finally:
+        pt_dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rank_that_never_arrives_times_out_with_dist_error(backend):
+    (msg, elapsed), _ = run_ranks(_absent, 2, backend, backend=None, timeout=60)
+    assert msg is not None and "timed out" in msg and "missing ranks [1]" in msg and "all_reduce" in msg, msg
+    assert 1.4 < elapsed < 8
+
+
+def test_mesh_refuses_strangers_and_still_forms():
+    """A wrong-secret connector and a garbage sender hit rank 0's listener during setup; the group forms anyway."""
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
+    groups = [None, None]
+
+    def make(rank):
+        store = PrefixStore("pg", TCPStore("127.0.0.1", master.port, timeout=10, secret=b"s"))
+        groups[rank] = ProcessGroupTCP(store, rank, 2, 10.0, "pg", secret=b"mesh-secret")
+
+    t0 = threading.Thread(target=make, args=(0,))
+    t0.start()
+    host, port = master.get("pg/mesh/0").decode().rsplit(":", 1)
+    stranger = socket.create_connection((host, int(port)), timeout=5)
+    with pytest.raises(wire.ProtocolError, match="refused"):
+        wire.client_handshake(stranger, b"wrong")
+    junk = socket.create_connection((host, int(port)), timeout=5)
+    junk.sendall(os.urandom(256))
+    t1 = threading.Thread(target=make, args=(1,))
+    t1.start()
+    t0.join(20)
+    t1.join(20)
+    assert all(groups)
+    ts = [torch.arange(5.0) * (r + 1) for r in range(2)]
+    works = [threading.Thread(target=groups[r].all_reduce, args=(ts[r],)) for r in range(2)]
+    [w.start() for w in works]
+    [w.join(20) for w in works]
+    assert all(torch.equal(t, torch.arange(5.0) * 3) for t in ts)
+    for g in groups:
+        g.shutdown()
