@@ -118,10 +118,7 @@ class LlamaAttention(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:  # cache stores the compact K/V; expand only for the matmul
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
+        # The cache stores the compact K/V heads; SDPA broadcasts each to its query group without copying.
         out = F.scaled_dot_product_attention(
             q,
             k,
@@ -130,6 +127,7 @@ class LlamaAttention(nn.Module):
             dropout_p=self.attention_dropout if self.training else 0.0,
             is_causal=attention_mask is None and q_len > 1,
             scale=self.scaling,
+            enable_gqa=self.num_heads != self.num_kv_heads,
         )
         return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
 
