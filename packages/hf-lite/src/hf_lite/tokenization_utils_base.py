@@ -15,13 +15,13 @@ from collections import UserDict
 import torch
 
 from .chat_template_utils import render_chat
+from .tokenization_padding import VERY_LARGE_INTEGER, pad_batch, truncate_ids
 from .utils import atomic_write_text
 
 SPECIAL_TOKENS_ATTRIBUTES = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"]
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 TOKENIZER_FILE = "tokenizer.json"
-VERY_LARGE_INTEGER = int(1e30)
 
 
 class BatchEncoding(UserDict):
@@ -256,51 +256,14 @@ class PreTrainedTokenizerBase(abc.ABC):
         return BatchEncoding(data)
 
     def _truncate(self, ids, truncation, max_length, add_special_tokens) -> list[int]:
-        if truncation in (None, False, "do_not_truncate"):
-            return ids
-        if truncation not in (True, "longest_first", "only_first"):
-            raise ValueError(f"truncation={truncation!r}: use True, 'longest_first', 'only_first' or False")
-        limit = self.model_max_length if max_length is None else max_length
         n_special = self.num_special_tokens_to_add() if add_special_tokens else 0
-        if not isinstance(limit, int) or limit < n_special or limit < 0:
-            raise ValueError(
-                f"max_length={limit!r} is below the {n_special} special tokens this tokenizer adds; "
-                "nothing would be left of the text"
-            )
-        keep = limit - n_special
-        if len(ids) <= keep:
-            return ids
-        return ids[:keep] if self.truncation_side == "right" else ids[len(ids) - keep :]
+        limit = self.model_max_length if max_length is None else max_length
+        return truncate_ids(ids, truncation, limit, n_special, self.truncation_side)
 
     def _pad(self, ids, masks, padding, max_length, pad_to_multiple_of, padding_side):
-        if padding in (False, None, "do_not_pad"):
-            return ids, masks
-        if padding in (True, "longest"):
-            target = max(len(x) for x in ids)
-        elif padding == "max_length":
-            target = self.model_max_length if max_length is None else max_length
-            if target >= VERY_LARGE_INTEGER:
-                raise ValueError("padding='max_length' needs max_length (the tokenizer has no model_max_length)")
-        else:
-            raise ValueError(f"padding={padding!r}: use True, 'longest', 'max_length' or False")
-        if pad_to_multiple_of:
-            target = -(-target // pad_to_multiple_of) * pad_to_multiple_of
-        side = padding_side or self.padding_side
-        if side not in ("left", "right"):
-            raise ValueError(f"padding_side should be 'left' or 'right', got {side!r}")
-        if any(len(x) < target for x in ids) and self.pad_token_id is None:
-            raise ValueError(
-                "Asking to pad but the tokenizer does not have a padding token. Please select a token to use as "
-                "`pad_token` `(tokenizer.pad_token = tokenizer.eos_token e.g.)` or add a new pad token via "
-                "`tokenizer.add_special_tokens({'pad_token': '[PAD]'})`."
-            )
-        out_ids, out_masks = [], []
-        for x, m in zip(ids, masks):
-            n = max(0, target - len(x))
-            pad_ids, pad_mask = [self.pad_token_id] * n, [0] * n
-            out_ids.append(pad_ids + x if side == "left" else x + pad_ids)
-            out_masks.append(pad_mask + m if side == "left" else m + pad_mask)
-        return out_ids, out_masks
+        target = self.model_max_length if max_length is None else max_length
+        return pad_batch(ids, masks, padding, target, pad_to_multiple_of, padding_side or self.padding_side,
+                         self.pad_token_id)
 
     def encode(
         self, text: str, add_special_tokens: bool = True, truncation=None, max_length=None, return_tensors=None,
