@@ -7,11 +7,12 @@ run in one 8-rank call: each round splits the ranks into independent jobs, each 
 
 import dataclasses
 import datetime
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
+from mega_par import parallel_state as ps
+from mega_par.checkpointing import load_merged_state_dict, to_hf
 from mega_par.training import TrainingArgs, pretrain
 
 import harness
@@ -47,7 +48,26 @@ ROUNDS = [
 ]
 
 
-def _train_jobs(rank, world_size):
+PROBE = torch.arange(16).view(1, 16) * 5 % 64  # fixed input for comparing logits after training
+
+
+def _run(name, args, save_dir):
+    """Train; the Llama reference and (2,2,1) runs also save checkpoints, the reference returns probe logits."""
+    if name in (_name("llama", 1, 1, 1), _name("llama", 2, 2, 1)):
+        args.save = f"{save_dir}/{name}"
+    if name != _name("llama", 1, 1, 1):
+        return pretrain(args), None
+    ps.initialize_model_parallel(1, 1)
+    try:
+        losses, model = pretrain(args, return_model=True)
+        with torch.no_grad():
+            logits = model[0].eval()(PROBE)
+    finally:
+        ps.destroy_model_parallel()
+    return losses, logits
+
+
+def _train_jobs(rank, world_size, save_dir):
     results = {}
     for r, jobs in enumerate(ROUNDS):
         start = 0
@@ -58,9 +78,10 @@ def _train_jobs(rank, world_size):
                                         rank=rank - start, world_size=size, timeout=datetime.timedelta(seconds=120))
                 try:
                     for kw in variants:
-                        t0 = time.perf_counter()
-                        results[_name(family, tp, pp, dp, **kw)] = pretrain(_args(family, tp, pp, dp, **kw))
-                        results["time:" + _name(family, tp, pp, dp, **kw)] = time.perf_counter() - t0
+                        name = _name(family, tp, pp, dp, **kw)
+                        results[name], logits = _run(name, _args(family, tp, pp, dp, **kw), save_dir)
+                        if logits is not None:
+                            results["logits"] = logits
                 finally:
                     dist.destroy_process_group()
             start += size
@@ -68,12 +89,19 @@ def _train_jobs(rank, world_size):
 
 
 @pytest.fixture(scope="module")
-def curves():
-    per_rank = run_ranks(_train_jobs, 8, backend=None, timeout=400)
+def save_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("mega_par_ckpt")
+
+
+@pytest.fixture(scope="module")
+def curves(save_dir):
+    per_rank = run_ranks(_train_jobs, 8, str(save_dir), backend=None, timeout=400)
     merged = {}
-    print([{k: round(v, 2) for k, v in r.items() if k.startswith("time:")} for r in per_rank])
     for rank, res in enumerate(per_rank):
         for name, losses in res.items():
+            if name == "logits":
+                merged["logits"] = losses
+                continue
             merged.setdefault(name, []).append((rank, losses))
     return merged
 
@@ -111,3 +139,49 @@ def test_bad_layout_raises_before_communication():
         from mega_par.training import _check_args
 
         _check_args(dataclasses.replace(_args("llama", 2, 2, 2), dp=3), 8)
+
+
+@pytest.mark.world_size(8)
+def test_to_hf_of_tp2_pp2_run_loads_into_transformers_with_identical_logits(curves, save_dir, tmp_path):
+    """Merge the (2,2,1) shards, load them into transformers' LlamaForCausalLM: its logits equal the
+    single-process mega_par model trained on the same data (whose weights the sharded run reproduced)."""
+    from transformers import LlamaForCausalLM
+
+    sharded = save_dir / _name("llama", 2, 2, 1)
+    assert len(list(sharded.glob("iter_0000005/mp_rank_*/model_optim_rng.pt"))) == 4, "one shard per (tp, pp) rank"
+    merged, _ = load_merged_state_dict(str(sharded))
+    single, _ = load_merged_state_dict(str(save_dir / _name("llama", 1, 1, 1)))
+    assert merged.keys() == single.keys()
+    for k in single:
+        torch.testing.assert_close(merged[k], single[k], rtol=1e-4, atol=1e-5, msg=k)
+    out = to_hf(str(sharded), str(tmp_path / "hf"))
+    model = LlamaForCausalLM.from_pretrained(out).eval()
+    assert sum(p.numel() for p in model.parameters()) == sum(v.numel() for v in single.values())
+    with torch.no_grad():
+        hf_logits = model(PROBE).logits
+    torch.testing.assert_close(hf_logits, curves["logits"], rtol=1e-4, atol=1e-4)
+    # and converting the single-process checkpoint gives the same logits to float precision
+    ref = LlamaForCausalLM.from_pretrained(to_hf(str(save_dir / _name("llama", 1, 1, 1)), str(tmp_path / "hf1")))
+    with torch.no_grad():
+        torch.testing.assert_close(ref.eval()(PROBE).logits, curves["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_to_hf_rejects_non_llama_layouts(tmp_path):
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("1")
+    folder = tmp_path / "iter_0000001" / "mp_rank_00_000"
+    folder.mkdir(parents=True)
+    torch.save({"tp_size": 1, "pp_size": 1, "model": {}, "model_tp_meta": {}, "model_layer_numbers": [],
+                "args": dataclasses.asdict(_args("gpt2"))}, folder / "model_optim_rng.pt")
+    with pytest.raises(ValueError, match="Llama-style"):
+        to_hf(str(tmp_path), str(tmp_path / "out"))
+
+
+def test_cli_help_lists_parallel_flags():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "mega_par.training", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for flag in ("--tp", "--pp", "--dp", "--vpp", "--sequence-parallel", "--use-distributed-optimizer", "--save"):
+        assert flag in proc.stdout

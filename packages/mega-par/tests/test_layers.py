@@ -258,6 +258,47 @@ def _comm_counts(tp):
         assert bwd.counts == want, (sp, bwd.counts)
 
 
+def _dtensor_parity():
+    """mega_par's TP=2 GPT logits == torch DTensor TP (ColwiseParallel/RowwiseParallel) on the same weights."""
+    from mega_par.checkpointing import llama_state_dict
+    from mega_par.models import GPTModel
+    from mega_par.transformer import TransformerConfig
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    cfg = dict(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=48,
+               hidden_dropout=0.0, attention_dropout=0.0, normalization="RMSNorm", add_bias_linear=False,
+               gated_linear_unit=True, activation_func=F.silu)
+    kw = dict(vocab_size=64, max_sequence_length=16, position_embedding_type="rope", seed=5)
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    ps.initialize_model_parallel(1, 1)
+    try:
+        full = GPTModel(TransformerConfig(**cfg), **kw).state_dict()
+    finally:
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(2, 1)
+    try:
+        model = GPTModel(TransformerConfig(**cfg), parallel_output=False, **kw).eval()
+        with torch.no_grad():
+            ours = model(ids)
+    finally:
+        ps.destroy_model_parallel()
+    plain = H.PlainLlama(llama_state_dict(full, dict(cfg, num_query_groups=2)), 2, 8)
+    with torch.no_grad():
+        unsharded = plain(ids)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))["tp"]
+    for layer in plain.layers:
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+            parallelize_module(layer[name], mesh, ColwiseParallel())
+        for name in ("self_attn.o_proj", "mlp.down_proj"):
+            parallelize_module(layer[name], mesh, RowwiseParallel())
+    with torch.no_grad():
+        dtensor = plain(ids)
+    assert layer["mlp.down_proj"].weight.to_local().shape == (32, 24), "DTensor must really shard the weights"
+    torch.testing.assert_close(dtensor, unsharded, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours, dtensor, rtol=1e-5, atol=1e-5)
+
+
 CASES = {"column": _column, "row": _row, "mlp": _mlp_column_row, "glu_stride": _glu_stride,
          "embedding": _embedding, "cross_entropy": _cross_entropy, "sequence_parallel": _sequence_parallel_layers,
          "rng": _rng_tracker, "comm_counts": _comm_counts}
@@ -272,6 +313,7 @@ def _all_cases(rank, world_size):
             results.update({f"{name}_tp{tp}": v for name, v in out.items()})
         finally:
             ps.destroy_model_parallel()
+    results.update(H.run_cases({"dtensor": _dtensor_parity}))
     # bad input fails before any communication
     try:
         ps.initialize_model_parallel(3, 1)
@@ -292,6 +334,11 @@ def results():
 @pytest.mark.parametrize("case", list(CASES))
 def test_parallel_layer_matches_unsharded_torch(results, case, tp):
     H.assert_case(results, f"{case}_tp{tp}")
+
+
+@pytest.mark.world_size(4)
+def test_tp2_gpt_logits_match_dtensor_tensor_parallel(results):
+    H.assert_case(results, "dtensor")
 
 
 @pytest.mark.world_size(4)

@@ -143,7 +143,8 @@ def load_merged_state_dict(checkpoint_dir: str, iteration: int | None = None) ->
     return merged, first["args"]
 
 
-def _llama_tensors(sd: dict, args: dict) -> dict:
+def llama_state_dict(sd: dict, args: dict) -> dict:
+    """Unsharded mega_par GPT state dict -> Hugging Face Llama tensor names (QKV groups de-interleaved)."""
     heads, hidden = args["num_attention_heads"], args["hidden_size"]
     groups = args["num_query_groups"] or heads
     hd = hidden // heads
@@ -184,7 +185,7 @@ def to_hf(checkpoint_dir: str, out_dir: str, iteration: int | None = None) -> st
         "tie_word_embeddings": not args["untie_embeddings_and_output_weights"], "torch_dtype": "float32",
         "initializer_range": 0.02, "bos_token_id": None, "eos_token_id": None,
     }
-    tensors = _llama_tensors(sd, args)
+    tensors = llama_state_dict(sd, args)
     if config["tie_word_embeddings"]:
         tensors.pop("lm_head.weight", None)
     os.makedirs(out_dir, exist_ok=True)

@@ -170,8 +170,9 @@ def _step_loss(losses_reduced, pp_last_rank) -> float:
     return float(value[0])
 
 
-def pretrain(args: TrainingArgs) -> list[float]:
-    """Train ``args.train_iters`` steps of TP x PP x DP; returns the loss of every step on every rank."""
+def pretrain(args: TrainingArgs, return_model: bool = False):
+    """Train ``args.train_iters`` steps of TP x PP x DP; returns the loss of every step on every rank
+    (and the DDP-wrapped model chunks with ``return_model``)."""
     if not dist.is_initialized():
         raise RuntimeError("pretrain needs torch.distributed initialised (use torchrun or the CLI)")
     _check_args(args, dist.get_world_size())
@@ -208,7 +209,7 @@ def pretrain(args: TrainingArgs) -> list[float]:
                 from mega_par.checkpointing import save_checkpoint
 
                 save_checkpoint(iteration, model, optimizer, args)
-        return losses
+        return (losses, model) if return_model else losses
     finally:
         if owns_mpu:
             ps.destroy_model_parallel()
