@@ -156,6 +156,8 @@ def test_swap():
     assert before_cpu + len(cpu_blocks) == manager.get_num_free_cpu_blocks()
     assert before_gpu == manager.get_num_free_gpu_blocks() + len(cpu_blocks)
     assert manager.get_num_free_cpu_blocks() == 4 and manager.get_num_free_gpu_blocks() == 3
+    assert manager.get_block_table(prompt) == [g for _, g in mapping]  # the table is back on GPU blocks
+    assert manager.block_tables[prompt.seq_id].num_tokens == prompt.get_len()
 
 
 def test_swap_forked_group_shares_cpu_blocks():
