@@ -10,6 +10,7 @@ skipped fp16 step.
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 import torch.distributed as dist
@@ -41,14 +42,16 @@ class DeepSpeedEngine(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, config, model_parameters=None, optimizer=None, lr_scheduler=None,
                  training_data=None, collate_fn=None, mpu=None, dist_init_required=None):
         super().__init__()
-        if not dist.is_initialized():
-            raise RuntimeError("ds_zero needs torch.distributed initialised (e.g. dist.init_process_group('gloo'))")
+        # Validate everything before touching the process group, so bad input fails alone and fast.
+        world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+        self._config = DeepSpeedConfig.load(config, world)
         if mpu is not None:
             raise ValueError("mpu (model parallelism) is not supported by ds_zero; pass mpu=None")
+        if not dist.is_initialized():
+            raise RuntimeError("ds_zero needs torch.distributed initialised (e.g. dist.init_process_group('gloo'))")
         self.dp_process_group = None
         self.dp_world_size = dist.get_world_size()
         self.global_rank = dist.get_rank()
-        self._config = DeepSpeedConfig.load(config, self.dp_world_size)
         cfg = self._config
         if optimizer is None and cfg.optimizer_name is None:
             raise ValueError("no optimizer: pass optimizer= or set the 'optimizer' config key")
