@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 
 import pt_dist
@@ -12,9 +13,16 @@ import harness
 
 
 def free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range, so sockets bound to port 0 later cannot take it first."""
+    for _ in range(100):
+        port = random.randint(20000, 32000)
+        with contextlib.closing(socket.socket()) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port found in 20000-32000")
 
 
 def join(rank: int, world_size: int, backend: str, timeout: float = 30.0, key: str = "ptd") -> None:

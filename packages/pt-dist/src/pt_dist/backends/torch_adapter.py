@@ -1,15 +1,15 @@
 """``"gloo"``, ``"nccl"``, ``"mpi"``: thin adapters onto torch.distributed's real process groups.
 
-The production path: our rendezvous (store, rank, size) is handed to ``torch.distributed`` through a
-``torch.distributed.Store`` subclass that forwards to our store, so torch's DDP/FSDP and the real
-libraries run on the very same group. The adapter only translates group-local ranks to global ones,
-emulates ``ReduceOp.AVG`` where the library lacks it (gloo), stages non-contiguous tensors, and turns
-library failures into ``DistError``.
+The production path: our rendezvous (store, rank, size) bootstraps ``torch.distributed``'s own default
+group, so torch's DDP/FSDP and the real libraries run on the very same group. The adapter only
+translates group-local ranks to global ones, emulates ``ReduceOp.AVG`` where the library lacks it
+(gloo), stages non-contiguous tensors, and turns library failures into ``DistError``.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 
 import torch
@@ -23,36 +23,19 @@ _TORCH_OPS = {ReduceOp.SUM: "SUM", ReduceOp.PRODUCT: "PRODUCT", ReduceOp.MIN: "M
               ReduceOp.AVG: "AVG"}
 
 
-class TorchStore(dist.Store):
-    """Our store seen through c10d's Store interface (what ``init_process_group(store=...)`` takes)."""
+def torch_store(store, rank: int, size: int, timeout: datetime.timedelta) -> dist.TCPStore:
+    """A real c10d TCPStore for the library, found through our store (rank 0 binds port 0 and publishes it).
 
-    def __init__(self, store):
-        super().__init__()
-        self._store = store
-
-    def set(self, key, value):
-        self._store.set(key, value)
-
-    def get(self, key):
-        return self._store.get(key)
-
-    def add(self, key, amount):
-        return self._store.add(key, amount)
-
-    def compare_set(self, key, expected_value, desired_value):
-        return self._store.compare_set(key, expected_value, desired_value)
-
-    def wait(self, keys, timeout=None):
-        self._store.wait(keys, timeout)
-
-    def check(self, keys):
-        return self._store.check(keys)
-
-    def delete_key(self, key):
-        return self._store.delete_key(key)
-
-    def num_keys(self):
-        return self._store.num_keys()
+    torch's sub-group code needs a store it can clone in C++, which a Python-side store cannot offer.
+    It listens on ``$PT_DIST_LISTEN_ADDR`` (default 127.0.0.1) and, unlike ours, has no shared secret.
+    """
+    if rank == 0:
+        host = os.environ.get("PT_DIST_LISTEN_ADDR", "127.0.0.1")
+        real = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False, timeout=timeout)
+        store.set("torch_store", f"{host}:{real.port}")
+        return real
+    host, port = store.get("torch_store").decode().rsplit(":", 1)
+    return dist.TCPStore(host, int(port), size, is_master=False, timeout=timeout)
 
 
 def check_available(name: str) -> None:
@@ -122,7 +105,8 @@ class TorchProcessGroup(ProcessGroup):
         else:
             if name == "nccl":
                 torch.cuda.set_device(rank % torch.cuda.device_count())
-            dist.init_process_group(name, store=TorchStore(store), rank=rank, world_size=size, timeout=td)
+            dist.init_process_group(name, store=torch_store(store, rank, size, td), rank=rank, world_size=size,
+                                    timeout=td)
         return cls(name, dist.group.WORLD, dist.get_rank(), dist.get_world_size(), group_name)
 
     @classmethod

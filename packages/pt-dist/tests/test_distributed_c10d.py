@@ -1,0 +1,155 @@
+"""Process-group management: init_process_group over env://, tcp:// and file://, sub-groups, module API, errors."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pt_dist
+import pytest
+import torch
+from pt_dist import DistError, GroupMember, ReduceOp
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ptdist_testutil as util  # noqa: E402
+
+
+def _subgroups(rank, world_size, backend, env_port, tcp_port, file_path):
+    out = {}
+    os.environ["MASTER_PORT"] = str(env_port)  # RANK, WORLD_SIZE, MASTER_ADDR come from the launcher (harness)
+    try:
+        pt_dist.init_process_group(backend, timeout=30)  # env:// by default, as torchrun users write it
+    finally:
+        del os.environ["MASTER_PORT"]
+    out["world"] = (pt_dist.get_rank(), pt_dist.get_world_size(), pt_dist.get_backend())
+    odd = pt_dist.new_group([1, 3])
+    rest = pt_dist.new_group([0, 2, 3], backend="shm" if backend == "tcp" else "tcp")
+    if odd is GroupMember.NON_GROUP_MEMBER:
+        out["odd"] = (pt_dist.get_rank(odd), pt_dist.all_reduce(torch.ones(1), group=odd))
+    else:
+        t = torch.tensor([float(rank)])
+        pt_dist.all_reduce(t, group=odd)
+        b = torch.tensor([float(rank)])
+        pt_dist.broadcast(b, src=3, group=odd)  # src is a global rank
+        out["odd"] = (pt_dist.get_rank(odd), pt_dist.get_world_size(odd), t.item(), b.item(),
+                      pt_dist.get_global_rank(odd, 0), pt_dist.get_process_group_ranks(odd))
+    if rest is not GroupMember.NON_GROUP_MEMBER:
+        t = torch.tensor([float(rank)])
+        pt_dist.all_reduce(t, op=ReduceOp.MAX, group=rest)
+        out["rest"] = (pt_dist.get_rank(rest), pt_dist.get_backend(rest), t.item())
+        pt_dist.destroy_process_group(rest)
+    pt_dist.barrier()
+    pt_dist.destroy_process_group()
+    assert not pt_dist.is_initialized()
+    for url in (f"tcp://127.0.0.1:{tcp_port}", f"file://{file_path}"):
+        pt_dist.init_process_group(backend, init_method=url, rank=rank, world_size=world_size, timeout=30)
+        t = torch.ones(3)
+        pt_dist.all_reduce(t)
+        out[url.split(":")[0]] = t.tolist()
+        pt_dist.barrier()
+        pt_dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_init_methods_and_subgroups(backend, tmp_path):
+    res = run_ranks(_subgroups, 4, backend, util.free_port(), util.free_port(), str(tmp_path / "rdzv"),
+                    backend=None, timeout=120)
+    for r, out in enumerate(res):
+        assert out["world"] == (r, 4, backend)
+        assert out["tcp"] == out["file"] == [4.0] * 3
+    assert res[0]["odd"] == (-1, None) and res[2]["odd"] == (-1, None)
+    assert res[1]["odd"] == (0, 2, 4.0, 3.0, 1, [1, 3]) and res[3]["odd"] == (1, 2, 4.0, 3.0, 1, [1, 3])
+    other = "shm" if backend == "tcp" else "tcp"
+    assert [res[r]["rest"] for r in (0, 2, 3)] == [(0, other, 3.0), (1, other, 3.0), (2, other, 3.0)]
+    assert "rest" not in res[1]
+
+
+def _gloo_groups(rank, world_size):
+    util.join(rank, world_size, "gloo", key="gloo_groups")
+    import torch.distributed as dist
+
+    sub = pt_dist.new_group([0, 1])
+    t = torch.tensor([rank + 1.0])
+    pt_dist.all_reduce(t, op=ReduceOp.AVG, group=sub)  # gloo has no AVG: the adapter emulates it
+    w = pt_dist.all_reduce(torch.ones(2), async_op=True)
+    w.wait()
+    same = dist.is_initialized() and dist.get_world_size() == world_size  # torch-native code sees the group
+    util.leave()
+    return t.item(), same, w.is_completed()
+
+
+def test_gloo_adapter_uses_the_real_torch_group():
+    assert run_ranks(_gloo_groups, 2, backend=None, timeout=90) == [(1.5, True, True)] * 2
+
+
+def test_bad_arguments_raise_before_any_communication(monkeypatch):
+    with pytest.raises(ValueError, match="unknown backend 'carrier-pigeon'"):
+        pt_dist.init_process_group("carrier-pigeon", init_method="tcp://127.0.0.1:1", rank=0, world_size=1)
+    with pytest.raises(ValueError, match="rank 5 is outside world_size 2"):
+        pt_dist.init_process_group("tcp", init_method="tcp://127.0.0.1:1", rank=5, world_size=2)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(ValueError, match="MASTER_PORT"):
+        pt_dist.init_process_group("tcp", rank=0, world_size=1)
+    with pytest.raises(ValueError, match="unsupported init_method"):
+        pt_dist.init_process_group("tcp", init_method="udp://x:1", rank=0, world_size=1)
+    with pytest.raises(ValueError, match="not initialized"):
+        pt_dist.all_reduce(torch.ones(1))
+    assert not pt_dist.is_initialized()
+
+
+def test_mpi_backend_says_clearly_when_torch_lacks_it():
+    import torch.distributed as dist
+
+    if dist.is_mpi_available():  # a torch built with MPI: the adapter must then get past the check
+        from pt_dist.backends.torch_adapter import check_available
+
+        check_available("mpi")
+        return
+    with pytest.raises(DistError, match="needs a torch build with MPI support"):
+        pt_dist.init_process_group("mpi", init_method="tcp://127.0.0.1:1", rank=0, world_size=1)
+    assert not pt_dist.is_initialized()
+
+
+def test_invalid_collective_arguments_fail_locally():
+    pt_dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{util.free_port()}", rank=0, world_size=1,
+                               timeout=5)
+    try:
+        with pytest.raises(ValueError, match="global rank 3 is not in group"):
+            pt_dist.broadcast(torch.ones(1), src=3)
+        with pytest.raises(ValueError, match="src=3 is not a rank"):
+            GroupMember.WORLD.broadcast(torch.ones(1), src=3)
+        with pytest.raises(ValueError, match="AVG needs a floating"):
+            pt_dist.all_reduce(torch.ones(2, dtype=torch.int64), op=ReduceOp.AVG)
+        with pytest.raises(ValueError, match="must hold world_size=1"):
+            pt_dist.all_gather_into_tensor(torch.empty(3), torch.empty(2))
+        with pytest.raises(ValueError, match="input_split_sizes"):
+            pt_dist.all_to_all_single(torch.empty(2), torch.empty(2), [2], [3])
+        with pytest.raises(ValueError, match="new_group"):
+            pt_dist.new_group([0, 7])
+        t = torch.arange(4.0)
+        pt_dist.all_reduce(t)  # a world of one is the identity
+        assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    finally:
+        pt_dist.destroy_process_group()
+
+
+def _nccl(rank, world_size):
+    util.join(rank, world_size, "nccl", key="nccl")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    t = torch.full((1000,), float(rank), device=dev)
+    pt_dist.all_reduce(t, op=ReduceOp.AVG)
+    out = torch.empty(2 * 1000, device=dev)
+    pt_dist.all_gather_into_tensor(out, torch.full((1000,), float(rank), device=dev))
+    rs = torch.empty(1000, device=dev)
+    pt_dist.reduce_scatter_tensor(rs, torch.ones(2000, device=dev))
+    util.leave()
+    return t[0].item(), out.view(2, -1)[:, 0].tolist(), rs[0].item()
+
+
+@pytest.mark.gpu(2)
+def test_nccl_adapter_on_gpus():
+    assert run_ranks(_nccl, 2, backend=None, timeout=120) == [(0.5, [0.0, 1.0], 2.0)] * 2
