@@ -1,8 +1,9 @@
 """paged-serve test setup: Triton kernels run in the interpreter on CPU, plus builders of random paged KV caches.
 
 ``TRITON_INTERPRET=1`` must be in the environment before ``triton`` is first imported, so it is set here at import
-time (pytest imports conftest.py before the test modules). On a CUDA machine the gpu-marked tests still compile
-the kernels, because the interpreter is only switched on when no GPU is present.
+time (pytest imports conftest.py before the test modules). Triton picks interpreted or compiled when a kernel is
+defined, so one process cannot have both: on a CUDA machine the interpreter stays off and the ``device`` fixture
+moves the small kernel tests to the GPU, where they run compiled next to the larger gpu-marked ones.
 """
 
 from __future__ import annotations
@@ -16,6 +17,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from paged_serve.ops import reference  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def device():
+    """Where the Triton kernel tests run: interpreted on CPU, compiled on CUDA when a GPU is present."""
+    return DEVICE
 
 
 class PagedKV:
@@ -61,6 +70,7 @@ def sdpa_reference(q, k, v, causal_offset=None):
 
     The new tokens are the last ``q_len`` of ``L``: a bottom-right causal mask for prefill.
     """
+    q, k, v = q.cpu(), k.cpu(), v.cpu()
     q_len, num_heads, _ = q.shape
     group = num_heads // k.shape[1]
     qf = q.float().transpose(0, 1)[None]
@@ -68,7 +78,7 @@ def sdpa_reference(q, k, v, causal_offset=None):
     vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)[None]
     length = k.shape[0]
     mask = torch.arange(length)[None, :] <= torch.arange(length - q_len, length)[:, None]
-    out = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask.to(qf.device))
+    out = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask)
     return out[0].transpose(0, 1)
 
 

@@ -9,14 +9,15 @@ from paged_serve.ops import reference
 
 
 @pytest.mark.parametrize("head_size,block_size,dtype", [(80, 8, torch.bfloat16), (128, 32, torch.float32)])
-def test_triton_reshape_and_cache_matches_reference(monkeypatch, head_size, block_size, dtype):
+def test_triton_reshape_and_cache_matches_reference(monkeypatch, device, head_size, block_size, dtype):
     monkeypatch.setenv("PAGED_SERVE_ATTENTION", "triton")
     num_blocks, heads = 6, 2
-    key = torch.randn(7, heads, head_size).to(dtype)
-    value = torch.randn(7, heads, head_size).to(dtype)
-    slots = torch.randperm(num_blocks * block_size)[:7]
+    key = torch.randn(7, heads, head_size).to(device, dtype)
+    value = torch.randn(7, heads, head_size).to(device, dtype)
+    slots = torch.randperm(num_blocks * block_size)[:7].to(device)
     slots[3] = -1  # padding token
-    caches = [torch.full((num_blocks, block_size, heads, head_size), float("nan"), dtype=dtype) for _ in range(4)]
+    shape = (num_blocks, block_size, heads, head_size)
+    caches = [torch.full(shape, float("nan"), dtype=dtype, device=device) for _ in range(4)]
     ops.reshape_and_cache(key, value, caches[0], caches[1], slots)
     reference.reshape_and_cache(key, value, caches[2], caches[3], slots)
     for got, want in ((caches[0], caches[2]), (caches[1], caches[3])):
@@ -24,9 +25,9 @@ def test_triton_reshape_and_cache_matches_reference(monkeypatch, head_size, bloc
     assert int((~caches[0].isnan()).all(-1).all(-1).sum()) == 6  # six slots written, padding skipped
 
 
-def test_triton_copy_blocks_matches_reference(monkeypatch):
+def test_triton_copy_blocks_matches_reference(monkeypatch, device):
     monkeypatch.setenv("PAGED_SERVE_ATTENTION", "triton")
-    caches = [torch.randn(8, 16, 2, 96) for _ in range(4)]  # two layers of key and value caches
+    caches = [torch.randn(8, 16, 2, 96, device=device) for _ in range(4)]  # two layers of key and value caches
     expected = [c.clone() for c in caches]
     mapping = torch.tensor([[0, 5], [3, 1], [3, 7]])
     ops.copy_blocks(caches[:2], caches[2:], mapping)

@@ -41,19 +41,21 @@ def _check_decode(kv, num_heads, head_size, dtype, device, sdpa=None):
 
 
 @pytest.mark.parametrize("head_size,block_size,group,dtype", CASES)
-def test_triton_decode_matches_reference_and_sdpa(monkeypatch, paged_kv, sdpa, head_size, block_size, group, dtype):
+def test_triton_decode_matches_reference_and_sdpa(
+    monkeypatch, paged_kv, sdpa, device, head_size, block_size, group, dtype
+):
     monkeypatch.setenv("PAGED_SERVE_ATTENTION", "triton")
     # one token, exactly one block, one past a boundary, one short of two blocks, three full blocks
     lens = [1, block_size, block_size + 1, 2 * block_size - 1, 3 * block_size]
-    kv = paged_kv(lens, block_size, 2, head_size, dtype, seed=head_size + block_size)
-    _check_decode(kv, 2 * group, head_size, dtype, "cpu", sdpa)
+    kv = paged_kv(lens, block_size, 2, head_size, dtype, device=device, seed=head_size + block_size)
+    _check_decode(kv, 2 * group, head_size, dtype, device, sdpa)
 
 
-def test_triton_decode_uses_block_table(monkeypatch, paged_kv):
+def test_triton_decode_uses_block_table(monkeypatch, paged_kv, device):
     """Sanity: the kernel really follows the table; swapping two sequences' tables changes their outputs."""
     monkeypatch.setenv("PAGED_SERVE_ATTENTION", "triton")
-    kv = paged_kv([16, 16], 16, 1, 64, torch.float32)
-    q = torch.randn(2, 1, 64)
+    kv = paged_kv([16, 16], 16, 1, 64, torch.float32, device=device)
+    q = torch.randn(2, 1, 64, device=device)
     out = ops.paged_attention(q, kv.key_cache, kv.value_cache, kv.block_tables, kv.context_lens)
     swapped = ops.paged_attention(q, kv.key_cache, kv.value_cache, kv.block_tables.flip(0), kv.context_lens)
     assert not torch.allclose(out, swapped)

@@ -41,17 +41,17 @@ def _expected(model, seq, q_positions, sdpa):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_engine_like_loop(monkeypatch, sdpa, backend):
+def test_engine_like_loop(monkeypatch, sdpa, device, backend):
     monkeypatch.setenv("PAGED_SERVE_ATTENTION", backend)
     model = TinyKV()
     manager = BlockSpaceManager(BS, 16, 8, watermark=0.0, enable_caching=True)
-    gpu = [torch.full((16, BS, KV_HEADS, D), float("nan")) for _ in range(2)]
+    gpu = [torch.full((16, BS, KV_HEADS, D), float("nan"), device=device) for _ in range(2)]
     cpu = [torch.full((8, BS, KV_HEADS, D), float("nan")) for _ in range(2)]
 
     def write(seq, positions):
         tokens = seq.get_token_ids()
         k, v, _ = model.kvq([tokens[p] for p in positions], positions)
-        ops.reshape_and_cache(k, v, gpu[0], gpu[1], _slots(manager, seq, positions))
+        ops.reshape_and_cache(k.to(device), v.to(device), gpu[0], gpu[1], _slots(manager, seq, positions).to(device))
 
     def prefill(seqs, computed):
         """Chunked prefill of each sequence's tokens after its first ``computed`` ones; returns attention outputs."""
@@ -65,16 +65,18 @@ def test_engine_like_loop(monkeypatch, sdpa, backend):
             lens.append(seq.get_len())
         width = max(map(len, tables))
         bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-        q = torch.cat(qs)
-        qsl, ctx = torch.tensor(starts, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
-        return ops.paged_prefill_attention(q, gpu[0], gpu[1], bt, qsl, ctx, out=torch.full_like(q, float("nan")))
+        q, bt = torch.cat(qs).to(device), bt.to(device)
+        qsl = torch.tensor(starts, dtype=torch.int32, device=device)
+        ctx = torch.tensor(lens, dtype=torch.int32, device=device)
+        out = ops.paged_prefill_attention(q, gpu[0], gpu[1], bt, qsl, ctx, out=torch.full_like(q, float("nan")))
+        return out.cpu()
 
     def decode(seqs):
         width = max(len(manager.get_block_table(s)) for s in seqs)
         bt = torch.tensor([manager.get_block_table(s) + [0] * (width - len(manager.get_block_table(s))) for s in seqs])
-        lens = torch.tensor([s.get_len() for s in seqs], dtype=torch.int32)
-        q = torch.cat([model.kvq([s.get_token_ids()[-1]], [s.get_len() - 1])[2] for s in seqs])
-        out = ops.paged_attention(q, gpu[0], gpu[1], bt.to(torch.int32), lens)
+        lens = torch.tensor([s.get_len() for s in seqs], dtype=torch.int32, device=device)
+        q = torch.cat([model.kvq([s.get_token_ids()[-1]], [s.get_len() - 1])[2] for s in seqs]).to(device)
+        out = ops.paged_attention(q, gpu[0], gpu[1], bt.to(device, torch.int32), lens).cpu()
         for i, s in enumerate(seqs):
             torch.testing.assert_close(out[i], _expected(model, s, [s.get_len() - 1], sdpa)[0], atol=1e-4, rtol=1e-4)
 
@@ -97,7 +99,7 @@ def test_engine_like_loop(monkeypatch, sdpa, backend):
             seq.append_token_id(token)
             cows = manager.append_slots(seq)
             num_cows += len(cows)
-            ops.copy_blocks([gpu[0]], [gpu[1]], torch.tensor(cows, dtype=torch.int64).reshape(-1, 2))
+            ops.copy_blocks([gpu[0]], [gpu[1]], torch.tensor(cows, dtype=torch.int64).reshape(-1, 2).to(device))
             write(seq, [seq.get_len() - 1])
         decode([parent, child])
     assert num_cows == 1

@@ -37,18 +37,21 @@ def _check_prefill(kv, q_lens, num_heads, head_size, dtype, device, sdpa=None):
     if sdpa is not None:
         for s in range(len(q_lens)):
             rows = slice(int(starts[s]), int(starts[s + 1]))
-            torch.testing.assert_close(out[rows].float(), sdpa(q[rows], kv.keys[s], kv.values[s]), **_tol(dtype))
+            expect = sdpa(q[rows], kv.keys[s], kv.values[s])
+            torch.testing.assert_close(out[rows].float().cpu(), expect, **_tol(dtype))
 
 
 @pytest.mark.parametrize("head_size,block_size,group,dtype", CASES)
-def test_triton_prefill_matches_reference_and_sdpa(monkeypatch, paged_kv, sdpa, head_size, block_size, group, dtype):
+def test_triton_prefill_matches_reference_and_sdpa(
+    monkeypatch, paged_kv, sdpa, device, head_size, block_size, group, dtype
+):
     monkeypatch.setenv("PAGED_SERVE_ATTENTION", "triton")
     b = block_size
     # (context, new tokens): one-token prompt, one full block, prefill over several query tiles,
     # a chunk starting mid-block after cached context, a single new token after a block boundary
     seqs = [(1, 1), (b, b), (2 * b + 3, 2 * b + 3), (3 * b, b // 2 + 3), (b + 1, 1)]
-    kv = paged_kv([c for c, _ in seqs], b, 2, head_size, dtype, seed=head_size * block_size)
-    _check_prefill(kv, [n for _, n in seqs], 2 * group, head_size, dtype, "cpu", sdpa)
+    kv = paged_kv([c for c, _ in seqs], b, 2, head_size, dtype, device=device, seed=head_size * block_size)
+    _check_prefill(kv, [n for _, n in seqs], 2 * group, head_size, dtype, device, sdpa)
 
 
 @pytest.mark.gpu(1)

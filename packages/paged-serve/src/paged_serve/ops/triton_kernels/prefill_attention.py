@@ -129,8 +129,9 @@ def paged_prefill_attention(
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last (head_size) dim, got strides {t.stride()}")
     big = query.is_cuda
-    block_m = 64 if big else 16
-    block_n = 64 if big else 16
+    # fp32 tiles are twice the bytes: halve them on GPU to stay within shared memory; 16 (tl.dot's minimum)
+    # keeps the interpreter's per-program work small on CPU
+    block_m = block_n = (64 if query.dtype != torch.float32 else 32) if big else 16
     grid = (num_seqs, num_heads, triton.cdiv(max_query_len, block_m))
     _paged_prefill_kernel[grid](
         out,
