@@ -47,7 +47,7 @@ def test_can_allocate_never_when_prompt_exceeds_cache_minus_watermark():
     assert _manager(watermark=0.25).can_allocate(group) == AllocStatus.NEVER
     _, big = create_dummy_prompt("2", 17)
     assert _manager().can_allocate(big) == AllocStatus.NEVER
-    with pytest.raises(NoFreeBlocksError, match="5 blocks"):
+    with pytest.raises(NoFreeBlocksError, match="5 new blocks"):
         _manager().allocate(big)
 
 

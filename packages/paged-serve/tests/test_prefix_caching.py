@@ -149,3 +149,24 @@ def test_evictor_and_allocator_counts():
     fresh = allocator.allocate()  # evicts the oldest cached block
     assert fresh is blocks[0] and fresh.block_hash is None and len(allocator.cached_blocks) == 2
     assert isinstance(allocator.evictor, LRUEvictor)
+
+
+def test_swapped_in_blocks_are_cached_again():
+    manager = BlockSpaceManager(4, 3, 4, watermark=0, enable_caching=True)
+    seq, group = _group(1, list(range(8)))
+    manager.allocate(group)
+    manager.mark_blocks_as_computed(group)
+    seq.status = SequenceStatus.RUNNING
+    manager.swap_out(group)
+    assert len(manager.gpu_allocator.evictor) == 2  # still cached on the GPU after the swap out
+    filler, gf = _group(2, list(range(50, 62)))  # needs all 3 GPU blocks: evicts both cached ones
+    manager.allocate(gf)
+    assert not set(manager.block_tables[seq.seq_id].block_hashes) & set(manager.gpu_allocator.cached_blocks)
+    manager.free(filler)  # never computed: its blocks leave the cache too
+    assert not manager.gpu_allocator.cached_blocks
+    seq.status = SequenceStatus.SWAPPED
+    manager.swap_in(group)
+    again, ga = _group(3, list(range(8)))
+    manager.allocate(ga)
+    assert manager.get_block_table(again) == manager.get_block_table(seq)  # hits on the swapped-in blocks
+    assert manager.get_common_computed_block_ids([again]) == manager.get_block_table(seq)[:1]

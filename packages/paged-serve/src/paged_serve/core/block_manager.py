@@ -95,12 +95,24 @@ class BlockSpaceManager:
         return list(seen.values())
 
     # -------------------------------------------------------------- admission
+    def _num_required_blocks(self, token_ids: list[int]) -> tuple[int, list[int]]:
+        """Free blocks a prompt takes (cached blocks other sequences hold are shared for free), and its hashes."""
+        num_blocks = self._num_blocks(len(token_ids))
+        if not self.enable_caching:
+            return num_blocks, []
+        hashes = self._chain(token_ids, len(token_ids) // self.block_size, [])
+        for i, block_hash in enumerate(hashes):
+            prev = hashes[i - 1] if i else None
+            num_blocks -= self.gpu_allocator.is_in_use(block_hash, prev, self._block_tokens(token_ids, i))
+        return num_blocks, hashes
+
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
         """Whether the group's prompt fits: blocks beyond the watermark free now (OK), later, or never."""
         seqs = seq_group.get_seqs(status=SequenceStatus.WAITING) or seq_group.get_seqs()
-        num_required = self._num_blocks(seqs[0].get_len())
-        if self.num_total_gpu_blocks - num_required < self.watermark_blocks:
+        token_ids = seqs[0].get_token_ids()
+        if self.num_total_gpu_blocks - self._num_blocks(len(token_ids)) < self.watermark_blocks:
             return AllocStatus.NEVER
+        num_required, _ = self._num_required_blocks(token_ids)
         if self.gpu_allocator.get_num_free_blocks() - num_required >= self.watermark_blocks:
             return AllocStatus.OK
         return AllocStatus.LATER
@@ -116,16 +128,15 @@ class BlockSpaceManager:
         token_ids = seqs[0].get_token_ids()
         if not token_ids:
             raise ValueError(f"sequence {seqs[0].seq_id} has no tokens to allocate")
-        num_blocks = self._num_blocks(len(token_ids))
-        if num_blocks > self.gpu_allocator.get_num_free_blocks():
+        num_required, hashes = self._num_required_blocks(token_ids)
+        if num_required > self.gpu_allocator.get_num_free_blocks():
             raise NoFreeBlocksError(
-                f"prompt of {len(token_ids)} tokens needs {num_blocks} blocks, "
+                f"prompt of {len(token_ids)} tokens needs {num_required} new blocks, "
                 f"{self.gpu_allocator.get_num_free_blocks()} free"
             )
-        table = BlockTable(num_tokens=len(token_ids))
-        num_full = len(token_ids) // self.block_size
+        num_blocks = self._num_blocks(len(token_ids))
+        table = BlockTable(num_tokens=len(token_ids), block_hashes=hashes)
         if self.enable_caching:
-            table.block_hashes = self._chain(token_ids, num_full, [])
             for i, block_hash in enumerate(table.block_hashes):
                 prev = table.block_hashes[i - 1] if i else None
                 table.append(self.gpu_allocator.allocate_cached(block_hash, prev, self._block_tokens(token_ids, i)))

@@ -87,6 +87,11 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             return None  # absent, or a hash collision: never hand out different content
         return block
 
+    def is_in_use(self, block_hash: int, prev_block_hash: int | None, token_ids: Sequence[int]) -> bool:
+        """Whether a live sequence holds a cached block with this content (sharing it costs no free block)."""
+        block = self._lookup(block_hash, prev_block_hash, tuple(token_ids))
+        return block is not None and block.ref_count > 0
+
     def _acquire(self, block: PhysicalBlock) -> None:
         if block.ref_count == 0:
             self.evictor.remove(block.block_hash)
