@@ -95,3 +95,14 @@ def test_dispatcher_validates_shapes():
         ops.reshape_and_cache(torch.zeros(3, 2, 64), torch.zeros(3, 2, 64), cache, cache, torch.zeros(2))
     with pytest.raises(ValueError, match="dtype"):
         ops.paged_attention(torch.zeros(2, 2, 64, dtype=torch.bfloat16), cache, cache, tables, lens)
+    with pytest.raises(ValueError, match="context_lens must be int32 or int64"):
+        ops.paged_attention(torch.zeros(2, 2, 64), cache, cache, tables, lens.float())
+
+
+def test_dispatcher_refuses_compiled_triton_on_cpu(monkeypatch):
+    monkeypatch.setenv("PAGED_SERVE_ATTENTION", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    cache = torch.zeros(4, 16, 2, 64)
+    tables, lens = torch.zeros(2, 1, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        ops.paged_attention(torch.zeros(2, 2, 64), cache, cache, tables, lens)

@@ -38,6 +38,22 @@ def get_backend(device: torch.device | str) -> str:
     return "triton" if torch.device(device).type == "cuda" else "torch"
 
 
+def _use_triton(device: torch.device) -> bool:
+    if get_backend(device) != "triton":
+        return False
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f"PAGED_SERVE_ATTENTION=triton with tensors on {device}: Triton kernels run on CUDA, or on CPU only "
+            "in the interpreter (TRITON_INTERPRET=1 set before triton is imported)"
+        )
+    return True
+
+
+def _check_index(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+
+
 def _check_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
     if key_cache.dim() != 4:
         raise ValueError(
@@ -73,7 +89,8 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
         )
     if slot_mapping.shape != key.shape[:1]:
         raise ValueError(f"slot_mapping shape {tuple(slot_mapping.shape)} != ({key.shape[0]},)")
-    if get_backend(key.device) == "triton":
+    _check_index("slot_mapping", slot_mapping)
+    if _use_triton(key.device):
         from paged_serve.ops.triton_kernels import cache_ops
 
         return cache_ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
@@ -88,8 +105,10 @@ def paged_attention(query, key_cache, value_cache, block_tables, context_lens, s
             f"block_tables {tuple(block_tables.shape)} / context_lens {tuple(context_lens.shape)} "
             f"do not match {query.shape[0]} sequences"
         )
+    _check_index("block_tables", block_tables)
+    _check_index("context_lens", context_lens)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
-    if get_backend(query.device) == "triton":
+    if _use_triton(query.device):
         from paged_serve.ops.triton_kernels import decode_attention
 
         return decode_attention.paged_attention(query, key_cache, value_cache, block_tables, context_lens, scale, out)
@@ -107,9 +126,15 @@ def paged_prefill_attention(
             f"block_tables {tuple(block_tables.shape)} / context_lens {tuple(context_lens.shape)} "
             f"do not match {num_seqs} sequences from query_start_loc"
         )
+    for name, t in (
+        ("block_tables", block_tables),
+        ("query_start_loc", query_start_loc),
+        ("context_lens", context_lens),
+    ):
+        _check_index(name, t)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     args = (query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, out)
-    if get_backend(query.device) == "triton":
+    if _use_triton(query.device):
         from paged_serve.ops.triton_kernels import prefill_attention
 
         return prefill_attention.paged_prefill_attention(*args)
@@ -123,7 +148,7 @@ def copy_blocks(key_caches, value_caches, block_mapping) -> None:
     mapping = torch.as_tensor(block_mapping, dtype=torch.int64).reshape(-1, 2)
     if not key_caches or mapping.numel() == 0:
         return
-    if get_backend(key_caches[0].device) == "triton":
+    if _use_triton(key_caches[0].device):
         from paged_serve.ops.triton_kernels import cache_ops
 
         return cache_ops.copy_blocks(key_caches, value_caches, mapping)
