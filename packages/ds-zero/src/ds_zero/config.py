@@ -86,6 +86,7 @@ class ZeroConfig:
     stage: int = 0
     overlap_comm: bool = False
     contiguous_gradients: bool = True
+    reduce_scatter: bool = True
     reduce_bucket_size: int = 500_000_000
     allgather_bucket_size: int = 500_000_000
     stage3_prefetch_bucket_size: int = 50_000_000

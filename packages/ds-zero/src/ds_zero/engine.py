@@ -94,6 +94,7 @@ class DeepSpeedEngine(torch.nn.Module):
                 partition_grads=stage == 2, partition_optimizer=stage >= 1,
                 reduce_bucket_size=z.reduce_bucket_size, allgather_bucket_size=z.allgather_bucket_size,
                 overlap_comm=z.overlap_comm, contiguous_gradients=z.contiguous_gradients,
+                reduce_scatter=z.reduce_scatter,
                 master_device=master_device)
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
         self.training_dataloader = self._configure_dataloader(training_data, collate_fn)

@@ -31,12 +31,12 @@ class GradientBucketReducer:
         self._pending = None
 
     def add(self, grad: torch.Tensor, pieces: list, partition_index: int = 0) -> None:
-        # Pre-divide (as DeepSpeed does) so the sum over ranks is the mean and fp16 sums stay in range.
-        flat = grad.detach().reshape(-1).to(self.dtype).div(self.world_size)
-        if self._numel and self._numel + flat.numel() > self.bucket_numel:
+        flat = grad.detach().reshape(-1)  # no copy: it is written once, into the send buffer, at flush
+        size = sum(hi - lo for _, lo, hi, _ in pieces)
+        if self._numel and self._numel + size > self.bucket_numel:
             self.flush()
         self._entries.append((flat, pieces, partition_index))
-        self._numel += flat.numel()
+        self._numel += size
         if self._numel >= self.bucket_numel:
             self.flush()
 
@@ -44,26 +44,36 @@ class GradientBucketReducer:
         if not self._entries:
             return
         entries, self._entries, self._numel = self._entries, [], 0
-        rows: list[list[torch.Tensor]] = [[] for _ in range(self.world_size)]
+        lengths = [0] * self.world_size
         mine = []  # (partition index, dst offset, length) in arrival order for this rank
-        for flat, pieces, pidx in entries:
+        for _, pieces, pidx in entries:
             for dst, lo, hi, off in pieces:
-                rows[dst].append(flat[lo:hi])
+                lengths[dst] += hi - lo
                 if dst == self.rank:
                     mine.append((pidx, off, hi - lo))
-        lengths = [sum(t.numel() for t in r) for r in rows]
         self.wait()
+        device = entries[0][0].device
+        rows = [torch.empty(n, dtype=self.dtype, device=device) for n in lengths]
         if len(set(lengths)) == 1:
-            send = torch.cat([t for r in rows for t in r])
-            recv = torch.empty(lengths[0], dtype=self.dtype, device=send.device)
-            work = dist.reduce_scatter_tensor(recv, send, group=self.group, async_op=self.overlap_comm)
-            works = [work]
+            send = torch.empty(self.world_size, lengths[0], dtype=self.dtype, device=device)
+            rows = list(send)
+        cursor = [0] * self.world_size
+        for flat, pieces, _ in entries:
+            for dst, lo, hi, _ in pieces:
+                out = rows[dst][cursor[dst]:cursor[dst] + hi - lo]
+                cursor[dst] += hi - lo
+                have = max(0, min(hi, flat.numel()) - lo)  # ZeRO-3's last chunk runs past the param: zeros
+                # Pre-divide (as DeepSpeed does) so the sum over ranks is the mean and fp16 sums stay in range.
+                torch.div(flat[lo:lo + have], self.world_size, out=out[:have])
+                out[have:].zero_()
+        if len(set(lengths)) == 1:
+            recv = torch.empty(lengths[0], dtype=self.dtype, device=device)
+            works = [dist.reduce_scatter_tensor(recv, send.view(-1), group=self.group, async_op=self.overlap_comm)]
         else:
             works, recv = [], None
-            for dst, r in enumerate(rows):
-                if not r:
+            for dst, buf in enumerate(rows):
+                if buf.numel() == 0:
                     continue
-                buf = torch.cat(r) if len(r) > 1 else r[0].clone()
                 works.append(dist.reduce(buf, dst=dist.get_global_rank(self.group, dst) if self.group else dst,
                                          group=self.group, async_op=self.overlap_comm))
                 if dst == self.rank:

@@ -198,11 +198,7 @@ class DeepSpeedZeroOptimizer_Stage3(ZeroOptimizerBase):  # noqa: N801 - DeepSpee
 
     def _grad_ready(self, p: torch.nn.Parameter) -> None:
         gi, pieces = self._grad_pieces[p]
-        c = p.ds_tensor.numel()
-        grad = p.grad.reshape(-1)
-        if grad.numel() < c * self.world_size:
-            grad = torch.nn.functional.pad(grad, (0, c * self.world_size - grad.numel()))
-        self.reducer.add(grad, pieces, gi)
+        self.reducer.add(p.grad, pieces, gi)
         p.grad = None
         release_param(p)
 

@@ -27,13 +27,15 @@ class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
     def __init__(self, init_optimizer, loss_scaler, clip_grad: float = 0.0, dp_process_group=None,
                  partition_grads: bool = False, partition_optimizer: bool = True,
                  reduce_bucket_size: int = 500_000_000, allgather_bucket_size: int = 500_000_000,
-                 overlap_comm: bool = False, contiguous_gradients: bool = True, master_device=None):
+                 overlap_comm: bool = False, contiguous_gradients: bool = True, reduce_scatter: bool = True,
+                 master_device=None):
         super().__init__(init_optimizer, loss_scaler, clip_grad, dp_process_group, master_device)
         self.partition_grads = partition_grads
         self.partition_optimizer = partition_optimizer
         self.reduce_bucket_size = int(reduce_bucket_size)
         self.allgather_bucket_size = int(allgather_bucket_size)
         self.overlap_comm = overlap_comm
+        self.reduce_scatter = reduce_scatter
         parts = self.world_size if partition_optimizer else 1
         my_part = self.rank if partition_optimizer else 0
         self.bit16_groups: list[list[torch.nn.Parameter]] = []
@@ -100,15 +102,31 @@ class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
             self._allreduce_flat_grads()
 
     def _allreduce_flat_grads(self) -> None:
+        """Stage 0/1 at the boundary. Each rank only needs its own partition summed, so by default (DeepSpeed's
+        ``reduce_scatter: true``) the flat buffer, laid out as N partitions back to back, is reduce-scattered
+        column-bucket by column-bucket (half an all-reduce's volume); otherwise it is all-reduced in buckets."""
         works = []
-        for flat in self.flat_grads:
+        for flat, psize in zip(self.flat_grads, self.partition_size):
             flat.div_(self.world_size)
-            for start in range(0, flat.numel(), self.reduce_bucket_size):
-                bucket = flat[start:start + self.reduce_bucket_size]
-                works.append(dist.all_reduce(bucket, group=self.dp_process_group, async_op=self.overlap_comm))
-        for w in works:
-            if w is not None:
-                w.wait()
+            if not self.partition_optimizer or not self.reduce_scatter:
+                for start in range(0, flat.numel(), self.reduce_bucket_size):
+                    bucket = flat[start:start + self.reduce_bucket_size]
+                    works.append((dist.all_reduce(bucket, group=self.dp_process_group, async_op=self.overlap_comm),
+                                  None, None))
+                continue
+            rows = flat.view(self.world_size, psize)
+            cols = max(1, self.reduce_bucket_size // self.world_size)
+            for start in range(0, psize, cols):
+                send = flat if cols >= psize else rows[:, start:start + cols].contiguous()
+                recv = torch.empty(send.numel() // self.world_size, dtype=flat.dtype, device=flat.device)
+                work = dist.reduce_scatter_tensor(recv, send.view(-1), group=self.dp_process_group,
+                                                  async_op=self.overlap_comm)
+                works.append((work, recv, rows[self.my_part, start:start + recv.numel()]))
+        for work, recv, dst in works:
+            if work is not None:
+                work.wait()
+            if recv is not None:
+                dst.copy_(recv)
 
     def reduced_grad_partitions(self) -> list[torch.Tensor]:
         if self.partition_grads:

@@ -1,6 +1,8 @@
-"""Stages 0, 1, 2 (and 3, same harness call) in fp32 reproduce a single-process torch run."""
+"""The engine: every ZeRO stage (0-3) in fp32 reproduces a single-process torch run at world 2 and 4,
+with gradient accumulation, overlap_comm and clipping; the batch triangle and dataloader are DeepSpeed's."""
 
 import importlib.util
+import math
 import pathlib
 
 import pytest
@@ -19,6 +21,19 @@ def _fp32_cases(rank, world):
     import ds_zero
 
     out = {}
+    data = torch.utils.data.TensorDataset(torch.randn(40, lib.IN), torch.randn(40, lib.OUT))
+    engine, opt, loader, sched = ds_zero.initialize(model=lib.make_model(), training_data=data,
+                                                    config={"train_batch_size": 6 * world,
+                                                            "gradient_accumulation_steps": 3,
+                                                            "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
+    boundaries = []
+    for _ in range(6):
+        boundaries.append(engine.is_gradient_accumulation_boundary())
+        engine.micro_steps += 1
+    out["batching"] = (engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
+                       engine.gradient_accumulation_steps(), len(next(iter(loader))[0]), len(loader), boundaries,
+                       opt is engine.optimizer, sched)
+    engine.destroy()
     for stage in (0, 1, 2, 3):
         for gas, overlap, clip in ((1, False, 0.0), (2, True, 0.05)):
             micro = 2
@@ -37,6 +52,11 @@ def _fp32_cases(rank, world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_zero_stages_match_single_process_torch(world):
     results = run_ranks(_fp32_cases, world, timeout=240)
+    batching = results[0].pop("batching")
+    for r in results[1:]:
+        r.pop("batching")
+    assert batching == (6 * world, 2, 3, 2, math.ceil(math.ceil(40 / world) / 2),
+                        [False, False, True, False, False, True], True, None)
     for (stage, gas, clip), (losses, params) in results[0].items():
         x, y = lib.make_data(STEPS, 2 * gas * world)
         ref = lib.make_model()

@@ -1,0 +1,115 @@
+"""Benchmark: ds_zero vs DeepSpeed 0.19.8, ZeRO stages 1-3, world size 2 on CPU (gloo), same config and data.
+
+Prints, per stage, the median step time of each (and the ratio ours/DeepSpeed) and ds_zero's per-rank
+memory (summed tensor bytes) next to the ZeRO formula. Run from the repo root:
+
+    uv run python packages/ds-zero/benchmarks/bench_zero.py            # ~1-2 minutes
+    uv run python packages/ds-zero/benchmarks/bench_zero.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import time
+
+
+def _config(stage: int, micro: int) -> dict:
+    return {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1,
+            "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+            "bf16": {"enabled": True}, "gradient_clipping": 1.0,
+            "zero_optimization": {"stage": stage, "overlap_comm": True, "reduce_bucket_size": 2_000_000,
+                                  "allgather_bucket_size": 2_000_000, "stage3_prefetch_bucket_size": 2_000_000,
+                                  "stage3_param_persistence_threshold": 10_000}}
+
+
+def _model(hidden: int, layers: int):
+    import torch
+
+    torch.manual_seed(0)
+    mods = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(hidden, hidden), torch.nn.GELU()]
+    return torch.nn.Sequential(*mods, torch.nn.Linear(hidden, 16))
+
+
+def bench_rank(rank, world, args):
+    import deepspeed
+    import deepspeed.ops
+    import ds_zero
+    import torch
+    import torch.distributed as dist
+    from ds_zero.memory import zero_memory_formula
+
+    # Plain torch.distributed all-reduce for DeepSpeed too (no JIT-built shared-memory op): same comm engine.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    torch.set_num_threads(1)
+    hidden, layers, micro, steps, warmup = args["hidden"], args["layers"], args["micro"], args["steps"], 2
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(micro, hidden, generator=g).bfloat16()
+    y = torch.randn(micro, 16, generator=g).bfloat16()
+    rows = []
+    for stage in (1, 2, 3):
+        row = {"stage": stage}
+        for impl, init in (("deepspeed", deepspeed.initialize), ("ds_zero", ds_zero.initialize)):
+            model = _model(hidden, layers)
+            numel = sum(p.numel() for p in model.parameters())
+            engine, *_ = init(model=model, model_parameters=model.parameters(), config=_config(stage, micro))
+            times = []
+            for _ in range(warmup + steps):
+                dist.barrier()
+                t0 = time.perf_counter()
+                loss = torch.nn.functional.mse_loss(engine(x).float(), y.float())
+                engine.backward(loss)
+                engine.step()
+                times.append(time.perf_counter() - t0)
+            row[impl] = statistics.median(times[warmup:])
+            if impl == "ds_zero":
+                row["memory"] = engine.memory_breakdown()["total"]
+                row["formula"] = zero_memory_formula(numel, world, stage)["total"]
+                row["numel"] = numel
+                engine.destroy()
+            del engine
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--micro", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="tiny model, 3 steps")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.hidden, args.layers, args.steps = 128, 2, 3
+    root = os.path.dirname(os.path.abspath(__file__))
+    # Ranks import this file by path; load it under a real module name (spawned ranks have their own __main__).
+    spec = importlib.util.spec_from_file_location("bench_zero", os.path.join(root, "bench_zero.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_zero"] = mod
+    spec.loader.exec_module(mod)
+    from harness import run_ranks
+
+    params = {"hidden": args.hidden, "layers": args.layers, "micro": args.micro, "steps": args.steps}
+    results = run_ranks(mod.bench_rank, 2, params, timeout=900, fresh=True)
+    rows = results[0]
+    numel = rows[0]["numel"]
+    print(f"ZeRO world_size=2, CPU/gloo, bf16, Adam; MLP {args.layers}x{args.hidden} ({numel / 1e6:.2f} M params), "
+          f"micro batch {args.micro}; median of {args.steps} steps (rank 0)")
+    print("| stage | DeepSpeed step (ms) | ds_zero step (ms) | ratio ds_zero/DS | ds_zero memory/rank (MB) "
+          "| ZeRO formula (MB) | measured/formula |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['stage']} | {r['deepspeed'] * 1e3:.1f} | {r['ds_zero'] * 1e3:.1f} | "
+              f"{r['ds_zero'] / r['deepspeed']:.2f}x | {r['memory'] / 1e6:.2f} | {r['formula'] / 1e6:.2f} | "
+              f"{r['memory'] / r['formula']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
