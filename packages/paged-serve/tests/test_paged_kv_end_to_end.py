@@ -139,3 +139,31 @@ def test_engine_like_loop(monkeypatch, sdpa, device, backend):
     for seq in (parent, child, other):
         manager.free(seq)
     assert manager.get_num_free_gpu_blocks() == 16 and manager.get_num_free_cpu_blocks() == 8
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_ops_accept_slices_of_a_fused_qkv(monkeypatch, device, backend):
+    """A model writes q, k, v as views of one fused projection (non-contiguous rows); the ops must honour strides."""
+    monkeypatch.setenv("PAGED_SERVE_ATTENTION", backend)
+    tokens = 10
+    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * D, device=device)
+    q = qkv[:, : HEADS * D].view(tokens, HEADS, D)
+    k = qkv[:, HEADS * D : (HEADS + KV_HEADS) * D].view(tokens, KV_HEADS, D)
+    v = qkv[:, (HEADS + KV_HEADS) * D :].view(tokens, KV_HEADS, D)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    caches = [torch.zeros(4, BS, KV_HEADS, D, device=device) for _ in range(2)]
+    slots = torch.tensor([3 * BS + i if i < BS else BS + i - BS for i in range(tokens)], device=device)
+    ops.reshape_and_cache(k, v, caches[0], caches[1], slots)
+    tables = torch.tensor([[3, 1]], dtype=torch.int32, device=device)
+    lens = torch.tensor([tokens], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, tokens], dtype=torch.int32, device=device)
+    pre = ops.paged_prefill_attention(q, *caches, tables, qsl, lens)
+    dec = ops.paged_attention(q[-1:], *caches, tables, lens)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.repeat_interleave(2, 1).transpose(0, 1),
+        v.repeat_interleave(2, 1).transpose(0, 1),
+        is_causal=True,
+    ).transpose(0, 1)
+    torch.testing.assert_close(pre, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(dec[0], want[-1], atol=1e-4, rtol=1e-4)

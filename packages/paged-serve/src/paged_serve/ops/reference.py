@@ -70,7 +70,7 @@ def paged_attention(
     rows = slots[:, None, :] * num_kv_heads + torch.arange(num_kv_heads, device=query.device)[None, :, None]
     k = key_cache.reshape(-1, head_size)[rows].float()
     v = value_cache.reshape(-1, head_size)[rows].float()
-    q = query.float().view(num_seqs, num_kv_heads, group, head_size)
+    q = query.float().reshape(num_seqs, num_kv_heads, group, head_size)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [num_seqs, num_kv_heads, group, max_len]
     scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
