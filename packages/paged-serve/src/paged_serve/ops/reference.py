@@ -151,5 +151,8 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
     dst_idx = mapping[:, 1].to(dst.device)
     moved = src[src_idx]
     if dst.device.type == "cuda" and moved.device.type == "cpu":
-        moved = moved.pin_memory()
-    dst[dst_idx] = moved.to(dst.device, non_blocking=True)
+        # host -> device from pinned memory can overlap; device -> host stays blocking, since the scatter below
+        # reads the host copy right away
+        dst[dst_idx] = moved.pin_memory().to(dst.device, non_blocking=True)
+    else:
+        dst[dst_idx] = moved.to(dst.device)
