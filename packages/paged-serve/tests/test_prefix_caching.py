@@ -170,3 +170,18 @@ def test_swapped_in_blocks_are_cached_again():
     manager.allocate(ga)
     assert manager.get_block_table(again) == manager.get_block_table(seq)  # hits on the swapped-in blocks
     assert manager.get_common_computed_block_ids([again]) == manager.get_block_table(seq)[:1]
+
+
+def test_lookahead_slots_are_not_hashed_before_their_tokens_exist():
+    manager = BlockSpaceManager(4, 8, 0, watermark=0, enable_caching=True)
+    seq, group = _group(1, [1, 2, 3])
+    manager.allocate(group)
+    seq.status = SequenceStatus.RUNNING
+    seq.append_token_id(4)
+    manager.append_slots(seq, num_lookahead_slots=5)  # reserves slots for 9 tokens: blocks 0-2
+    assert len(manager.get_block_table(seq)) == 3
+    seq.append_token_id(5)
+    manager.append_slots(seq)
+    # only block 0 (tokens 1-4, all written) is hashed; the reserved-but-empty block 1 is not
+    assert manager.block_tables[seq.seq_id].block_hashes == _chain([1, 2, 3, 4])
+    assert len(manager.gpu_allocator.cached_blocks) == 1

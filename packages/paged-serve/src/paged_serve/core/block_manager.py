@@ -199,8 +199,12 @@ class BlockSpaceManager:
         return cows[0] if cows else None
 
     def _promote_full_blocks(self, seq: Sequence, table: BlockTable) -> None:
-        """Hash blocks filled (and computed) since the last call; merge each into an identical cached block."""
-        num_full = table.num_tokens // self.block_size
+        """Hash blocks filled (and computed) since the last call; merge each into an identical cached block.
+
+        Written KV covers the slots reserved before this call, except the newest token (appended just now) and
+        lookahead slots past the sequence's tokens, hence the ``min``.
+        """
+        num_full = min(table.num_tokens, seq.get_len() - 1) // self.block_size
         if len(table.block_hashes) >= num_full:
             return
         token_ids = seq.get_token_ids()
