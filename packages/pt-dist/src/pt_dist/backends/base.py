@@ -80,15 +80,15 @@ class NativeProcessGroup(ProcessGroup):
         """Queue a send/recv on the peer channel; ``copy_back`` is where a received non-contiguous tensor goes."""
 
     # the shared protocol --------------------------------------------------------------------------
-    def _launch(self, op_name: str, body, async_op: bool, header: str = "", per_rank: str = "") -> Work:
+    def _launch(self, op_name: str, body, async_op: bool, header: str = "", per_rank: str = "",
+                agree: bool = True) -> Work:
         def run():
             if self._broken:
                 raise DistError(f"{op_name} on group {self.group_name!r}: the group is unusable after an "
                                 f"earlier failure: {self._broken}")
             try:
                 self._seq += 1
-                infos = self._agree(op_name, header, per_rank)
-                return body(infos)
+                return body(self._agree(op_name, header, per_rank) if agree else None)
             except HeaderMismatch:
                 raise
             except DistError as e:
@@ -103,14 +103,24 @@ class NativeProcessGroup(ProcessGroup):
         return self._queue.submit(op_name, run, async_op)
 
     def _agree(self, op_name: str, header: str, per_rank: str) -> list[str]:
-        mine = f"{op_name}|seq={self._seq}|{header}"
-        blobs = self._exchange_headers(f"{mine}#{per_rank}".encode(), op_name)
+        mine = self._mine(op_name, header)
+        return self._check_headers(op_name, mine, self._exchange_headers(f"{mine}#{per_rank}".encode(), op_name))
+
+    def _mine(self, op_name: str, header: str) -> str:
+        return f"{op_name}|seq={self._seq}|{header}"
+
+    def _check_headers(self, op_name: str, mine: str, blobs: list[bytes]) -> list[str]:
+        """Every rank runs this on the same headers, so a mismatch raises everywhere at once."""
         commons, infos = zip(*(b.decode(errors="replace").partition("#")[::2] for b in blobs))
         if any(c != mine for c in commons):
             lines = "; ".join(f"rank {r}: {c}" for r, c in enumerate(commons))
             raise HeaderMismatch(f"{op_name} on group {self.group_name!r}: ranks called mismatched collectives "
                                  f"(op/dtype/shape/root differ): {lines}")
         return list(infos)
+
+    def _fused_all_reduce(self, tensor: torch.Tensor, op: ReduceOp, header: str):
+        """A backend may return a body that exchanges the header together with the data (one sync point)."""
+        return None
 
     def _abort(self) -> None:  # noqa: B027 - backends close their transport so peers fail fast
         """Tear down the transport after a failure so peers blocked on us fail fast."""
@@ -141,6 +151,10 @@ class NativeProcessGroup(ProcessGroup):
         _check_tensor(tensor, "tensor", "all_reduce")
         op = ReduceOp.of(op)
         check_reduce_dtype(op, tensor.dtype, "all_reduce")
+        header = f"{self._desc(tensor)}|{op.name}"
+        fused = self._fused_all_reduce(tensor, op, header)
+        if fused is not None:
+            return self._launch("all_reduce", fused, async_op, agree=False)
 
         def body(_):
             buf = _contig(tensor)
@@ -148,7 +162,7 @@ class NativeProcessGroup(ProcessGroup):
             if buf is not tensor:
                 tensor.copy_(buf)
             return [tensor]
-        return self._launch("all_reduce", body, async_op, f"{self._desc(tensor)}|{op.name}")
+        return self._launch("all_reduce", body, async_op, header)
 
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
         _check_tensor(tensor, "tensor", "reduce")

@@ -11,6 +11,7 @@ sockets and threads so an ``isend`` never blocks behind, or interleaves with, a 
 from __future__ import annotations
 
 import queue
+import select
 import selectors
 import socket
 import struct
@@ -118,15 +119,19 @@ class PeerMesh:
                          f"{missing_text(peers)}")
 
     def sendrecv(self, op: str, dst: int | None, send: memoryview | None, src: int | None,
-                 recv: memoryview | None) -> None:
-        """Stream ``send`` to ``dst`` while filling ``recv`` from ``src``; either may be None."""
+                 recv: memoryview | None, chunk: int = 0, on_chunk=None) -> None:
+        """Stream ``send`` to ``dst`` while filling ``recv`` from ``src``; either may be None.
+
+        With ``on_chunk``, ``on_chunk(lo, hi)`` is called for each completed ``chunk``-byte range of
+        ``recv`` as soon as it has arrived, so a reduction overlaps the rest of the transfer.
+        """
+        folded = 0
         ns = len(send) if send is not None else 0
         nr = len(recv) if recv is not None else 0
         ss = self.socks[(dst, COLL)] if ns else None
         rs = self.socks[(src, COLL)] if nr else None
         sent = got = 0
         deadline = time.monotonic() + self.timeout
-        sel = None
         while sent < ns or got < nr:
             progressed = False
             if sent < ns:
@@ -149,23 +154,27 @@ class PeerMesh:
                 if k > 0:
                     got += k
                     progressed = True
+                    while on_chunk is not None and folded < got and (got - folded >= chunk or got == nr):
+                        hi = min(folded + chunk, got) if got < nr else min(folded + chunk, nr)
+                        on_chunk(folded, hi)
+                        folded = hi
             if progressed:
                 continue
-            if sel is None:
-                sel = selectors.DefaultSelector()
-                if ss is not None:
-                    sel.register(ss, selectors.EVENT_WRITE if ss is not rs else
-                                 selectors.EVENT_WRITE | selectors.EVENT_READ)
-                if rs is not None and rs is not ss:
-                    sel.register(rs, selectors.EVENT_READ)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 waiting = ([src] if got < nr else []) + ([dst] if sent < ns else [])
                 raise self._fail(op, f"timed out after {self.timeout:.1f}s (sent {sent}/{ns} bytes to rank {dst}, "
                                  f"got {got}/{nr} from rank {src})", waiting)
-            sel.select(min(remaining, 1.0))
-        if sel is not None:
-            sel.close()
+            # wait only for what is still pending: a socket that is merely writable must not wake us
+            poller = select.poll()
+            events: dict[int, int] = {}
+            if sent < ns:
+                events[ss.fileno()] = select.POLLOUT
+            if got < nr:
+                events[rs.fileno()] = events.get(rs.fileno(), 0) | select.POLLIN
+            for fd, ev in events.items():
+                poller.register(fd, ev)
+            poller.poll(int(min(remaining, 1.0) * 1000) + 1)
 
     def exchange_headers(self, op: str, header: bytes) -> list[bytes]:
         """All-to-all of small frames in one round: send ours to everyone, read everyone's at once."""

@@ -7,8 +7,9 @@ buffer; after a second flag round every rank copies the whole result out. Each r
 N x 1/N of the data in the reduction, so the work is spread like a ring but with no hops.
 
 Synchronisation is by monotonically increasing per-rank counters on separate cache lines: waiting
-means spinning on the others' counters (then yielding the CPU, then sleeping), never an OS barrier,
-which is what makes small messages fast. A waiter also watches an abort word and the peers' pids,
+means spinning on the others' counters, never an OS barrier, which is what makes small messages fast;
+a peer that is late is waited for with ``futex`` on its counter's address (``futex.py``), so an
+oversubscribed CPU is not burnt by spinning. A waiter also watches an abort word and the peers' pids,
 so a dead or failed rank turns into a ``DistError`` in milliseconds, or at worst at the timeout.
 Point-to-point ``send``/``recv`` go over the authenticated socket mesh.
 """
@@ -25,13 +26,16 @@ import time
 import torch
 
 from pt_dist.backends.base import NativeProcessGroup
+from pt_dist.backends.futex import Futex
 from pt_dist.backends.mesh import PeerMesh
 from pt_dist.errors import DistError, missing_text
 from pt_dist.process_group import combine_, finish_avg_
 
 LINE = 64  # one counter per cache line: no false sharing between spinning ranks
 HEADER_BYTES = 4096
-SLOT_BYTES = int(os.environ.get("PT_DIST_SHM_SLOT_BYTES", 8 << 20))
+SLOT_BYTES = int(os.environ.get("PT_DIST_SHM_SLOT_BYTES", 16 << 20))
+SMALL_BYTES = 64 << 10  # all-reduces up to this size take the one-barrier path
+SPIN = 2000  # reads of a peer's counter before sleeping on it (a few microseconds)
 _ABORT = 0  # control word 0: rank+1 of a rank that gave up, 0 while healthy
 
 
@@ -61,12 +65,15 @@ class ProcessGroupSHM(NativeProcessGroup):
         self._hdr_off = ctrl
         self._slot_off = ctrl + 2 * size * HEADER_BYTES
         self._res_off = self._slot_off + size * self.slot_bytes
-        total = self._res_off + 2 * self.slot_bytes
+        self._small_off = self._res_off + 2 * self.slot_bytes
+        total = self._small_off + 2 * size * SMALL_BYTES
         path = self._create_or_attach(store, rank, size, total)
         self._mm = mmap.mmap(self._fd, total)
         os.close(self._fd)
         self._ctl = memoryview(self._mm)[:ctrl].cast("q")  # word i*8: counter of rank i-1; word 0: abort
         self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self._base = self._bytes.data_ptr()
+        self._futex = Futex()
         self._ctl[(1 + size + rank) * LINE // 8] = os.getpid()
         store.add("shm/attached", 1)
         if rank == 0:  # unlink once everyone has mapped it: nothing leaks even if a rank is killed later
@@ -97,27 +104,33 @@ class ProcessGroupSHM(NativeProcessGroup):
 
     # synchronisation -------------------------------------------------------------------------
     def _arrive_and_wait(self, op: str) -> None:
+        """Barrier on the counters: bump ours and wake its sleepers, then wait for every peer's."""
         self._epoch += 1
-        target, ctl, n = self._epoch, self._ctl, self._size
-        ctl[(1 + self._rank) * 8] = target
-        spins, j, deadline, next_check = 0, 0, 0.0, 0.0
-        while j < n:
-            if ctl[(1 + j) * 8] >= target:
-                j += 1
-                continue
-            spins += 1
-            if spins < 300:
-                continue
-            if spins < 3000:
-                os.sched_yield()
-                continue
+        target, ctl = self._epoch, self._ctl
+        me = (1 + self._rank) * 8
+        ctl[me] = target
+        self._futex.wake(self._base + me * 8)
+        for j in range(self._size):
+            idx = (1 + j) * 8
+            if ctl[idx] < target:
+                self._wait_for(op, idx, target)
+
+    def _wait_for(self, op: str, idx: int, target: int) -> None:
+        ctl = self._ctl
+        for _ in range(SPIN):
+            if ctl[idx] >= target:
+                return
+        deadline = time.monotonic() + self.timeout
+        next_check = 0.0
+        while True:
+            seen = ctl[idx]
+            if seen >= target:
+                return
             now = time.monotonic()
-            if deadline == 0.0:
-                deadline = now + self.timeout
             if now >= next_check:
                 self._check_peers(op, target, now >= deadline)
                 next_check = now + 0.005
-            time.sleep(0.00005)
+            self._futex.wait(self._base + idx * 8, seen, 0.005)
 
     def _check_peers(self, op: str, target: int, timed_out: bool) -> None:
         ctl = self._ctl
@@ -136,6 +149,8 @@ class ProcessGroupSHM(NativeProcessGroup):
     def _abort(self) -> None:
         if not self._ctl[_ABORT]:
             self._ctl[_ABORT] = self._rank + 1
+        for j in range(self._size):  # sleepers re-check the abort word at once
+            self._futex.wake(self._base + (1 + j) * LINE)
         self.mesh.close()
 
     def shutdown(self) -> None:
@@ -144,26 +159,58 @@ class ProcessGroupSHM(NativeProcessGroup):
 
     # views of the segment ------------------------------------------------------------------------
     def _view(self, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-        return self._bytes[offset:offset + nbytes].view(dtype)
+        return self._bytes[offset:offset + numel * dtype.itemsize].view(dtype)
 
     def _slot(self, rank: int, numel: int, dtype, half: int | None = None, at: int = 0) -> torch.Tensor:
         base = self._slot_off + rank * self.slot_bytes + (0 if half is None else half * self.slot_bytes // 2)
         return self._view(base + at, numel, dtype)
 
-    def _exchange_headers(self, header, op_name):
+    def _write_header(self, header: bytes, op_name: str) -> None:
         if len(header) + 4 > HEADER_BYTES:
             raise ValueError(f"{op_name}: collective header of {len(header)} bytes does not fit the shm slot")
-        parity = (self._seq % 2) * self._size
-        off = self._hdr_off + (parity + self._rank) * HEADER_BYTES
+        off = self._hdr_off + ((self._seq % 2) * self._size + self._rank) * HEADER_BYTES
         self._mm[off:off + 4 + len(header)] = struct.pack("<I", len(header)) + header
-        self._arrive_and_wait(op_name)
+
+    def _read_headers(self) -> list[bytes]:
         out = []
-        for j in range(self._size):
-            off = self._hdr_off + (parity + j) * HEADER_BYTES
+        for j in range(self._size):  # parity by sequence number: the next collective writes the other set
+            off = self._hdr_off + ((self._seq % 2) * self._size + j) * HEADER_BYTES
             (n,) = struct.unpack("<I", self._mm[off:off + 4])
             out.append(self._mm[off + 4:off + 4 + min(n, HEADER_BYTES - 4)])
         return out
+
+    def _exchange_headers(self, header, op_name):
+        self._write_header(header, op_name)
+        self._arrive_and_wait(op_name)
+        return self._read_headers()
+
+    def _fused_all_reduce(self, tensor, op, header):
+        """Small tensors: header and data cross in one barrier, then every rank reduces the whole (tiny) vector.
+
+        Every rank folds the N copies in the same order, so all get bitwise the same result; the staging
+        area alternates by sequence number, so the next call never overwrites data a slow rank still reads.
+        """
+        if self._size == 1 or tensor.numel() * tensor.element_size() > SMALL_BYTES:
+            return None
+
+        def body(_):
+            mine = self._mine("all_reduce", header)
+            buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+            flat, parity = buf.view(-1), self._seq % 2
+            slots = [self._view(self._small_off + (parity * self._size + j) * SMALL_BYTES, flat.numel(), flat.dtype)
+                     for j in range(self._size)]
+            self._write_header(f"{mine}#".encode(), "all_reduce")
+            slots[self._rank].copy_(flat)
+            self._arrive_and_wait("all_reduce")
+            self._check_headers("all_reduce", mine, self._read_headers())
+            flat.copy_(slots[0])
+            for j in range(1, self._size):
+                combine_(flat, slots[j], op)
+            finish_avg_(flat, op, self._size)
+            if buf is not tensor:
+                tensor.copy_(buf)
+            return [tensor]
+        return body
 
     # collectives ---------------------------------------------------------------------------------
     def _rounds(self, numel: int, per_round: int):

@@ -54,11 +54,12 @@ class ProcessGroupTCP(NativeProcessGroup):
         """After N-1 steps ``out_blocks[rank]`` holds the reduction of every rank's ``blocks[rank]``.
 
         In place when ``out_blocks is blocks`` (all-reduce); otherwise partial sums ping-pong between
-        two scratch buffers so the input stays untouched (reduce-scatter).
+        two scratch buffers so the input stays untouched (reduce-scatter). Each step is one streaming
+        ``sendrecv``; every ``CHUNK_BYTES`` that land are folded in while the rest is still in flight.
         """
         n, r = self._size, self._rank
         longest = max(b.numel() for b in blocks)
-        k = self._split_count(longest, blocks[0].element_size())
+        item = blocks[0].element_size()
         in_place = out_blocks is blocks
         scratch = [torch.empty(longest, dtype=blocks[0].dtype) for _ in range(1 if in_place else 2)]
         sending = blocks[(r - 1) % n]
@@ -71,13 +72,13 @@ class ProcessGroupTCP(NativeProcessGroup):
             else:
                 target = scratch[step % 2][: blocks[b].numel()]
             recv_buf = scratch[0][: blocks[b].numel()] if in_place else target
-            for s_piece, r_piece, t_piece, local in zip(_pieces(sending, k), _pieces(recv_buf, k),
-                                                        _pieces(target, k), _pieces(blocks[b], k)):
-                self.mesh.sendrecv(op_name, self.right, byte_view(s_piece), self.left, byte_view(r_piece))
-                if in_place:
-                    combine_(t_piece, r_piece, op)
-                else:
-                    combine_(t_piece, local, op)
+            other = recv_buf if in_place else blocks[b]
+
+            def fold(lo, hi, target=target, other=other):
+                combine_(target[lo // item:hi // item], other[lo // item:hi // item], op)
+
+            self.mesh.sendrecv(op_name, self.right, byte_view(sending), self.left, byte_view(recv_buf),
+                               chunk=CHUNK_BYTES - CHUNK_BYTES % item, on_chunk=fold)
             sending = target
 
     def _ring_all_gather(self, op_name: str, blocks) -> None:

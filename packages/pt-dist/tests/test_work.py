@@ -1,0 +1,60 @@
+"""Work handles and the per-group op queue: order, inline fast path, errors through wait() and futures."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from pt_dist import DistError
+from pt_dist.work import OpQueue, Work
+
+
+def test_async_ops_run_in_submission_order_and_sync_ops_wait_behind_them():
+    q, order = OpQueue("t"), []
+    gate = threading.Event()
+
+    def op(i, block=False):
+        def run():
+            if block:
+                gate.wait(5)
+            order.append(i)
+            return [torch.tensor(i)]
+        return run
+
+    works = [q.submit("a", op(0, block=True), async_op=True), q.submit("b", op(1), async_op=True)]
+    assert not works[0].is_completed()  # the caller is free while the first op is stuck
+    threading.Timer(0.2, gate.set).start()
+    sync = q.submit("c", op(2), async_op=False)  # queued behind the async ones, not inline
+    assert sync.is_completed() and order == [0, 1, 2]
+    assert [w.result()[0].item() for w in works] == [0, 1]
+    assert q.submit("d", op(3), async_op=False).is_completed() and order[-1] == 3  # idle queue: inline
+    q.shutdown()
+
+
+def test_errors_surface_through_wait_and_the_future():
+    q = OpQueue("t")
+
+    def boom():
+        raise DistError("all_reduce on group 'g': peer gone")
+
+    w = q.submit("all_reduce", boom, async_op=True)
+    with pytest.raises(DistError, match="peer gone"):
+        w.wait()
+    assert w.is_completed() and not w.is_success()
+    with pytest.raises(Exception, match="peer gone"):
+        w.get_future().wait()
+    with pytest.raises(DistError, match="peer gone"):
+        q.submit("all_reduce", boom, async_op=False)
+    q.shutdown()
+
+
+def test_future_then_chains_and_wait_timeout():
+    done = Work.completed("x", [torch.ones(2)])
+    assert done.get_future().then(lambda f: f.value()[0].sum().item()).wait() == 2.0
+    pending = Work("slow")
+    t0 = time.monotonic()
+    with pytest.raises(DistError, match="timed out"):
+        pending.wait(timeout=0.1)
+    assert time.monotonic() - t0 < 2
