@@ -38,7 +38,8 @@ def bench_models(args, rows):
     from hf_lite import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     configs = {
-        "gpt2": (GPT2LMHeadModel, GPT2Config(vocab_size=8000, n_positions=512, n_embd=256, n_layer=4, n_head=8)),
+        "gpt2": (GPT2LMHeadModel, GPT2Config(vocab_size=8000, n_positions=512, n_embd=256, n_layer=4, n_head=8,
+                                                bos_token_id=0, eos_token_id=0)),
         "llama": (LlamaForCausalLM, LlamaConfig(vocab_size=8000, hidden_size=256, intermediate_size=688,
                                                 num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
                                                 max_position_embeddings=512)),
@@ -112,10 +113,10 @@ def bench_tokenizers(args, rows):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement (median reported)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (median reported)")
     parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--tokenizer-mb", type=float, default=1.0, help="MB of stdlib source to tokenize")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--tokenizer-mb", type=float, default=0.5, help="MB of stdlib source to tokenize")
     parser.add_argument("--quick", action="store_true", help="fewer tokens, smaller tokenizer sample")
     args = parser.parse_args()
     if args.quick:

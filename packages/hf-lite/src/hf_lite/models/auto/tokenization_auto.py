@@ -50,9 +50,9 @@ class AutoTokenizer:
             with open(config_path, encoding="utf-8") as f:
                 name = json.load(f).get("tokenizer_class")
         for slow, fast in TOKENIZER_MAPPING.values():
-            for klass in (slow, fast):
-                if klass is not None and klass.__name__ == name:
-                    return (klass, None) if klass is slow else (slow, klass)
+            # Like transformers: naming either class of a pair lets `use_fast` choose between them.
+            if name is not None and name in {getattr(slow, "__name__", None), getattr(fast, "__name__", None)}:
+                return slow, fast
         if name in _BY_NAME:
             klass = _BY_NAME[name]
             return (klass, None) if klass is GPT2Tokenizer else (GPT2Tokenizer, klass)
