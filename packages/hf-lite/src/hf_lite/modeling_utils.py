@@ -13,6 +13,7 @@ import re
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from .checkpoint_utils import CheckpointError, load_safetensors_file, resolve_weight_files, save_state_dict
 from .configuration_utils import PretrainedConfig
@@ -254,7 +255,8 @@ class PreTrainedModel(nn.Module):
         to_model_key = self._checkpoint_key_mapper(all_keys)
         ignore = [re.compile(p) for p in self._keys_to_ignore_on_load_unexpected]
         tensors, unexpected, mismatched = {}, [], []
-        for file, keys in files.items():
+        shards = tqdm(files.items(), desc="Loading checkpoint shards", disable=len(files) <= 1, leave=False)
+        for file, keys in shards:
             for ckpt_key, tensor in load_safetensors_file(file, keys).items():
                 key = to_model_key(ckpt_key)
                 if key not in expected:
