@@ -261,3 +261,20 @@ def test_kv_utilization_counts_filled_slots_once():
     prompt.status = SequenceStatus.RUNNING
     manager.append_slots(prompt)  # CoW of the shared last block: 3 blocks hold 4 + 2 + 4 tokens
     assert manager.get_kv_utilization() == 10 / 12
+
+
+def test_cow_of_a_shared_lookahead_block():
+    """Slots reserved ahead (speculative decoding) and then shared by a fork are copied before either writes."""
+    manager = _manager(num_gpu=8)
+    prompt, group = create_dummy_prompt("1", 3)
+    manager.allocate(group)
+    prompt.status = SequenceStatus.RUNNING
+    prompt.append_token_id(4)
+    assert manager.append_slots(prompt, num_lookahead_slots=3) == []  # 7 slots: block 1 reserved, empty
+    child = prompt.fork(2)
+    manager.fork(prompt, child)
+    child.append_token_id(5)
+    cows = manager.append_slots(child)
+    assert len(cows) == 1 and cows[0][0] == manager.get_block_table(prompt)[1]
+    assert manager.get_block_table(child)[0] == manager.get_block_table(prompt)[0]  # the written block stays shared
+    assert manager.get_block_table(child)[1] == cows[0][1]

@@ -79,18 +79,21 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.manager.mark_blocks_as_computed(group)
 
     @precondition(lambda self: self._seqs(S.RUNNING))
-    @rule(data=st.data(), token=st.integers(0, 3))
-    def append(self, data, token):
+    @rule(data=st.data(), token=st.integers(0, 3), lookahead=st.sampled_from([0, 0, 0, 3]))
+    def append(self, data, token, lookahead):
         seq = data.draw(st.sampled_from(self._seqs(S.RUNNING)))
         seq.append_token_id(token)
         before = (self.manager.get_block_table(seq), self.manager.get_num_free_gpu_blocks())
         try:
-            cows = self.manager.append_slots(seq)
+            cows = self.manager.append_slots(seq, num_lookahead_slots=lookahead)
         except NoFreeBlocksError:
             assert self.manager.get_num_free_gpu_blocks() <= before[1]
             seq.output_token_ids.pop()  # the scheduler would preempt; here the token is dropped
             return
-        assert len(cows) <= 1 and all(src != dst for src, dst in cows)
+        assert all(src != dst for src, dst in cows) and len({dst for _, dst in cows}) == len(cows)
+        assert not {src for src, _ in cows} & {dst for _, dst in cows}  # a source is never also a destination
+        if lookahead == 0:
+            assert len(cows) <= 1
         self._copy(cows, Device.GPU, Device.GPU)
         self._write(seq, [seq.get_len() - 1])
 
@@ -166,7 +169,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for group in self.groups.values():
             for seq in group.get_seqs():
                 table = self.manager.block_tables[seq.seq_id]
-                assert table.num_tokens == seq.get_len()
+                assert table.num_tokens >= seq.get_len() == table.num_scheduled_tokens
                 stored = [self.shadow[(b.device, b.block_number)][i] for b in table for i in range(BLOCK_SIZE)]
                 assert stored[: seq.get_len()] == seq.get_token_ids()
 

@@ -64,14 +64,24 @@ class PhysicalBlock:
 class BlockTable:
     """The physical blocks of one sequence, in logical order, and how many token slots are reserved in them.
 
-    ``block_hashes`` holds the prefix-cache chain hashes of the leading full blocks hashed so far (prefix caching
-    only); it belongs to the sequence's content, not to the physical blocks, so it survives swaps and merges.
+    ``num_tokens`` counts reserved slots (lookahead included); ``num_scheduled_tokens`` is the sequence's length at
+    the last allocate / append: the step that follows writes the KV of every token before it, so slots below it are
+    written and slots from it on are about to be. ``block_hashes`` holds the prefix-cache chain hashes of the leading
+    full blocks hashed so far; it belongs to the sequence's content, not to the physical blocks, so it survives
+    swaps and merges.
     """
 
-    def __init__(self, blocks: Iterable[PhysicalBlock] = (), num_tokens: int = 0, block_hashes: Iterable[int] = ()):
+    def __init__(
+        self,
+        blocks: Iterable[PhysicalBlock] = (),
+        num_tokens: int = 0,
+        block_hashes: Iterable[int] = (),
+        num_scheduled_tokens: int | None = None,
+    ):
         self.blocks: list[PhysicalBlock] = list(blocks)
         self.num_tokens = num_tokens
         self.block_hashes: list[int] = list(block_hashes)
+        self.num_scheduled_tokens = num_tokens if num_scheduled_tokens is None else num_scheduled_tokens
 
     def physical_block_ids(self) -> list[int]:
         return [b.block_number for b in self.blocks]
@@ -80,7 +90,7 @@ class BlockTable:
         self.blocks.append(block)
 
     def copy(self) -> BlockTable:
-        return BlockTable(self.blocks, self.num_tokens, self.block_hashes)
+        return BlockTable(self.blocks, self.num_tokens, self.block_hashes, self.num_scheduled_tokens)
 
     def num_tokens_in_block(self, index: int) -> int:
         """Reserved slots in logical block ``index`` (full blocks hold ``block_size``)."""

@@ -149,14 +149,20 @@ class BlockSpaceManager:
             self.block_tables[seq.seq_id] = table.copy()
 
     # ----------------------------------------------------------------- growth
+    def _shared_blocks_to_write(self, table: BlockTable, target: int) -> list[int]:
+        """Indices of existing blocks the next step writes into (slots ``num_scheduled_tokens`` .. ``target``) that
+        another sequence also holds: each needs a private copy first (copy-on-write)."""
+        if target <= table.num_scheduled_tokens:
+            return []
+        first = table.num_scheduled_tokens // self.block_size
+        end = min(len(table), self._num_blocks(target))
+        return [i for i in range(first, end) if table[i].ref_count > 1]
+
     def _num_new_blocks(self, seq: Sequence, num_lookahead_slots: int) -> int:
         table = self._table(seq)
         target = seq.get_len() + num_lookahead_slots
         new = max(0, self._num_blocks(target) - len(table))
-        partial_last = table.num_tokens % self.block_size != 0
-        if target > table.num_tokens and partial_last and table[-1].ref_count > 1:
-            new += 1  # copy-on-write of the shared last block
-        return new
+        return new + len(self._shared_blocks_to_write(table, target))
 
     def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
         """Whether every RUNNING sequence of the group can reserve slots for its new tokens right now."""
@@ -169,9 +175,9 @@ class BlockSpaceManager:
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         """Reserve slots up to ``seq.get_len() + num_lookahead_slots`` tokens.
 
-        Returns the copy-on-write ``(src, dst)`` block pairs the engine must copy before writing (at most one: the
-        shared, partially filled last block). Raises ``NoFreeBlocksError`` without changing anything when the
-        GPU pool cannot cover it.
+        Returns the copy-on-write ``(src, dst)`` block pairs the engine must copy before writing: a shared block
+        about to receive the new token (at most one without lookahead: the shared, partially filled last block).
+        Raises ``NoFreeBlocksError`` without changing anything when the GPU pool cannot cover it.
         """
         table = self._table(seq)
         if self.enable_caching:
@@ -182,15 +188,15 @@ class BlockSpaceManager:
             raise NoFreeBlocksError(f"sequence {seq.seq_id} needs {needed} new blocks, {free} free")
         target = seq.get_len() + num_lookahead_slots
         cows: list[tuple[int, int]] = []
-        if target > table.num_tokens and table.num_tokens % self.block_size and table[-1].ref_count > 1:
-            last = table[-1]
-            fresh = self.gpu_allocator.allocate()
-            self.gpu_allocator.free(last)
-            table[-1] = fresh
-            cows.append((last.block_number, fresh.block_number))
+        for i in self._shared_blocks_to_write(table, target):
+            shared, fresh = table[i], self.gpu_allocator.allocate()
+            self.gpu_allocator.free(shared)
+            table[i] = fresh
+            cows.append((shared.block_number, fresh.block_number))
         while len(table) * self.block_size < target:
             table.append(self.gpu_allocator.allocate())
         table.num_tokens = max(table.num_tokens, target)
+        table.num_scheduled_tokens = max(table.num_scheduled_tokens, seq.get_len())
         return cows
 
     def append_slot(self, seq: Sequence) -> tuple[int, int] | None:
@@ -201,10 +207,10 @@ class BlockSpaceManager:
     def _promote_full_blocks(self, seq: Sequence, table: BlockTable) -> None:
         """Hash blocks filled (and computed) since the last call; merge each into an identical cached block.
 
-        Written KV covers the slots reserved before this call, except the newest token (appended just now) and
-        lookahead slots past the sequence's tokens, hence the ``min``.
+        Written KV covers the tokens before ``num_scheduled_tokens`` (the previous call's length); the newest token
+        and lookahead slots are not written yet.
         """
-        num_full = min(table.num_tokens, seq.get_len() - 1) // self.block_size
+        num_full = table.num_scheduled_tokens // self.block_size
         if len(table.block_hashes) >= num_full:
             return
         token_ids = seq.get_token_ids()
