@@ -76,9 +76,10 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _matrix(rank, world_size, backend, dtypes):
     from pt_dist.backends import shm, tcp
 
-    # tiny chunks/slots so 1031-element cases cross many pipeline chunks and shm rounds
-    saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES
-    tcp.CHUNK_BYTES, shm.SLOT_BYTES = 512, 4096
+    # tiny chunks/slots so 1031-element cases cross many pipeline chunks and shm rounds, while sizes up to
+    # 30 take shm's one-barrier small all-reduce
+    saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES
+    tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES = 512, 4096, 1024
     try:
         util.join(rank, world_size, backend)
         fails, checks = [], 0
@@ -147,7 +148,7 @@ def _matrix(rank, world_size, backend, dtypes):
         util.leave()
         return fails, checks
     finally:
-        tcp.CHUNK_BYTES, shm.SLOT_BYTES = saved
+        tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES = saved
         if pt_dist.is_initialized():
             pt_dist.destroy_process_group()
 

@@ -34,7 +34,9 @@ from pt_dist.process_group import combine_, finish_avg_
 LINE = 64  # one counter per cache line: no false sharing between spinning ranks
 HEADER_BYTES = 4096
 SLOT_BYTES = int(os.environ.get("PT_DIST_SHM_SLOT_BYTES", 16 << 20))
-SMALL_BYTES = 64 << 10  # all-reduces up to this size take the one-barrier path
+# All-reduces with size x world_size up to this take the one-barrier path: every rank then reads all N
+# copies, which costs more memory traffic than the sliced path but saves two synchronisations.
+SMALL_BYTES = 2 << 20
 SPIN = 2000  # reads of a peer's counter before sleeping on it (a few microseconds)
 _ABORT = 0  # control word 0: rank+1 of a rank that gave up, 0 while healthy
 
@@ -66,7 +68,7 @@ class ProcessGroupSHM(NativeProcessGroup):
         self._slot_off = ctrl + 2 * size * HEADER_BYTES
         self._res_off = self._slot_off + size * self.slot_bytes
         self._small_off = self._res_off + 2 * self.slot_bytes
-        total = self._small_off + 2 * size * SMALL_BYTES
+        total = self._small_off + 2 * SMALL_BYTES
         path = self._create_or_attach(store, rank, size, total)
         self._mm = mmap.mmap(self._fd, total)
         os.close(self._fd)
@@ -190,14 +192,15 @@ class ProcessGroupSHM(NativeProcessGroup):
         Every rank folds the N copies in the same order, so all get bitwise the same result; the staging
         area alternates by sequence number, so the next call never overwrites data a slow rank still reads.
         """
-        if self._size == 1 or tensor.numel() * tensor.element_size() > SMALL_BYTES:
+        per = SMALL_BYTES // self._size // LINE * LINE
+        if self._size == 1 or tensor.numel() * tensor.element_size() > per:
             return None
 
         def body(_):
             mine = self._mine("all_reduce", header)
             buf = tensor if tensor.is_contiguous() else tensor.contiguous()
             flat, parity = buf.view(-1), self._seq % 2
-            slots = [self._view(self._small_off + (parity * self._size + j) * SMALL_BYTES, flat.numel(), flat.dtype)
+            slots = [self._view(self._small_off + (parity * self._size + j) * per, flat.numel(), flat.dtype)
                      for j in range(self._size)]
             self._write_header(f"{mine}#".encode(), "all_reduce")
             slots[self._rank].copy_(flat)
