@@ -27,8 +27,9 @@ from pt_dist.distributed_c10d import (
     send,
 )
 from pt_dist.errors import DistError, DistStoreError
+from pt_dist.file_store import FileStore
 from pt_dist.process_group import ProcessGroup, ReduceOp
-from pt_dist.store import FileStore, PrefixStore, Store, TCPStore
+from pt_dist.store import PrefixStore, Store, TCPStore
 from pt_dist.work import Work
 
 __version__ = "0.1.0"

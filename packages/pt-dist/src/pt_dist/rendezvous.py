@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, urlparse
 
 from pt_dist import wire
-from pt_dist.store import FileStore, Store, TCPStore
+from pt_dist.file_store import FileStore
+from pt_dist.store import Store, TCPStore
 
 
 @dataclass

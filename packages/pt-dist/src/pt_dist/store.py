@@ -1,4 +1,4 @@
-"""Key-value stores for rendezvous: ``Store``, ``TCPStore`` (from scratch over sockets), ``FileStore``, ``PrefixStore``.
+"""Key-value stores for rendezvous: ``Store``, ``TCPStore`` (from scratch over sockets) and ``PrefixStore``.
 
 Mirrors c10d's Store API (torch/csrc/distributed/c10d/Store.hpp): ``set``/``get`` (blocking until the key
 exists), ``add`` (atomic counter stored as decimal text), ``compare_set``, ``wait``, ``delete_key``,
@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import abc
 import datetime
-import fcntl
 import logging
-import os
 import socket
 import struct
 import threading
@@ -328,89 +326,3 @@ class TCPStore(Store):
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
-
-
-class FileStore(Store):
-    """c10d's FileStore: an append-only log of store commands in a file, locked with ``flock``.
-
-    Good for ranks on one host (or a shared filesystem); blocking ``get`` polls the log.
-    """
-
-    def __init__(self, file_name: str, world_size: int = -1, timeout=DEFAULT_TIMEOUT):
-        super().__init__(timeout)
-        self.path = file_name
-        self._data: dict[bytes, bytes] = {}
-        self._pos = 0
-        self._lock = threading.Lock()
-        open(file_name, "ab").close()
-
-    def _locked(self, cmd: int | None, fields=()) -> bytes:
-        with self._lock, open(self.path, "r+b") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                f.seek(self._pos)
-                log_bytes = f.read()
-                self._replay(log_bytes)
-                if cmd is None:
-                    return b""
-                out = _apply(self._data, cmd, list(fields))
-                record = bytes([cmd]) + wire.pack_fields(*fields)
-                f.seek(0, os.SEEK_END)
-                f.write(struct.pack("<I", len(record)) + record)
-                f.flush()
-                self._pos = f.tell()
-                return out
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-
-    def _replay(self, buf: bytes) -> None:
-        pos = 0
-        while pos + 4 <= len(buf):
-            (n,) = struct.unpack_from("<I", buf, pos)
-            if pos + 4 + n > len(buf):
-                break
-            rec = buf[pos + 4:pos + 4 + n]
-            _apply(self._data, rec[0], wire.unpack_fields(rec[1:], _ARITY[rec[0]]))
-            pos += 4 + n
-        self._pos += pos
-
-    def _wait_for(self, keys: list[bytes], timeout: float) -> bool:
-        deadline, pause = time.monotonic() + timeout, 0.0005
-        while True:
-            self._locked(None)
-            if all(k in self._data for k in keys):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(pause)
-            pause = min(pause * 2, 0.02)
-
-    def set(self, key, value):
-        self._locked(SET, (_b(key), _b(value)))
-
-    def get(self, key):
-        if not self._wait_for([_b(key)], self._timeout):
-            raise DistStoreError(f"FileStore.get({key!r}) timed out after {self._timeout:.1f}s")
-        return self._data[_b(key)]
-
-    def add(self, key, amount):
-        return struct.unpack("<q", self._locked(ADD, (_b(key), struct.pack("<q", int(amount)))))[0]
-
-    def compare_set(self, key, expected_value, desired_value):
-        return self._locked(CAS, (_b(key), _b(expected_value), _b(desired_value)))
-
-    def wait(self, keys, timeout=None):
-        t = self._timeout if timeout is None else _seconds(timeout)
-        if not self._wait_for([_b(k) for k in keys], t):
-            raise DistStoreError(f"FileStore.wait({list(keys)!r}) timed out after {t:.1f}s")
-
-    def check(self, keys):
-        self._locked(None)
-        return all(_b(k) in self._data for k in keys)
-
-    def delete_key(self, key):
-        return self._locked(DELETE, (_b(key),)) == b"\x01"
-
-    def num_keys(self):
-        self._locked(None)
-        return len(self._data)
