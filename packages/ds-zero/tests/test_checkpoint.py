@@ -30,6 +30,11 @@ def _config(stage, world, fp16):
 
 
 def _resume_cases(rank, world, root):
+    with lib.one_thread():
+        return _resume_cases_body(rank, world, root)
+
+
+def _resume_cases_body(rank, world, root):
     import ds_zero
     import torch.distributed as dist
     from ds_zero import checkpoint as ckpt

@@ -61,6 +61,11 @@ def _scaler_trace(make_scaler):
 
 
 def _side_by_side(rank, world, paths):
+    with lib.one_thread():
+        return _side_by_side_body(rank, world, paths)
+
+
+def _side_by_side_body(rank, world, paths):
     import deepspeed
     import deepspeed.ops
     import ds_zero

@@ -18,6 +18,11 @@ STEPS = 6
 
 
 def _fp32_cases(rank, world):
+    with lib.one_thread():
+        return _fp32_cases_body(rank, world)
+
+
+def _fp32_cases_body(rank, world):
     import ds_zero
 
     out = {}
@@ -35,7 +40,9 @@ def _fp32_cases(rank, world):
                        opt is engine.optimizer, sched)
     engine.destroy()
     for stage in (0, 1, 2, 3):
-        for gas, overlap, clip in ((1, False, 0.0), (2, True, 0.05)):
+        # World 4 runs only the richer variant: four ranks share two cores.
+        variants = ((1, False, 0.0), (2, True, 0.05)) if world == 2 else ((2, True, 0.05),)
+        for gas, overlap, clip in variants:
             micro = 2
             x, y = lib.make_data(STEPS, micro * gas * world)
             extra = {"gradient_clipping": clip} if clip else {}

@@ -13,6 +13,11 @@ _spec.loader.exec_module(lib)
 
 
 def _breakdowns(rank, world):
+    with lib.one_thread():
+        return _breakdowns_body(rank, world)
+
+
+def _breakdowns_body(rank, world):
     import ds_zero
     import torch
 

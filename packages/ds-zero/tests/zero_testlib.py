@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 IN, HIDDEN, OUT = 8, 16, 4
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Ranks share two cores: one intra-op thread each avoids oversubscription (restored after, ranks are pooled)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class TinyMLP(torch.nn.Module):

@@ -85,7 +85,9 @@ class DynamicLossScaler(LossScaler):
 
 def has_overflow(tensors, group=None) -> bool:
     """Whether any rank saw inf/NaN: one MAX all-reduce so every rank skips the same step."""
-    flag = torch.zeros(1, dtype=torch.float32)
+    tensors = [t for t in tensors if t is not None]
+    # On the tensors' device: nccl cannot reduce a CPU tensor.
+    flag = torch.zeros(1, dtype=torch.float32, device=tensors[0].device if tensors else None)
     for t in tensors:
         if t is not None and t.numel() and not torch.isfinite(t).all():
             flag.fill_(1.0)

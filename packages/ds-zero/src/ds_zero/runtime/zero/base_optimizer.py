@@ -73,7 +73,8 @@ class ZeroOptimizerBase(abc.ABC):
     def get_global_norm(self, grads: list[torch.Tensor]) -> float:
         sq = torch.zeros(1, dtype=torch.float32, device=grads[0].device if grads else None)
         for g in grads:
-            sq += g.float().pow(2).sum()
+            # fp32 accumulation without materialising an fp32 copy of the partition
+            sq += torch.linalg.vector_norm(g, dtype=torch.float32).pow(2)
         dist.all_reduce(sq, group=self.dp_process_group)
         return math.sqrt(sq.item())
 
