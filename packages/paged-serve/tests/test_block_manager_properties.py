@@ -79,7 +79,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.manager.mark_blocks_as_computed(group)
 
     @precondition(lambda self: self._seqs(S.RUNNING))
-    @rule(data=st.data(), token=st.integers(0, 3), lookahead=st.sampled_from([0, 0, 0, 3]))
+    @rule(data=st.data(), token=st.integers(0, 3), lookahead=st.sampled_from([0, 0, 3]))
     def append(self, data, token, lookahead):
         seq = data.draw(st.sampled_from(self._seqs(S.RUNNING)))
         seq.append_token_id(token)
@@ -176,6 +176,6 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 BlockManagerMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_block_manager_state_machine = BlockManagerMachine.TestCase
