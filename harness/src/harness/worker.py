@@ -78,6 +78,8 @@ def _setup(rank: int, job: dict):
     import torch.distributed as dist
 
     world_size, timeout = job["world_size"], datetime.timedelta(seconds=job["timeout"])
+    # As torchrun does (OMP_NUM_THREADS=1 unless set): ranks share the host's cores.
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
                        "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1"})
     _store = dist.TCPStore("127.0.0.1", job["store_port"], world_size + 1, is_master=False, timeout=timeout)
