@@ -258,6 +258,38 @@ def _comm_counts(tp):
         assert bwd.counts == want, (sp, bwd.counts)
 
 
+def _pipeline_state():
+    """Live groups at pp=4 (middle stages hold no embedding group) and at tp=2 x pp=2."""
+    rank = dist.get_rank()
+    ps.initialize_model_parallel(1, 4)
+    try:
+        assert ps.get_pipeline_model_parallel_rank() == rank
+        assert ps.get_pipeline_model_parallel_next_rank() == (rank + 1) % 4
+        assert ps.get_pipeline_model_parallel_prev_rank() == (rank - 1) % 4
+        assert ps.is_pipeline_first_stage() == (rank == 0) and ps.is_pipeline_last_stage() == (rank == 3)
+        assert ps.is_rank_in_embedding_group() == (rank in (0, 3))
+        assert ps.get_embedding_group_ranks() == ([0, 3] if rank in (0, 3) else [])
+        assert ps.get_data_parallel_world_size() == 1
+    finally:
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(2, 2)
+    try:
+        assert ps.get_tensor_model_parallel_rank() == rank % 2
+        assert ps.get_pipeline_model_parallel_rank() == rank // 2
+        assert ps.get_data_parallel_world_size() == 1
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=ps.get_pipeline_model_parallel_group())
+        assert t.item() == (rank % 2) + (rank % 2 + 2), "pipeline group = same TP rank on both stages"
+        try:
+            ps.initialize_model_parallel(2, 2)
+            raise AssertionError("double initialisation must raise")
+        except RuntimeError:
+            pass
+    finally:
+        ps.destroy_model_parallel()
+    assert not ps.model_parallel_is_initialized()
+
+
 def _dtensor_parity():
     """mega_par's TP=2 GPT logits == torch DTensor TP (ColwiseParallel/RowwiseParallel) on the same weights."""
     from mega_par.checkpointing import llama_state_dict
@@ -313,7 +345,7 @@ def _all_cases(rank, world_size):
             results.update({f"{name}_tp{tp}": v for name, v in out.items()})
         finally:
             ps.destroy_model_parallel()
-    results.update(H.run_cases({"dtensor": _dtensor_parity}))
+    results.update(H.run_cases({"dtensor": _dtensor_parity, "pipeline_state": _pipeline_state}))
     # bad input fails before any communication
     try:
         ps.initialize_model_parallel(3, 1)
@@ -342,5 +374,11 @@ def test_tp2_gpt_logits_match_dtensor_tensor_parallel(results):
 
 
 @pytest.mark.world_size(4)
+def test_pipeline_groups_neighbours_and_embedding_group(results):
+    H.assert_case(results, "pipeline_state")
+
+
+@pytest.mark.world_size(4)
 def test_world_not_divisible_raises_naming_numbers(results):
     H.assert_case(results, "bad_world")
+

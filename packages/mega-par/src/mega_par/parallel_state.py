@@ -87,12 +87,16 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_mode
     state = _ParallelState(tp=tp, pp=pp, cp=cp, dp=world // (tp * pp * cp), vpp=virtual_pipeline_model_parallel_size,
                            virtual_pipeline_rank=0 if virtual_pipeline_model_parallel_size else None)
     me = dist.get_rank()
+    created: dict[tuple, object] = {}
     for kind in _KINDS:
         for ranks in all_groups[kind]:
-            # new_group is collective over the world: every rank creates every group, keeps its own.
-            group = dist.new_group(ranks, use_local_synchronization=True) if len(ranks) < world else dist.group.WORLD
+            # new_group is collective over the world: every rank creates every group (in the same order) and
+            # keeps its own; kinds with the same ranks (e.g. dp and dp_cp when cp=1) share one group.
+            key = tuple(ranks)
+            if key not in created:
+                created[key] = dist.new_group(ranks) if len(ranks) < world else dist.group.WORLD
             if me in ranks:
-                state.groups[kind], state.group_ranks[kind] = group, ranks
+                state.groups[kind], state.group_ranks[kind] = created[key], ranks
     _STATE = state
     logger.info("model parallel initialised: tp=%d pp=%d cp=%d dp=%d", tp, pp, cp, state.dp)
 
@@ -175,7 +179,8 @@ def get_model_parallel_group():
 
 
 def get_embedding_group():
-    return _group("embedding")
+    """The first+last stage group of tied embeddings; None on middle stages, which are in none."""
+    return _state().groups.get("embedding")
 
 
 def get_tensor_model_parallel_world_size() -> int:
@@ -235,7 +240,8 @@ def get_pipeline_model_parallel_last_rank() -> int:
 
 
 def get_embedding_group_ranks() -> list[int]:
-    return list(_state().group_ranks["embedding"])
+    """Ranks of this rank's embedding group (empty on middle pipeline stages)."""
+    return list(_state().group_ranks.get("embedding", ()))
 
 
 def get_virtual_pipeline_model_parallel_world_size() -> int | None:
@@ -266,7 +272,7 @@ def is_pipeline_last_stage(ignore_virtual: bool = False) -> bool:
 
 def is_rank_in_embedding_group(ignore_virtual: bool = False) -> bool:
     s = _state()
-    if dist.get_rank() not in s.group_ranks["embedding"]:
+    if dist.get_rank() not in s.group_ranks.get("embedding", ()):
         return False
     if ignore_virtual:
         return True
