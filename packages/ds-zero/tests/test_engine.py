@@ -18,8 +18,16 @@ STEPS = 6
 
 
 def _fp32_cases(rank, world):
-    with lib.one_thread():
-        return _fp32_cases_body(rank, world)
+    from ds_zero.runtime.zero import reduce_scatter
+
+    # World 2 takes gloo's fast path (all-reduce the buckets), world 4 the owner-only collectives
+    # (reduce_scatter / reduce to owner) that nccl uses, so both are held to the torch reference.
+    reduce_scatter.OWNER_ONLY_COLLECTIVES_ON_GLOO = world == 4
+    try:
+        with lib.one_thread():
+            return _fp32_cases_body(rank, world)
+    finally:
+        reduce_scatter.OWNER_ONLY_COLLECTIVES_ON_GLOO = False
 
 
 def _fp32_cases_body(rank, world):

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ds_zero.runtime.zero.base_optimizer import ZeroOptimizerBase
-from ds_zero.runtime.zero.reduce_scatter import GradientBucketReducer
+from ds_zero.runtime.zero.reduce_scatter import GradientBucketReducer, prefer_all_reduce
 
 
 class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
@@ -108,7 +108,7 @@ class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
         works = []
         for flat, psize in zip(self.flat_grads, self.partition_size):
             flat.div_(self.world_size)
-            if not self.partition_optimizer or not self.reduce_scatter:
+            if not self.partition_optimizer or not self.reduce_scatter or prefer_all_reduce(self.dp_process_group):
                 for start in range(0, flat.numel(), self.reduce_bucket_size):
                     bucket = flat[start:start + self.reduce_bucket_size]
                     works.append((dist.all_reduce(bucket, group=self.dp_process_group, async_op=self.overlap_comm),
