@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import secrets
 
 from pt_dist.backends import Backend
 from pt_dist.errors import DistError
@@ -71,18 +72,25 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         if rank < 0 or world_size < 1:
             raise ValueError(f"init_process_group: a store needs explicit rank and world_size, got rank={rank}, "
                              f"world_size={world_size}")
-        from pt_dist import wire
-
-        secret = wire.resolve_secret(None, "store")
     else:
         rdzv = rendezvous(init_method or "env://", rank, world_size, t)
-        store, rank, world_size, secret = rdzv.store, rdzv.rank, rdzv.world_size, rdzv.secret
+        store, rank, world_size = rdzv.store, rdzv.rank, rdzv.world_size
+    secret = _mesh_secret(store, rank)
     _world.store, _world.secret, _world.timeout, _world.group_count = store, secret, t, 0
     pg = Backend.creator(name)(PrefixStore("default_pg", store), rank, world_size, t, group_name or "default_pg",
                                secret, None)
     GroupMember.WORLD = pg
     _world.ranks[pg] = list(range(world_size))
     log.info("pt_dist: rank %d/%d joined with backend %s", rank, world_size, name)
+
+
+def _mesh_secret(store: Store, rank: int) -> bytes:
+    """A fresh random secret for the backends' sockets, handed out through the (authenticated) store."""
+    if rank == 0:
+        token = secrets.token_hex(16)
+        store.set("pt_dist/mesh_secret", token)
+        return token.encode()
+    return store.get("pt_dist/mesh_secret")
 
 
 def _group(group) -> ProcessGroup:

@@ -4,7 +4,7 @@ The three schemes of torch.distributed.rendezvous: ``env://`` reads MASTER_ADDR,
 WORLD_SIZE (what torchrun exports); ``tcp://host:port`` names the TCPStore master directly; ``file:///path``
 uses a FileStore on a shared filesystem. ``?rank=``, ``?world_size=`` and ``?secret=`` query parameters are
 accepted as in torch; the secret (else ``$PT_DIST_SECRET``, else derived from the address) guards the
-store and every backend socket.
+TCPStore, and ``init_process_group`` then hands the backends' sockets a fresh random secret through it.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from pt_dist.process_group import combine_, finish_avg_
 
 LINE = 64  # one counter per cache line: no false sharing between spinning ranks
 HEADER_BYTES = 4096
-SLOT_BYTES = int(os.environ.get("PT_DIST_SHM_SLOT_BYTES", 16 << 20))
+SLOT_BYTES = int(os.environ.get("PT_DIST_SHM_SLOT_BYTES", 64 << 20))  # sparse: pages appear on first use
 # All-reduces with size x world_size up to this take the one-barrier path: every rank then reads all N
 # copies, which costs more memory traffic than the sliced path but saves two synchronisations.
 SMALL_BYTES = 2 << 20
