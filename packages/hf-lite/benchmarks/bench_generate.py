@@ -69,7 +69,7 @@ def bench_models(args, rows):
             t_ours, t_theirs = paired_median_times(
                 lambda m=ours, ids=ids: m(input_ids=ids, use_cache=False),
                 lambda m=theirs, ids=ids: m(input_ids=ids, use_cache=False),
-                args.repeats * 3,
+                args.repeats,
             )
         rows.append((f"{name} forward 8x128 latency (ms)", t_ours * 1e3, t_theirs * 1e3, "transformers"))
 

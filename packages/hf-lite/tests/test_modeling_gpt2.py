@@ -4,7 +4,7 @@ import pytest
 import torch
 import transformers
 from hf_lite import AutoModelForCausalLM, GPT2LMHeadModel, GPT2Model
-from hf_lite_testing import make_model
+from hf_lite_testing import make_model, tiny_gpt2_config
 
 
 def _inputs(seed=1, batch=3, length=12, vocab=97):
@@ -93,3 +93,13 @@ def test_gpt2_forward_rejects_bad_inputs():
         model()
     with pytest.raises(ValueError, match="n_positions"):
         model(input_ids=torch.zeros(1, 65, dtype=torch.long))
+
+
+def test_gpt2_weight_init_follows_the_paper_scaling():
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(tiny_gpt2_config(n_embd=128, n_head=4, n_layer=8))
+    block = model.transformer.h[3]
+    assert abs(block.attn.c_attn.weight.std().item() - 0.02) < 0.002
+    for proj in (block.attn.c_proj, block.mlp.c_proj):  # residual projections: 0.02 / sqrt(2 * n_layer)
+        assert abs(proj.weight.std().item() - 0.02 / 4) < 0.0005
+    assert torch.all(block.ln_1.weight == 1) and torch.all(block.attn.c_attn.bias == 0)
