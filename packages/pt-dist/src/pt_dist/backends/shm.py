@@ -221,23 +221,44 @@ class ProcessGroupSHM(NativeProcessGroup):
             yield a, min(numel, a + per_round)
 
     def _all_reduce(self, t, op, dst: int | None = None):
+        """Per round: stage, barrier, reduce my slice, barrier, copy the others' slices out.
+
+        For all-reduce, a rank's own slice never goes through shared memory on the way in (only it reads
+        that slice) and is reduced in place in its own tensor, which cuts the copies by about a fifth.
+        ``reduce`` keeps every input intact, so it stages everything and reduces into the result buffer.
+        """
         n, r, size = t.numel(), self._rank, self._size
         per = self.slot_bytes // t.element_size()
+        in_place = dst is None
         for i, (a, b) in enumerate(self._rounds(n, per)):
-            m = b - a
-            self._slot(r, m, t.dtype).copy_(t[a:b])
+            m, chunk = b - a, t[a:b]
+            cuts = [(m * j) // size for j in range(size + 1)]
+            lo, hi = cuts[r], cuts[r + 1]
+            staged = self._slot(r, m, t.dtype)
+            if in_place:
+                staged[:lo].copy_(chunk[:lo])
+                staged[hi:].copy_(chunk[hi:])
+            else:
+                staged.copy_(chunk)
             self._arrive_and_wait("all_reduce")
-            lo, hi = (m * r) // size, (m * (r + 1)) // size
             res = self._view(self._res_off + (i % 2) * self.slot_bytes, m, t.dtype)
             if hi > lo:
-                mine = res[lo:hi]
-                mine.copy_(self._slot(0, m, t.dtype)[lo:hi])
-                for j in range(1, size):
-                    combine_(mine, self._slot(j, m, t.dtype)[lo:hi], op)
+                mine = chunk[lo:hi] if in_place else res[lo:hi]
+                if not in_place:
+                    mine.copy_(staged[lo:hi])
+                for j in range(size):
+                    if j != r:
+                        combine_(mine, self._slot(j, m, t.dtype)[lo:hi], op)
                 finish_avg_(mine, op, size)
+                if in_place:
+                    res[lo:hi].copy_(mine)
             self._arrive_and_wait("all_reduce")
-            if dst is None or dst == r:
-                t[a:b].copy_(res)
+            if in_place:
+                for j in range(size):
+                    if j != r:
+                        chunk[cuts[j]:cuts[j + 1]].copy_(res[cuts[j]:cuts[j + 1]])
+            elif dst == r:
+                chunk.copy_(res)
 
     def _reduce(self, t, dst, op):
         self._all_reduce(t, op, dst)
