@@ -61,3 +61,14 @@ def test_llama_gqa_cache_keeps_compact_kv_heads():
     # legacy tuple caches are accepted too
     legacy = out.past_key_values.to_legacy_cache()
     assert isinstance(LlamaConfig, type) and len(legacy) == 2
+
+
+def test_llama_chunked_prefill_with_cache_equals_full_forward():
+    """A multi-token chunk after a cached past needs a bottom-right aligned causal mask."""
+    model = make_model("llama")
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = model(input_ids=ids).logits
+        first = model(input_ids=ids[:, :5], use_cache=True)
+        second = model(input_ids=ids[:, 5:], past_key_values=first.past_key_values, use_cache=True)
+    torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), full, rtol=1e-5, atol=1e-5)

@@ -25,7 +25,8 @@ def create_causal_mask(
             f"({query_length}) = {kv_length}"
         )
     padding_free = attention_mask is None or bool(attention_mask.all())
-    if query_length == 1 and padding_free:
+    if padding_free and (query_length == 1 or past_length == 0):
+        # SDPA's is_causal (top-left aligned) is exact when there is no past; one query sees everything.
         return None
     q_pos = torch.arange(query_length, device=device)[:, None] + past_length
     k_pos = torch.arange(kv_length, device=device)[None, :]
