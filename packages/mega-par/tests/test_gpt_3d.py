@@ -55,6 +55,10 @@ def _run(name, args, save_dir):
     """Train; the Llama reference and (2,2,1) runs also save checkpoints, the reference returns probe logits."""
     if name in (_name("llama", 1, 1, 1), _name("llama", 2, 2, 1)):
         args.save = f"{save_dir}/{name}"
+    if name == _name("llama", 1, 1, 2, use_distributed_optimizer=True):
+        # stop after 3 steps with a checkpoint, resume from it (sharded optimizer state) for steps 4-5
+        first = pretrain(dataclasses.replace(args, train_iters=3, save=f"{save_dir}/{name}"))
+        return first + pretrain(dataclasses.replace(args, load=f"{save_dir}/{name}", save=f"{save_dir}/{name}")), None
     if name != _name("llama", 1, 1, 1):
         return pretrain(args), None
     ps.initialize_model_parallel(1, 1)
@@ -125,6 +129,18 @@ def test_loss_curve_matches_single_process(curves, family, tp, pp, dp, kw):
     for rank, losses in runs:
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=2e-5, atol=2e-5,
                                    msg=lambda m, r=rank, lo=losses: f"rank {r}: {lo} vs single-process {ref}\n{m}")
+
+
+@pytest.mark.world_size(8)
+def test_resume_from_checkpoint_with_sharded_optimizer_continues_the_curve(curves, save_dir):
+    """The (1,1,2) distributed-optimizer run above trained 3 steps, saved, and resumed for steps 4-5."""
+    name = _name("llama", 1, 1, 2, use_distributed_optimizer=True)
+    for it in ("iter_0000003", "iter_0000005"):
+        shards = sorted(p.name for p in (save_dir / name).glob(f"{it}/mp_rank_00_000/*"))
+        assert shards == ["distrib_optim_dp000.pt", "distrib_optim_dp001.pt", "model_optim_rng.pt"], it
+    assert (save_dir / name / "latest_checkpointed_iteration.txt").read_text() == "5"
+    for _, losses in curves[name]:
+        assert len(losses) == 5  # 3 + 2 resumed; parity with the uninterrupted reference is checked above
 
 
 @pytest.mark.world_size(8)

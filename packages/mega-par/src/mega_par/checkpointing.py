@@ -92,6 +92,11 @@ def load_checkpoint(load: str, model_chunks, optimizer=None) -> int:
     folder = get_checkpoint_name(load, iteration, ps.get_tensor_model_parallel_rank(),
                                  ps.get_pipeline_model_parallel_rank())
     state = torch.load(os.path.join(folder, "model_optim_rng.pt"), weights_only=False)
+    if (state["tp_size"], state["pp_size"]) != (ps.get_tensor_model_parallel_world_size(),
+                                                ps.get_pipeline_model_parallel_world_size()):
+        raise ValueError(f"checkpoint {load} was saved with tp={state['tp_size']}, pp={state['pp_size']}; this run has "
+                         f"tp={ps.get_tensor_model_parallel_world_size()}, "
+                         f"pp={ps.get_pipeline_model_parallel_world_size()} (convert with to_hf instead)")
     for i, m in enumerate(model_chunks):
         _unwrap(m).load_state_dict(state["model" if len(model_chunks) == 1 else f"model{i}"])
     if optimizer is not None:

@@ -69,6 +69,7 @@ class TrainingArgs:
     seed: int = 1234
     data_path: str | None = None
     save: str | None = None
+    load: str | None = None  # resume from the latest checkpoint there (model, optimizer shard, iteration)
     save_interval: int | None = None
     progress: bool = False
 
@@ -171,8 +172,8 @@ def _step_loss(losses_reduced, pp_last_rank) -> float:
 
 
 def pretrain(args: TrainingArgs, return_model: bool = False):
-    """Train ``args.train_iters`` steps of TP x PP x DP; returns the loss of every step on every rank
-    (and the DDP-wrapped model chunks with ``return_model``)."""
+    """Train up to iteration ``args.train_iters`` with TP x PP x DP (resuming after ``args.load``'s iteration);
+    returns the loss of every step run, on every rank (and the DDP-wrapped model chunks with ``return_model``)."""
     if not dist.is_initialized():
         raise RuntimeError("pretrain needs torch.distributed initialised (use torchrun or the CLI)")
     _check_args(args, dist.get_world_size())
@@ -190,8 +191,13 @@ def pretrain(args: TrainingArgs, return_model: bool = False):
         forward_backward = get_forward_backward_func()
         dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         last_rank = ps.get_pipeline_model_parallel_last_rank()
+        start = 1
+        if args.load:
+            from mega_par.checkpointing import load_checkpoint
+
+            start = load_checkpoint(args.load, model, optimizer) + 1
         losses = []
-        for iteration in tqdm(range(1, args.train_iters + 1), disable=not args.progress or dist.get_rank() != 0,
+        for iteration in tqdm(range(start, args.train_iters + 1), disable=not args.progress or dist.get_rank() != 0,
                               desc="train"):
             mbs = microbatches(args, global_batch(args, iteration, dp), dp_rank)
             iterators = [iter(mbs) for _ in model]
@@ -226,7 +232,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument(flag, action="store_true", default=default)
         else:
             kind = {"dp": int, "vpp": int, "num_query_groups": int, "ffn_hidden_size": int, "bucket_size": int,
-                    "save_interval": int, "data_path": str, "save": str}.get(f.name, type(default))
+                    "save_interval": int, "data_path": str, "save": str, "load": str}.get(f.name, type(default))
             p.add_argument(flag, type=kind, default=default)
     p.add_argument("--no-swiglu", dest="swiglu", action="store_false", help="plain GeLU MLP instead of SwiGLU")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait for a peer")
