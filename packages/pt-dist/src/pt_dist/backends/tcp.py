@@ -33,6 +33,7 @@ class ProcessGroupTCP(NativeProcessGroup):
         super().__init__(rank, size, timeout, group_name)
         self.mesh = PeerMesh(store, rank, size, secret, timeout, group_name, host)
         self.right, self.left = (rank + 1) % size, (rank - 1) % size
+        self._buffers: list[torch.Tensor] = []
 
     def name(self) -> str:
         return "tcp"
@@ -46,6 +47,15 @@ class ProcessGroupTCP(NativeProcessGroup):
     def shutdown(self) -> None:
         super().shutdown()
         self.mesh.close()
+
+    def _scratch(self, k: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Receive buffers kept between calls: fresh pages would cost a kernel zero-fill on every large op."""
+        nbytes = numel * dtype.itemsize
+        if len(self._buffers) <= k:
+            self._buffers.append(torch.empty(0, dtype=torch.uint8))
+        if self._buffers[k].numel() < nbytes:
+            self._buffers[k] = torch.empty(nbytes, dtype=torch.uint8)
+        return self._buffers[k][:nbytes].view(dtype)
 
     def _split_count(self, longest_block: int, itemsize: int) -> int:
         return max(1, -(-longest_block * itemsize // CHUNK_BYTES))
@@ -61,7 +71,7 @@ class ProcessGroupTCP(NativeProcessGroup):
         longest = max(b.numel() for b in blocks)
         item = blocks[0].element_size()
         in_place = out_blocks is blocks
-        scratch = [torch.empty(longest, dtype=blocks[0].dtype) for _ in range(1 if in_place else 2)]
+        scratch = [self._scratch(k, longest, blocks[0].dtype) for k in range(1 if in_place else 2)]
         sending = blocks[(r - 1) % n]
         for step in range(n - 1):
             b = (r - step - 2) % n
