@@ -143,3 +143,13 @@ def test_generate_rejects_bad_arguments():
         model.generate(ids, stop_strings=["x"])
     with pytest.raises(ValueError, match="2D"):
         model.generate(torch.tensor([5, 6]))
+
+
+def test_generate_uses_given_position_ids():
+    model = make_model("gpt2")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    default = model.generate(ids, max_new_tokens=6, eos_token_id=None)
+    same = model.generate(ids, max_new_tokens=6, eos_token_id=None, position_ids=torch.arange(4)[None])
+    shifted = model.generate(ids, max_new_tokens=6, eos_token_id=None, position_ids=torch.arange(20, 24)[None])
+    assert torch.equal(default, same)
+    assert not torch.equal(default, shifted), "sanity: GPT-2's learned positions change the continuation"

@@ -163,7 +163,8 @@ class GenerationMixin:
         if input_ids is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError("generate needs `input_ids` as a 2D LongTensor (batch, sequence)")
         attention_mask = model_kwargs.pop("attention_mask", None)
-        unknown = set(model_kwargs) - {"use_cache", "position_ids"}
+        user_position_ids = model_kwargs.pop("position_ids", None)
+        unknown = set(model_kwargs)
         if unknown:
             raise ValueError(f"The following `model_kwargs` are not used by the model: {sorted(unknown)}")
         device = input_ids.device
@@ -184,8 +185,11 @@ class GenerationMixin:
             logger.warning("Input length is %d, but `max_length` is set to %d", input_len, gc.max_length)
         processors = self._get_logits_processor(gc, input_len, attention_mask, logits_processor, device)
         criteria = self._get_stopping_criteria(gc, stopping_criteria, tokenizer)
-        position_ids = attention_mask.long().cumsum(-1) - 1
-        position_ids = position_ids.masked_fill(attention_mask == 0, 0)
+        if user_position_ids is not None:
+            position_ids = user_position_ids.expand_as(input_ids)
+        else:  # left padding: positions count real tokens only (transformers' _prepare_position_ids_for_generation)
+            position_ids = attention_mask.long().cumsum(-1) - 1
+            position_ids = position_ids.masked_fill(attention_mask == 0, 0)
 
         if streamer is not None and gc.num_beams > 1:
             raise ValueError("`streamer` cannot be used with beam search: set `num_beams=1` to stream.")
