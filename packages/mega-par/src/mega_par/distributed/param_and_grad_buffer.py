@@ -60,8 +60,9 @@ class ParamAndGradBuffer:
         bucket_sizes = [math.ceil(sum(p.numel() for p in g) / pad_to) * pad_to for g in groups]
         self.numel = sum(bucket_sizes)
         dtype = self.params[0].dtype if self.params else torch.float32
-        self.param_data = torch.zeros(self.numel, dtype=dtype)
-        self.grad_data = torch.zeros(self.numel, dtype=grad_dtype)
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.param_data = torch.zeros(self.numel, dtype=dtype, device=device)
+        self.grad_data = torch.zeros(self.numel, dtype=grad_dtype, device=device)
         self.param_index_map: dict = {}
         self.buckets: list[Bucket] = []
         offset = 0

@@ -44,7 +44,7 @@ class DistributedOptimizer(MegatronOptimizer):
     @staticmethod
     def _norm_mask(bucket, start, end) -> torch.Tensor:
         """1 where the element belongs to a parameter counted in the global grad norm, else 0 (and padding)."""
-        mask = torch.zeros(bucket.grad_data.numel(), dtype=torch.float32)
+        mask = torch.zeros(bucket.grad_data.numel(), dtype=torch.float32, device=bucket.grad_data.device)
         offset = 0
         for p in bucket.params:
             if param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p):
@@ -53,7 +53,7 @@ class DistributedOptimizer(MegatronOptimizer):
         return mask[start:end]
 
     def get_grad_norm(self) -> float:
-        sq = torch.zeros((), dtype=torch.float32)
+        sq = torch.zeros((), dtype=torch.float32, device=self.shards[0][0].grad_data.device if self.shards else "cpu")
         for bucket, start, end, _, mask in self.shards:
             sq += (bucket.grad_data[start:end].float().pow(2) * mask).sum()
         return get_grad_norm_fp32(sq, [ps.get_data_parallel_group(), ps.get_model_parallel_group()])

@@ -76,7 +76,7 @@ class MegatronOptimizer:
         return [(p, p.main_grad if hasattr(p, "main_grad") else p.grad) for p in self.params]
 
     def get_grad_norm(self) -> float:
-        sq = torch.zeros((), dtype=torch.float32)
+        sq = torch.zeros((), dtype=torch.float32, device=self.params[0].device if self.params else "cpu")
         for p, g in self._grads():
             if g is not None and param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p):
                 sq += g.float().pow(2).sum()

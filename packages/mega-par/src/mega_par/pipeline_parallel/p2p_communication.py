@@ -21,8 +21,10 @@ def _communicate(tensor_send_next, tensor_send_prev, recv_prev: bool, recv_next:
     """Send to next/prev and receive from prev/next in one step; returns ``(from_prev, from_next)``."""
     group = ps.get_pipeline_model_parallel_group()
     prev_rank, next_rank = ps.get_pipeline_model_parallel_prev_rank(), ps.get_pipeline_model_parallel_next_rank()
-    from_prev = torch.empty(tensor_shape, dtype=dtype, requires_grad=True) if recv_prev else None
-    from_next = torch.empty(tensor_shape, dtype=dtype, requires_grad=True) if recv_next else None
+    # NCCL moves device tensors; gloo (CPU) host tensors
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+    from_prev = torch.empty(tensor_shape, dtype=dtype, device=device, requires_grad=True) if recv_prev else None
+    from_next = torch.empty(tensor_shape, dtype=dtype, device=device, requires_grad=True) if recv_next else None
     works = []
     # post the receives first so each peer's send has a posted receive to land in
     if from_prev is not None:

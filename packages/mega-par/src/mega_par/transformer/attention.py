@@ -25,7 +25,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, seq_len: int) -> torch.Tensor:
-        freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), self.inv_freq)
+        freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=self.inv_freq.device), self.inv_freq)
         return torch.cat([freqs, freqs], dim=-1)  # [s, d]
 
 
