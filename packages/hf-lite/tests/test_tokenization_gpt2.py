@@ -95,3 +95,14 @@ def test_template_post_processor_special_tokens(templated_tokenizer_dir):
     assert pure.encode(text)[-1] == pure.convert_tokens_to_ids("<|endoftext|>")
     assert pure.encode(text, add_special_tokens=False) == rust.encode(text, add_special_tokens=False).ids
     assert pure.num_special_tokens_to_add() == 2
+
+
+def test_unsupported_tokenizer_json_pipelines_raise_clear_errors(trained_tokenizer_dir, tmp_path):
+    spec = json.loads(open(os.path.join(trained_tokenizer_dir, "tokenizer.json"), encoding="utf-8").read())
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [spec["pre_tokenizer"]]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(ValueError, match="pre_tokenizer 'Sequence' is not the GPT-2 ByteLevel one"):
+        GPT2Tokenizer.from_pretrained(tmp_path)
+    assert PreTrainedTokenizerFast.from_pretrained(tmp_path).encode("a b") != []  # Rust handles any pipeline
+    with pytest.raises(OSError, match="neither tokenizer.json nor vocab.json"):
+        GPT2Tokenizer.from_pretrained(tmp_path / "missing")
