@@ -78,13 +78,17 @@ def _resume_cases_body(rank, world, root):
     return out
 
 
-@pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    return root, run_ranks(_resume_cases, 2, str(root), timeout=240)
+def test_checkpoint_resume_crash_safety_and_zero_to_fp32(tmp_path, capsys):
+    """One harness call feeds all checks (ranks are expensive; a shared fixture would rerun per xdist worker)."""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    resumed = (root, run_ranks(_resume_cases, 2, str(root), timeout=240))
+    _check_identical_continuation(resumed)
+    _check_zero_to_fp32_loads_into_plain_model(resumed, tmp_path)
+    _check_zero_to_fp32_cli(resumed, tmp_path, capsys)
 
 
-def test_load_checkpoint_continues_identical_loss_curve(resumed):
+def _check_identical_continuation(resumed):
     _, results = resumed
     for r in results:
         for case, res in r.items():
@@ -96,7 +100,7 @@ def test_load_checkpoint_continues_identical_loss_curve(resumed):
                 torch.testing.assert_close(res["resumed_final"][name], p, rtol=0, atol=0)
 
 
-def test_zero_to_fp32_loads_into_plain_model(resumed, tmp_path):
+def _check_zero_to_fp32_loads_into_plain_model(resumed, tmp_path):
     from ds_zero.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
     from safetensors.torch import load_file
 
@@ -119,7 +123,7 @@ def test_zero_to_fp32_loads_into_plain_model(resumed, tmp_path):
          "zero_pp_rank_1_mp_rank_00_optim_states.pt"])
 
 
-def test_zero_to_fp32_cli(resumed, tmp_path, capsys):
+def _check_zero_to_fp32_cli(resumed, tmp_path, capsys):
     from ds_zero.utils.zero_to_fp32 import main
 
     root, _ = resumed
