@@ -66,9 +66,10 @@ def test_get_and_wait_time_out(store):
 
 
 def test_concurrent_adds_and_a_single_compare_set_winner(store):
-    clients = [store] * 2 if isinstance(store, TCPStore) else [FileStore(store.path, timeout=2) for _ in range(2)]
-    if isinstance(store, TCPStore):
-        clients = [TCPStore("127.0.0.1", store.port, timeout=2, secret=SECRET) for _ in range(4)]
+    if isinstance(store, TCPStore):  # generous timeouts: connecting 4 clients on a loaded machine can be slow
+        clients = [TCPStore("127.0.0.1", store.port, timeout=30, secret=SECRET) for _ in range(4)]
+    else:
+        clients = [FileStore(store.path, timeout=30) for _ in range(4)]
     wins = []
 
     def worker(c, i):
