@@ -153,3 +153,27 @@ def _nccl(rank, world_size):
 @pytest.mark.gpu(2)
 def test_nccl_adapter_on_gpus():
     assert run_ranks(_nccl, 2, backend=None, timeout=120) == [(0.5, [0.0, 1.0], 2.0)] * 2
+
+
+def test_register_backend_plugs_a_new_name_into_init_process_group():
+    from pt_dist import Backend
+    from pt_dist.backends.tcp import ProcessGroupTCP
+
+    made = []
+
+    def create(store, rank, size, timeout, group_name, secret, global_ranks):
+        made.append((rank, size, group_name))
+        return ProcessGroupTCP(store, rank, size, timeout, group_name, secret)
+
+    Backend.register_backend("ring-plugin", create)
+    try:
+        pt_dist.init_process_group("ring-plugin", init_method=f"tcp://127.0.0.1:{util.free_port()}", rank=0,
+                                   world_size=1, timeout=5)
+        t = torch.ones(2)
+        pt_dist.all_reduce(t)
+        assert made == [(0, 1, "default_pg")] and t.tolist() == [1.0, 1.0]
+        pt_dist.destroy_process_group()
+    finally:
+        Backend._plugins.pop("ring-plugin")
+    with pytest.raises(ValueError, match="unknown backend 'ring-plugin'"):
+        Backend("ring-plugin")
