@@ -70,9 +70,20 @@ def _child_dies(port: int, backend: str) -> None:
         store = TCPStore("127.0.0.1", port, timeout=30)
         pt_dist.init_process_group(backend, store=store, rank=2, world_size=3, timeout=20)
         pt_dist.all_reduce(torch.ones(8))
-        pt_dist.all_reduce(torch.ones(4 << 20), async_op=True)  # 16 MiB: exit while it is in flight
-        time.sleep(0.05)
-        code = 0
+        # die inside the next collective, after its header round: at the second reduce-scatter step (tcp:
+        # two header sends, then ring steps) or at the first data barrier (shm: header barrier first)
+        pg = pt_dist.GroupMember.WORLD
+        target, name, fatal = (pg.mesh, "sendrecv", 4) if backend == "tcp" else (pg, "_arrive_and_wait", 2)
+        real, calls = getattr(target, name), []
+
+        def dying(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == fatal:
+                os._exit(0)
+            return real(*args, **kwargs)
+
+        setattr(target, name, dying)
+        pt_dist.all_reduce(torch.ones(4 << 20))
     finally:
         os._exit(code)
 
@@ -104,16 +115,19 @@ def _survivors(rank, world_size, backend):
             second = None
         except DistError as e:
             second = str(e)
-        return first, elapsed, second
-    finally:
         pt_dist.destroy_process_group()
-        if child:
-            os.waitpid(child, 0)
+        # the child left through the planted os._exit(0), i.e. mid-collective, not through an error (1)
+        status = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) if child else 0
+        return first, elapsed, second, status
+    finally:
+        if pt_dist.is_initialized():
+            pt_dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rank_exiting_mid_collective_makes_the_others_raise(backend):
-    for first, elapsed, second in run_ranks(_survivors, 2, backend, backend=None, timeout=90):
+    for first, elapsed, second, child_status in run_ranks(_survivors, 2, backend, backend=None, timeout=90):
+        assert child_status == 0
         assert first is not None, "the collective with a dead peer must fail"
         assert "all_reduce" in first and "default_pg" in first and "missing ranks" in first, first
         assert elapsed < 10, f"took {elapsed:.1f}s, the group timeout is 20s: death must be noticed early"
