@@ -14,8 +14,6 @@ from mega_par import parallel_state as ps
 from mega_par import tensor_parallel as tpl
 from torch import nn
 
-from harness import run_ranks
-
 _spec = importlib.util.spec_from_file_location("mega_par_test_helpers", pathlib.Path(__file__).with_name("_helpers.py"))
 H = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(H)
@@ -357,8 +355,9 @@ def _all_cases(rank, world_size):
 
 
 @pytest.fixture(scope="module")
-def results():
-    return run_ranks(_all_cases, 4, backend="gloo")
+def results(mega_par_ranks):
+    """The cases ran on ranks 0-3 of the package's shared 8-rank run (conftest.py, test_gpt_3d.ROUNDS)."""
+    return [r["layers"] for r in mega_par_ranks["per_rank"][:4]]
 
 
 @pytest.mark.world_size(4)
