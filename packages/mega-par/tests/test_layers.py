@@ -1,6 +1,7 @@
 """Tensor-parallel layers at TP 2 and 4 vs the unsharded torch layers, SP layers, and RNG/checkpoint.
 
-One 4-rank run covers every case (TP=4, then TP=2 x DP=2); each test below asserts one case's result.
+``_all_cases`` runs every case on a 4-rank world (TP=4, then TP=2 x DP=2) inside the package's shared 8-rank
+run (conftest.py); each test below asserts one case's result.
 """
 
 import importlib.util
