@@ -37,6 +37,13 @@ def _mismatch(rank, world_size, backend):
         "op": lambda: pt_dist.all_reduce(torch.ones(4), op=ReduceOp.MAX if rank == 0 else ReduceOp.SUM),
         "collective": lambda: (pt_dist.broadcast(torch.ones(4), 0) if rank == 0 else pt_dist.all_reduce(torch.ones(4))),
         "root": lambda: pt_dist.broadcast(torch.ones(4), src=rank % 2),
+        # large enough for shm's sliced path, whose header rides in the first data barrier
+        "large shape": lambda: pt_dist.all_reduce(torch.ones(300_001 if rank == 1 else 300_000)),
+        "large vs small": lambda: pt_dist.all_reduce(torch.ones(8 if rank == 0 else 300_000)),
+        "large vs broadcast": lambda: (pt_dist.broadcast(torch.ones(4), 0) if rank == 2
+                                       else pt_dist.all_reduce(torch.ones(300_000))),
+        "large after broadcast": lambda: (pt_dist.broadcast(torch.ones(4), 0),
+                                          pt_dist.all_reduce(torch.ones(300_001 if rank == 1 else 300_000))),
         "splits": lambda: pt_dist.all_to_all_single(torch.empty(3), torch.ones(3),
                                                     [1, 1, 1], [2, 1, 0] if rank == 1 else [1, 1, 1]),
     }

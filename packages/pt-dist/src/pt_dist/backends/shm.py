@@ -29,7 +29,7 @@ from pt_dist.backends.base import NativeProcessGroup
 from pt_dist.backends.futex import Futex
 from pt_dist.backends.mesh import PeerMesh
 from pt_dist.errors import DistError, missing_text
-from pt_dist.process_group import combine_, finish_avg_
+from pt_dist.process_group import ReduceOp, combine_, finish_avg_
 
 LINE = 64  # one counter per cache line: no false sharing between spinning ranks
 HEADER_BYTES = 4096
@@ -37,8 +37,24 @@ SLOT_BYTES = int(os.environ.get("PT_DIST_SHM_SLOT_BYTES", 64 << 20))  # sparse: 
 # All-reduces with size x world_size up to this take the one-barrier path: every rank then reads all N
 # copies, which costs more memory traffic than the sliced path but saves two synchronisations.
 SMALL_BYTES = 2 << 20
-SPIN = 2000  # reads of a peer's counter before sleeping on it (a few microseconds)
+# How long a waiter spins on a peer's counter before sleeping on it with futex. Barrier skew between
+# ranks is typically tens to hundreds of microseconds, and a futex sleep+wake costs about as much, so
+# spinning through it is what keeps small messages fast. With more ranks than cores the spinner yields
+# its core between polls so the rank it is waiting for can run.
+SPIN_S = float(os.environ.get("PT_DIST_SHM_SPIN_US", 2000)) / 1e6
 _ABORT = 0  # control word 0: rank+1 of a rank that gave up, 0 while healthy
+
+
+def _fold_(out: torch.Tensor, parts: list[torch.Tensor], op: ReduceOp) -> None:
+    """``out = op(parts[0], parts[1], ...)`` folded left to right; the first step writes ``out`` directly,
+    saving the pass that copying ``parts[0]`` in first would cost."""
+    if out.dtype != torch.bool and op in (ReduceOp.SUM, ReduceOp.AVG):
+        torch.add(parts[0], parts[1], out=out)
+    else:
+        out.copy_(parts[0])
+        combine_(out, parts[1], op)
+    for p in parts[2:]:
+        combine_(out, p, op)
 
 
 def _pid_dead(pid: int) -> bool:
@@ -88,6 +104,10 @@ class ProcessGroupSHM(NativeProcessGroup):
         self._epoch = 0
         self.mesh = PeerMesh(store, rank, size, secret, timeout, group_name)
         self._pids = None
+        self._oversubscribed = size > len(os.sched_getaffinity(0))
+        # True after a collective whose ranks read peers' slots after its last barrier: the next one that
+        # stages data before its first barrier must wait for them first
+        self._slots_read_late = False
 
     def _create_or_attach(self, store, rank: int, size: int, total: int) -> str:
         if rank == 0:
@@ -119,9 +139,15 @@ class ProcessGroupSHM(NativeProcessGroup):
 
     def _wait_for(self, op: str, idx: int, target: int) -> None:
         ctl = self._ctl
-        for _ in range(SPIN):
-            if ctl[idx] >= target:
-                return
+        spin_end, yield_ = time.monotonic() + SPIN_S, self._oversubscribed
+        while True:
+            for _ in range(64):
+                if ctl[idx] >= target:
+                    return
+            if yield_:
+                os.sched_yield()
+            if time.monotonic() >= spin_end:
+                break
         deadline = time.monotonic() + self.timeout
         next_check = 0.0
         while True:
@@ -187,45 +213,63 @@ class ProcessGroupSHM(NativeProcessGroup):
         return self._read_headers()
 
     def _fused_all_reduce(self, tensor, op, header):
-        """Small tensors: header and data cross in one barrier, then every rank reduces the whole (tiny) vector.
+        """Every all-reduce carries its header in its first data barrier: one synchronisation fewer.
 
-        Every rank folds the N copies in the same order, so all get bitwise the same result; the staging
-        area alternates by sequence number, so the next call never overwrites data a slow rank still reads.
+        Each rank writes only its own fixed-size header and data slots, so ranks that disagree cannot
+        corrupt each other; they all see the mismatch right after that first barrier and raise together.
+        After a collective whose ranks read peers' slots past its last barrier, the header gets its own
+        round first (every rank knows this alike, so all still raise after the same barrier).
         """
-        per = SMALL_BYTES // self._size // LINE * LINE
-        if self._size == 1 or tensor.numel() * tensor.element_size() > per:
+        if self._size == 1:
             return None
+        small = tensor.numel() * tensor.element_size() <= SMALL_BYTES // self._size // LINE * LINE
 
         def body(_):
             mine = self._mine("all_reduce", header)
-            buf = tensor if tensor.is_contiguous() else tensor.contiguous()
-            flat, parity = buf.view(-1), self._seq % 2
-            slots = [self._view(self._small_off + (parity * self._size + j) * per, flat.numel(), flat.dtype)
-                     for j in range(self._size)]
             self._write_header(f"{mine}#".encode(), "all_reduce")
-            slots[self._rank].copy_(flat)
-            self._arrive_and_wait("all_reduce")
-            self._check_headers("all_reduce", mine, self._read_headers())
-            flat.copy_(slots[0])
-            for j in range(1, self._size):
-                combine_(flat, slots[j], op)
-            finish_avg_(flat, op, self._size)
+            buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+            check: str | None = mine
+            if self._slots_read_late:  # a peer may still read our slot for the last collective: own round
+                self._arrive_and_wait("all_reduce")
+                self._check_headers("all_reduce", mine, self._read_headers())
+                self._slots_read_late, check = False, None
+            if small:
+                self._small_all_reduce(buf.view(-1), op, check)
+            else:
+                self._all_reduce(buf.view(-1), op, check=check)
             if buf is not tensor:
                 tensor.copy_(buf)
             return [tensor]
         return body
+
+    def _small_all_reduce(self, flat, op, mine):
+        """Small tensors: one barrier, then every rank reduces the whole (tiny) vector.
+
+        Every rank folds the N copies in the same order, so all get bitwise the same result; the staging
+        area alternates by sequence number, so the next call never overwrites data a slow rank still reads.
+        """
+        per, parity = SMALL_BYTES // self._size // LINE * LINE, self._seq % 2
+        slots = [self._view(self._small_off + (parity * self._size + j) * per, flat.numel(), flat.dtype)
+                 for j in range(self._size)]
+        slots[self._rank].copy_(flat)
+        self._arrive_and_wait("all_reduce")
+        if mine is not None:
+            self._check_headers("all_reduce", mine, self._read_headers())
+        _fold_(flat, slots, op)
+        finish_avg_(flat, op, self._size)
 
     # collectives ---------------------------------------------------------------------------------
     def _rounds(self, numel: int, per_round: int):
         for a in range(0, numel, max(1, per_round)):
             yield a, min(numel, a + per_round)
 
-    def _all_reduce(self, t, op, dst: int | None = None):
+    def _all_reduce(self, t, op, dst: int | None = None, check: str | None = None):
         """Per round: stage, barrier, reduce my slice, barrier, copy the others' slices out.
 
         For all-reduce, a rank's own slice never goes through shared memory on the way in (only it reads
         that slice) and is reduced in place in its own tensor, which cuts the copies by about a fifth.
         ``reduce`` keeps every input intact, so it stages everything and reduces into the result buffer.
+        With ``check`` (this rank's header, already written) the first barrier doubles as the header round.
         """
         n, r, size = t.numel(), self._rank, self._size
         per = self.slot_bytes // t.element_size()
@@ -241,6 +285,8 @@ class ProcessGroupSHM(NativeProcessGroup):
             else:
                 staged.copy_(chunk)
             self._arrive_and_wait("all_reduce")
+            if check is not None and i == 0:
+                self._check_headers("all_reduce", check, self._read_headers())
             res = self._view(self._res_off + (i % 2) * self.slot_bytes, m, t.dtype)
             if hi > lo:
                 mine = chunk[lo:hi] if in_place else res[lo:hi]
@@ -262,8 +308,10 @@ class ProcessGroupSHM(NativeProcessGroup):
 
     def _reduce(self, t, dst, op):
         self._all_reduce(t, op, dst)
+        self._slots_read_late = False
 
     def _broadcast(self, t, src):
+        self._slots_read_late = True
         per = self.slot_bytes // 2 // t.element_size()
         for i, (a, b) in enumerate(self._rounds(t.numel(), per)):
             buf = self._slot(src, b - a, t.dtype, half=i % 2)
@@ -274,6 +322,7 @@ class ProcessGroupSHM(NativeProcessGroup):
                 t[a:b].copy_(buf)
 
     def _all_gather(self, out, inp):
+        self._slots_read_late = True
         m, size = inp.numel(), self._size
         per = self.slot_bytes // 2 // max(1, inp.element_size())
         for i, (a, b) in enumerate(self._rounds(m, per)):
@@ -283,6 +332,7 @@ class ProcessGroupSHM(NativeProcessGroup):
                 out[j * m + a:j * m + b].copy_(self._slot(j, b - a, inp.dtype, half=i % 2))
 
     def _reduce_scatter(self, out, inp, op):
+        self._slots_read_late = True
         m, size, r = out.numel(), self._size, self._rank
         per = self.slot_bytes // 2 // (size * out.element_size())
         for i, (a, b) in enumerate(self._rounds(m, per)):
@@ -297,6 +347,7 @@ class ProcessGroupSHM(NativeProcessGroup):
             finish_avg_(acc, op, size)
 
     def _all_to_all(self, out, inp, out_splits, in_splits, longest):
+        self._slots_read_late = True
         size, r, item = self._size, self._rank, inp.element_size()
         w = self.slot_bytes // 2 // (size * item)
         in_off = [sum(in_splits[:j]) for j in range(size)]
