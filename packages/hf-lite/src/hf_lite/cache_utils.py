@@ -64,3 +64,14 @@ class DynamicCache:
         for layer_idx, (k, v) in enumerate(past_key_values or ()):
             cache.update(k, v, layer_idx)
         return cache
+
+
+def prepare_past_key_values(past_key_values, cache, use_cache: bool):
+    """A model's cache argument, normalised: ``cache`` is an alias, legacy tuples become a DynamicCache,
+    and a fresh one is made when ``use_cache`` asks for caching without one."""
+    past_key_values = cache if past_key_values is None else past_key_values
+    if isinstance(past_key_values, (tuple, list)):
+        past_key_values = DynamicCache.from_legacy_cache(past_key_values)
+    if use_cache and past_key_values is None:
+        past_key_values = DynamicCache()
+    return past_key_values

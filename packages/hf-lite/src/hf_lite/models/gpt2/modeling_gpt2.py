@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...activations import get_activation
-from ...cache_utils import DynamicCache
+from ...cache_utils import DynamicCache, prepare_past_key_values
 from ...generation.utils import GenerationMixin
 from ...loss_utils import causal_lm_loss
 from ...masking_utils import create_causal_mask
@@ -148,12 +148,8 @@ class GPT2Model(GPT2PreTrainedModel):
     ) -> BaseModelOutputWithPast:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-        past_key_values = cache if past_key_values is None else past_key_values
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if isinstance(past_key_values, (tuple, list)):
-            past_key_values = DynamicCache.from_legacy_cache(past_key_values)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache()
+        past_key_values = prepare_past_key_values(past_key_values, cache, use_cache)
         if inputs_embeds is None:
             inputs_embeds = self.wte(input_ids)
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
