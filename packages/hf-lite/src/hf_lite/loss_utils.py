@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .modeling_outputs import CausalLMOutputWithPast
+
 
 def causal_lm_loss(
     logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100, num_items_in_batch=None, **kwargs
@@ -22,3 +24,14 @@ def causal_lm_loss(
     if num_items_in_batch is not None:
         loss = loss / num_items_in_batch
     return loss
+
+
+def causal_lm_output(lm_head, base_output, labels=None, logits_to_keep: int = 0, **loss_kwargs):
+    """The shared tail of every ``*ForCausalLM.forward``: project the last ``logits_to_keep`` positions (all when 0)
+    through the LM head, add the shifted loss when labels are given."""
+    hidden = base_output.last_hidden_state
+    if logits_to_keep:
+        hidden = hidden[:, -logits_to_keep:]
+    logits = lm_head(hidden)
+    loss = causal_lm_loss(logits, labels, **loss_kwargs) if labels is not None else None
+    return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=base_output.past_key_values)

@@ -12,7 +12,7 @@ from torch import nn
 from ...activations import get_activation
 from ...cache_utils import DynamicCache, prepare_past_key_values
 from ...generation.utils import GenerationMixin
-from ...loss_utils import causal_lm_loss
+from ...loss_utils import causal_lm_output
 from ...masking_utils import create_causal_mask
 from ...modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from ...modeling_utils import PreTrainedModel
@@ -240,9 +240,4 @@ class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
         )
-        hidden = out.last_hidden_state
-        if logits_to_keep:
-            hidden = hidden[:, -logits_to_keep:]
-        logits = self.lm_head(hidden)
-        loss = causal_lm_loss(logits, labels, **kwargs) if labels is not None else None
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
+        return causal_lm_output(self.lm_head, out, labels, logits_to_keep, **kwargs)
