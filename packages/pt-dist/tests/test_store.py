@@ -49,11 +49,13 @@ def test_store_semantics_match_torch_tcpstore(store):
 
 
 def test_blocking_get_released_by_a_later_set(store):
-    threading.Timer(0.3, lambda: store.set("late", "here")).start()
+    setter = threading.Timer(0.3, lambda: store.set("late", "here"))
+    setter.start()
     t0 = time.monotonic()
     assert store.get("late") == b"here"
     assert 0.2 < time.monotonic() - t0 < 2.0
     store.wait(["late"])
+    setter.join()  # the set's reply may still be in flight when get returns: don't close the store under it
 
 
 def test_get_and_wait_time_out(store):
