@@ -1,10 +1,12 @@
 """All-reduce latency and algorithm bandwidth: pt_dist's tcp and shm backends vs torch's gloo, same run.
 
-Each world size spawns its ranks once; every rank builds all three groups (torch gloo through
-torch.distributed, our tcp and shm through pt_dist), and for each message size the three backends are
-timed back to back (interleaved, so machine load hits them alike). A rep is one blocking all_reduce of
-float32 on rank 0 after a gloo barrier; we report medians. algbw = bytes / time (nccl-tests' convention;
-busbw would multiply by 2(N-1)/N).
+Each world size spawns its ranks once; every rank builds all the groups (torch gloo through
+torch.distributed, our tcp and shm through pt_dist; shm twice: with its single-copy cross-memory path,
+and forced onto the two-copy staged path), and for each message size the backends are timed in turn,
+interleaved rep by rep, so machine load hits them alike. A rep is a gloo barrier, then ``iters``
+back-to-back blocking all_reduces of float32 timed on rank 0 (nccl-tests' and OSU's convention: time per
+call = elapsed / iters, so the barrier's exit skew is not counted); we report the median rep.
+algbw = bytes / time (busbw would multiply by 2(N-1)/N).
 
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py            # world 2 and 4, 1 KiB..64 MiB
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py --worlds 2 --max-mib 4
@@ -22,8 +24,13 @@ import time
 SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
-def _reps(nbytes: int) -> int:
-    return 40 if nbytes <= 64 << 10 else 15 if nbytes <= 1 << 20 else 7 if nbytes <= 4 << 20 else 4
+BACKENDS = ["gloo", "tcp", "shm", "shm-staged"]
+
+
+def _reps(nbytes: int) -> tuple[int, int]:
+    """(reps, iters per rep)"""
+    return (15, 20) if nbytes <= 64 << 10 else (11, 8) if nbytes <= 1 << 20 else (7, 4) if nbytes <= 16 << 20 \
+        else (5, 2)
 
 
 def _rank(rank: int, world: int, port: int, sizes: list[int], out) -> None:
@@ -39,22 +46,27 @@ def _rank(rank: int, world: int, port: int, sizes: list[int], out) -> None:
     tstore = dist.TCPStore("127.0.0.1", port + 1, world, is_master=rank == 0, timeout=timeout)
     dist.init_process_group("gloo", store=tstore, rank=rank, world_size=world, timeout=timeout)
     groups = {"tcp": ProcessGroupTCP(PrefixStore("tcp", store), rank, world, 300.0, "tcp", b"bench"),
-              "shm": ProcessGroupSHM(PrefixStore("shm", store), rank, world, 300.0, "shm", b"bench")}
-    run = {"gloo": lambda t: dist.all_reduce(t),
-           "tcp": lambda t: groups["tcp"].all_reduce(t),
-           "shm": lambda t: groups["shm"].all_reduce(t)}
+              "shm": ProcessGroupSHM(PrefixStore("shm", store), rank, world, 300.0, "shm", b"bench"),
+              "shm-staged": ProcessGroupSHM(PrefixStore("staged", store), rank, world, 300.0, "staged", b"bench",
+                                            single_copy=False)}
+    if rank == 0 and not groups["shm"]._use_cma:
+        print("note: cross-memory attach is not permitted here; the shm column is the staged path too")
+    run = {"gloo": lambda t: dist.all_reduce(t)}
+    run.update({name: g.all_reduce for name, g in groups.items()})
     rows = []
     for nbytes in sizes:
         t = torch.zeros(nbytes // 4)  # repeated sums of zeros never overflow
         times = {name: [] for name in run}
         for fn in run.values():  # warm up (first-touch pages, socket buffers)
             fn(t)
-        for _ in range(_reps(nbytes)):
+        reps, iters = _reps(nbytes)
+        for _ in range(reps):
             for name, fn in run.items():
                 dist.barrier()
                 t0 = time.perf_counter()
-                fn(t)
-                times[name].append(time.perf_counter() - t0)
+                for _ in range(iters):
+                    fn(t)
+                times[name].append((time.perf_counter() - t0) / iters)
         rows.append((nbytes, {k: statistics.median(v) for k, v in times.items()}))
     check = torch.full((1000,), float(rank))
     for g in groups.values():
@@ -80,9 +92,11 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [s for s in SIZES if s <= args.max_mib * (1 << 20)]
     ctx = mp.get_context("spawn")
-    print("| world | size | gloo lat (us) | tcp lat (us) | shm lat (us) | gloo algbw (GB/s) | tcp algbw | shm algbw "
-          "| tcp / gloo | shm / gloo |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    ours = BACKENDS[1:]
+    head = ["world", "size"] + [f"{b} us" for b in BACKENDS] + [f"{b} GB/s" for b in BACKENDS] + \
+        [f"{b} / gloo" for b in ours]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
     for world in args.worlds:
         port = 20000 + os.getpid() % 10000
         q = ctx.Queue()
@@ -93,10 +107,9 @@ def main() -> None:
         for p in procs:
             p.join(60)
         for nbytes, med in rows:
-            bw = {k: nbytes / v / 1e9 for k, v in med.items()}
-            print(f"| {world} | {_fmt_size(nbytes)} | {med['gloo'] * 1e6:.0f} | {med['tcp'] * 1e6:.0f} | "
-                  f"{med['shm'] * 1e6:.0f} | {bw['gloo']:.2f} | {bw['tcp']:.2f} | {bw['shm']:.2f} | "
-                  f"{med['gloo'] / med['tcp']:.2f}x | {med['gloo'] / med['shm']:.2f}x |", flush=True)
+            cells = [str(world), _fmt_size(nbytes)] + [f"{med[b] * 1e6:.0f}" for b in BACKENDS] + \
+                [f"{nbytes / med[b] / 1e9:.2f}" for b in BACKENDS] + [f"{med['gloo'] / med[b]:.2f}x" for b in ours]
+            print("| " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -77,9 +77,10 @@ def _matrix(rank, world_size, backend, dtypes):
     from pt_dist.backends import shm, tcp
 
     # tiny chunks/slots so 1031-element cases cross many pipeline chunks and shm rounds, while sizes up to
-    # 30 take shm's one-barrier small all-reduce
-    saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES
-    tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES = 512, 4096, 1024
+    # 30 take shm's one-barrier small all-reduce; 1031 elements of 4 or 8 bytes take shm's single-copy
+    # (cross-memory) all-reduce in 512-byte chunks, of 1 or 2 bytes its staged two-copy one
+    saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, shm.CMA_BYTES, shm.CMA_CHUNK_BYTES
+    tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, shm.CMA_BYTES, shm.CMA_CHUNK_BYTES = 512, 4096, 1024, 4096, 512
     try:
         util.join(rank, world_size, backend)
         fails, checks = [], 0
@@ -148,7 +149,7 @@ def _matrix(rank, world_size, backend, dtypes):
         util.leave()
         return fails, checks
     finally:
-        tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES = saved
+        tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, shm.CMA_BYTES, shm.CMA_CHUNK_BYTES = saved
         if pt_dist.is_initialized():
             pt_dist.destroy_process_group()
 

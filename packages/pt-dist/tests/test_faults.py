@@ -70,7 +70,7 @@ def test_mismatched_calls_raise_on_every_rank_and_the_group_goes_on(backend):
         assert ok == [3.0] * 6
 
 
-def _child_dies(port: int, backend: str) -> None:
+def _child_dies(port: int, backend: str, when: str) -> None:
     code = 1
     try:
         torch.set_num_threads(1)
@@ -78,16 +78,21 @@ def _child_dies(port: int, backend: str) -> None:
         pt_dist.init_process_group(backend, store=store, rank=2, world_size=3, timeout=20)
         pt_dist.all_reduce(torch.ones(8))
         # die inside the next collective, after its header round: at the second reduce-scatter step (tcp:
-        # two header sends, then ring steps) or at the first data barrier (shm: header barrier first)
+        # two header sends, then ring steps), at shm's last barrier (16 MiB takes the single-copy path:
+        # header + address barrier, cross-memory copies, closing barrier), or right after shm's first
+        # barrier, so the survivors' cross-memory copies meet a dying process
         pg = pt_dist.GroupMember.WORLD
         target, name, fatal = (pg.mesh, "sendrecv", 4) if backend == "tcp" else (pg, "_arrive_and_wait", 2)
         real, calls = getattr(target, name), []
 
         def dying(*args, **kwargs):
             calls.append(1)
-            if len(calls) == fatal:
+            if len(calls) == fatal and when == "before":
                 os._exit(0)
-            return real(*args, **kwargs)
+            out = real(*args, **kwargs)
+            if len(calls) == 1 and when == "after first barrier":
+                os._exit(0)
+            return out
 
         setattr(target, name, dying)
         pt_dist.all_reduce(torch.ones(4 << 20))
@@ -95,14 +100,14 @@ def _child_dies(port: int, backend: str) -> None:
         os._exit(code)
 
 
-def _survivors(rank, world_size, backend):
+def _survivors(rank, world_size, backend, when):
     child = None
     if rank == 0:
         store = TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False, timeout=30)
         harness.store().set("fault_port", str(store.port))
         child = os.fork()
         if child == 0:
-            _child_dies(store.port, backend)
+            _child_dies(store.port, backend, when)
     else:
         store = TCPStore("127.0.0.1", int(harness.store().get("fault_port")), timeout=30)
     try:
@@ -131,9 +136,9 @@ def _survivors(rank, world_size, backend):
             pt_dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_rank_exiting_mid_collective_makes_the_others_raise(backend):
-    for first, elapsed, second, child_status in run_ranks(_survivors, 2, backend, backend=None, timeout=90):
+@pytest.mark.parametrize("backend,when", [("tcp", "before"), ("shm", "before"), ("shm", "after first barrier")])
+def test_rank_exiting_mid_collective_makes_the_others_raise(backend, when):
+    for first, elapsed, second, child_status in run_ranks(_survivors, 2, backend, when, backend=None, timeout=90):
         assert child_status == 0
         assert first is not None, "the collective with a dead peer must fail"
         assert "all_reduce" in first and "default_pg" in first and "missing ranks" in first, first

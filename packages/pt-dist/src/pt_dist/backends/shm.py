@@ -16,6 +16,7 @@ Point-to-point ``send``/``recv`` go over the authenticated socket mesh.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import secrets
@@ -25,6 +26,7 @@ import time
 
 import torch
 
+from pt_dist.backends import cma
 from pt_dist.backends.base import NativeProcessGroup
 from pt_dist.backends.futex import Futex
 from pt_dist.backends.mesh import PeerMesh
@@ -42,6 +44,10 @@ SMALL_BYTES = 2 << 20
 # spinning through it is what keeps small messages fast. With more ranks than cores the spinner yields
 # its core between polls so the rank it is waiting for can run.
 SPIN_S = float(os.environ.get("PT_DIST_SHM_SPIN_US", 2000)) / 1e6
+# All-reduces from this size go single-copy through cross-memory attach (``cma.py``) where the kernel
+# allows it, reduced and pushed back in chunks small enough to stay in L2 between the read and the write.
+CMA_BYTES = int(os.environ.get("PT_DIST_SHM_CMA_BYTES", 256 << 10))
+CMA_CHUNK_BYTES = 256 << 10
 _ABORT = 0  # control word 0: rank+1 of a rank that gave up, 0 while healthy
 
 
@@ -75,7 +81,7 @@ def _pid_dead(pid: int) -> bool:
 
 class ProcessGroupSHM(NativeProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: float, group_name: str = "", secret: bytes = b"",
-                 slot_bytes: int | None = None):
+                 slot_bytes: int | None = None, single_copy: bool = True):
         super().__init__(rank, size, timeout, group_name)
         slot_bytes = slot_bytes or SLOT_BYTES
         self.slot_bytes = max(2 * LINE, slot_bytes - slot_bytes % (2 * LINE))
@@ -102,6 +108,10 @@ class ProcessGroupSHM(NativeProcessGroup):
                 time.sleep(0.001)
             os.unlink(path)
         self._epoch = 0
+        self._cma = cma.CrossMemory()
+        # every rank must pass the same single_copy: the probe is itself a rendezvous
+        self._use_cma = single_copy and cma.probe(self._cma, store, rank, size, "shm/cma")
+        self._scratch = torch.empty(0, dtype=torch.uint8)
         self.mesh = PeerMesh(store, rank, size, secret, timeout, group_name)
         self._pids = None
         self._oversubscribed = size > len(os.sched_getaffinity(0))
@@ -222,7 +232,9 @@ class ProcessGroupSHM(NativeProcessGroup):
         """
         if self._size == 1:
             return None
-        small = tensor.numel() * tensor.element_size() <= SMALL_BYTES // self._size // LINE * LINE
+        nbytes = tensor.numel() * tensor.element_size()
+        single_copy = self._use_cma and nbytes >= CMA_BYTES
+        small = not single_copy and nbytes <= SMALL_BYTES // self._size // LINE * LINE
 
         def body(_):
             mine = self._mine("all_reduce", header)
@@ -235,6 +247,8 @@ class ProcessGroupSHM(NativeProcessGroup):
                 self._slots_read_late, check = False, None
             if small:
                 self._small_all_reduce(buf.view(-1), op, check)
+            elif single_copy:
+                self._cma_all_reduce(buf.view(-1), op, check)
             else:
                 self._all_reduce(buf.view(-1), op, check=check)
             if buf is not tensor:
@@ -257,6 +271,45 @@ class ProcessGroupSHM(NativeProcessGroup):
             self._check_headers("all_reduce", mine, self._read_headers())
         _fold_(flat, slots, op)
         finish_avg_(flat, op, self._size)
+
+    def _cma_all_reduce(self, flat, op, mine):
+        """Single copy: publish my tensor's address, barrier, then for my 1/N slice, chunk by chunk, read
+        each peer's part into L2-sized scratch and fold it into mine, and write the result straight into
+        every peer's tensor; a last barrier says all slices have landed. Rank r only ever reads and writes
+        slice r of a peer's tensor, and the peer itself never touches that slice, so nothing races; every
+        slice is reduced once, so all ranks get bitwise the same result."""
+        n, r, size, item = flat.numel(), self._rank, self._size, flat.element_size()
+        ctl = self._ctl
+        ctl[(1 + r) * 8 + 1] = flat.data_ptr()
+        self._arrive_and_wait("all_reduce")
+        if mine is not None:
+            self._check_headers("all_reduce", mine, self._read_headers())
+        peers = [(j, ctl[(1 + self._size + j) * 8], ctl[(1 + j) * 8 + 1]) for j in range(size) if j != r]
+        lo, hi = (n * r) // size, (n * (r + 1)) // size
+        step = max(1, CMA_CHUNK_BYTES // item)
+        if self._scratch.numel() < step * item:
+            self._scratch = torch.empty(step * item, dtype=torch.uint8)
+        j = r
+        try:
+            for a in range(lo, hi, step):
+                part = flat[a:min(hi, a + step)]
+                tmp = self._scratch[:part.numel() * item].view(flat.dtype)
+                for j, pid, addr in peers:  # noqa: B007 (j names the peer if a copy fails)
+                    self._cma.read(pid, addr + a * item, tmp)
+                    combine_(part, tmp, op)
+                finish_avg_(part, op, size)
+                for j, pid, addr in peers:  # noqa: B007 (j names the peer if a copy fails)
+                    if ctl[_ABORT]:  # a peer gave up: its tensor may be gone, write nothing more into it
+                        self._check_peers("all_reduce", self._epoch + 1, False)
+                    self._cma.write(pid, part, addr + a * item)
+        except OSError as e:
+            if e.errno == errno.ESRCH:  # its memory is already torn down, though /proc may not say so yet
+                raise DistError(f"all_reduce on shm group {self.group_name!r}: rank {j} exited during a "
+                                f"cross-memory copy; {missing_text([j])}") from e
+            self._check_peers("all_reduce", self._epoch + 1, False)
+            raise DistError(f"all_reduce on shm group {self.group_name!r}: cross-memory copy with rank {j} "
+                            f"failed: {e}; {missing_text([j])}") from e
+        self._arrive_and_wait("all_reduce")
 
     # collectives ---------------------------------------------------------------------------------
     def _rounds(self, numel: int, per_round: int):

@@ -1,0 +1,72 @@
+"""The shm backend's three all-reduce paths (one-barrier small, staged two-copy, single-copy cross-memory).
+
+The path is chosen per call from the size and from the group's agreed cross-memory verdict: a rank that
+cannot (here: will not) use process_vm_readv turns it off for the whole group, or ranks would run
+different barrier sequences. Each slice is reduced by exactly one rank, so results are bitwise equal.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pt_dist
+import torch
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ptdist_testutil as util  # noqa: E402
+
+
+def _self_read_works() -> bool:
+    from pt_dist.backends.cma import CrossMemory
+
+    cma, src, dst = CrossMemory(), torch.arange(4.0), torch.zeros(4)
+    try:
+        cma.read(os.getpid(), src.data_ptr(), dst)
+    except OSError:
+        return False
+    return cma.available and torch.equal(src, dst)
+
+
+def _paths(rank, world_size):
+    from pt_dist.backends import shm
+
+    util.join(rank, world_size, "shm", key="paths")
+    everyone = pt_dist.GroupMember.WORLD
+    if rank == 1:
+        os.environ["PT_DIST_NO_CMA"] = "1"
+    try:
+        refused = pt_dist.new_group(list(range(world_size)), backend="shm")
+    finally:
+        os.environ.pop("PT_DIST_NO_CMA", None)
+    out = {"verdicts": (everyone._use_cma, refused._use_cma), "self_read": _self_read_works()}
+    n = (1 << 20) + 3  # odd, so slices differ in length; 4 MiB > CMA_BYTES, > SMALL_BYTES / world
+    assert n * 4 >= shm.CMA_BYTES
+    for name, group in (("single", everyone), ("staged", refused)):
+        g = torch.Generator().manual_seed(rank)
+        t = torch.randn(n, generator=g)
+        want = sum(torch.randn(n, generator=torch.Generator().manual_seed(r)).double() for r in range(world_size))
+        pt_dist.all_reduce(t, group=group)
+        out[name] = (float((t.double() - want).abs().max()), t)
+        mx = torch.randint(-1000, 1000, (n,), generator=g)
+        pt_dist.all_reduce(mx, op=pt_dist.ReduceOp.MAX, group=group)
+        out[name + " max"] = mx
+    pt_dist.destroy_process_group(refused)
+    util.leave()
+    return out
+
+
+def test_single_copy_verdict_is_agreed_and_results_are_bitwise_equal():
+    results = run_ranks(_paths, 3, timeout=120, backend=None)
+    for r in results:
+        # the default group uses cross-memory exactly when the kernel lets a process read itself here
+        assert r["verdicts"] == (r["self_read"], False)
+        for name in ("single", "staged"):
+            assert r[name][0] < 1e-4, f"{name}: max error {r[name][0]}"
+    for name in ("single", "staged", "single max", "staged max"):
+        ts = [r[name][1] if isinstance(r[name], tuple) else r[name] for r in results]
+        assert all(torch.equal(ts[0], t) for t in ts[1:]), f"{name}: ranks disagree bitwise"
+    assert torch.equal(results[0]["single max"], results[0]["staged max"])
