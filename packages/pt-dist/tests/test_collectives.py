@@ -74,13 +74,14 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _matrix(rank, world_size, backend, dtypes):
-    from pt_dist.backends import shm, tcp
+    from pt_dist.backends import cma, shm, tcp
 
     # tiny chunks/slots so 1031-element cases cross many pipeline chunks and shm rounds, while sizes up to
     # 30 take shm's one-barrier small all-reduce; 1031 elements of 4 or 8 bytes take shm's single-copy
-    # (cross-memory) all-reduce in 512-byte chunks, of 1 or 2 bytes its staged two-copy one
-    saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, shm.CMA_BYTES, shm.CMA_CHUNK_BYTES
-    tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, shm.CMA_BYTES, shm.CMA_CHUNK_BYTES = 512, 4096, 1024, 4096, 512
+    # (cross-memory) collectives with 512-byte reduction chunks, of 1 or 2 bytes its staged two-copy ones
+    # (all-gather and reduce-scatter switch on the whole buffer, world_size x 1031 elements)
+    saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, cma.CHUNK_BYTES
+    tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, cma.CHUNK_BYTES = 512, 4096, 1024, 4096, 512
     try:
         util.join(rank, world_size, backend)
         fails, checks = [], 0
@@ -149,7 +150,7 @@ def _matrix(rank, world_size, backend, dtypes):
         util.leave()
         return fails, checks
     finally:
-        tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, shm.CMA_BYTES, shm.CMA_CHUNK_BYTES = saved
+        tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, cma.CHUNK_BYTES = saved
         if pt_dist.is_initialized():
             pt_dist.destroy_process_group()
 

@@ -32,7 +32,7 @@ def _self_read_works() -> bool:
 
 
 def _paths(rank, world_size):
-    from pt_dist.backends import shm
+    from pt_dist.backends import cma
 
     util.join(rank, world_size, "shm", key="paths")
     everyone = pt_dist.GroupMember.WORLD
@@ -44,7 +44,7 @@ def _paths(rank, world_size):
         os.environ.pop("PT_DIST_NO_CMA", None)
     out = {"verdicts": (everyone._use_cma, refused._use_cma), "self_read": _self_read_works()}
     n = (1 << 20) + 3  # odd, so slices differ in length; 4 MiB > CMA_BYTES, > SMALL_BYTES / world
-    assert n * 4 >= shm.CMA_BYTES
+    assert n * 4 >= cma.MIN_BYTES
     for name, group in (("single", everyone), ("staged", refused)):
         g = torch.Generator().manual_seed(rank)
         t = torch.randn(n, generator=g)
@@ -54,6 +54,19 @@ def _paths(rank, world_size):
         mx = torch.randint(-1000, 1000, (n,), generator=g)
         pt_dist.all_reduce(mx, op=pt_dist.ReduceOp.MAX, group=group)
         out[name + " max"] = mx
+        # the other single-copy collectives, on 1 MiB+ buffers: all-gather, reduce-scatter, broadcast
+        m = (1 << 18) + 1
+        mine = torch.arange(m, dtype=torch.float64) * (rank + 1)
+        gathered = torch.empty(world_size * m, dtype=torch.float64)
+        pt_dist.all_gather_into_tensor(gathered, mine, group=group)
+        everyone = torch.cat([torch.arange(m, dtype=torch.float64) * (r + 1) for r in range(world_size)])
+        scattered = torch.empty(m, dtype=torch.float64)
+        pt_dist.reduce_scatter_tensor(scattered, everyone * (rank + 1), group=group)
+        wide = everyone.view(world_size, m)[rank] * sum(r + 1 for r in range(world_size))
+        b = torch.full((m,), float(rank))
+        pt_dist.broadcast(b, src=world_size - 1, group=group)
+        out[name + " others"] = (torch.equal(gathered, everyone), torch.equal(scattered, wide),
+                                 torch.equal(b, torch.full((m,), float(world_size - 1))))
     pt_dist.destroy_process_group(refused)
     util.leave()
     return out
@@ -66,6 +79,7 @@ def test_single_copy_verdict_is_agreed_and_results_are_bitwise_equal():
         assert r["verdicts"] == (r["self_read"], False)
         for name in ("single", "staged"):
             assert r[name][0] < 1e-4, f"{name}: max error {r[name][0]}"
+            assert r[name + " others"] == (True, True, True), name
     for name in ("single", "staged", "single max", "staged max"):
         ts = [r[name][1] if isinstance(r[name], tuple) else r[name] for r in results]
         assert all(torch.equal(ts[0], t) for t in ts[1:]), f"{name}: ranks disagree bitwise"

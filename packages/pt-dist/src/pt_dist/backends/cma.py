@@ -16,6 +16,17 @@ import sys
 
 import torch
 
+from pt_dist.errors import DistError, missing_text
+from pt_dist.process_group import combine_, finish_avg_
+
+# Collectives from this many bytes take the single-copy path where the group agreed it works; below it,
+# staging through the segment is cheaper than the extra barrier and the system calls.
+MIN_BYTES = int(os.environ.get("PT_DIST_SHM_CMA_BYTES", 256 << 10))
+# Reductions go chunk by chunk, small enough that a chunk read from a peer is still in L2 when it is
+# folded in and pushed back out.
+CHUNK_BYTES = 256 << 10
+ABORT = 0  # the shm control word holding rank+1 of a rank that gave up
+
 
 class _IOVec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
@@ -58,6 +69,103 @@ class CrossMemory:
                 raise OSError(err, f"{'process_vm_readv' if fn is self._readv else 'process_vm_writev'} "
                                    f"pid {pid} at {addr + done:#x}: {os.strerror(err)}")
             done += got
+
+
+class SingleCopyCollectives:
+    """The single-copy algorithms of ``ProcessGroupSHM`` (which supplies the control words, barriers and peer checks).
+
+    Each starts by publishing its tensor's address next to its barrier counter; after that barrier every
+    rank knows where its peers' tensors live (and that they are not being modified), copies with
+    ``process_vm_readv/writev``, and a closing barrier says no one touches a peer's tensor any more.
+    """
+
+    def _meet(self, op: str, t: torch.Tensor, mine: str | None = None) -> list[tuple[int, int, int]]:
+        """Publish ``t``'s address, barrier (doubling as the header check with ``mine``); peers' (rank, pid, addr)."""
+        ctl, size = self._ctl, self._size
+        ctl[(1 + self._rank) * 8 + 1] = t.data_ptr()
+        self._arrive_and_wait(op)
+        if mine is not None:
+            self._check_headers(op, mine, self._read_headers())
+        return [(j, ctl[(1 + size + j) * 8], ctl[(1 + j) * 8 + 1]) for j in range(size) if j != self._rank]
+
+    def _pull(self, op: str, peer, offset: int, local: torch.Tensor) -> None:
+        j, pid, base = peer
+        try:
+            self._cma.read(pid, base + offset, local)
+        except OSError as e:
+            raise self._copy_failed(op, j, e) from e
+
+    def _push(self, op: str, local: torch.Tensor, peer, offset: int) -> None:
+        j, pid, base = peer
+        if self._ctl[ABORT]:  # a peer gave up: its tensor may be gone, so write nothing more into it
+            self._check_peers(op, self._epoch + 1, False)
+        try:
+            self._cma.write(pid, local, base + offset)
+        except OSError as e:
+            raise self._copy_failed(op, j, e) from e
+
+    def _copy_failed(self, op: str, j: int, e: OSError) -> DistError:
+        if e.errno == errno.ESRCH:  # its memory is torn down already, though /proc may not show it dead yet
+            return DistError(f"{op} on shm group {self.group_name!r}: rank {j} exited during a cross-memory "
+                             f"copy; {missing_text([j])}")
+        self._check_peers(op, self._epoch + 1, False)
+        return DistError(f"{op} on shm group {self.group_name!r}: cross-memory copy with rank {j} failed: {e}; "
+                         f"{missing_text([j])}")
+
+    def _chunk_scratch(self, dtype: torch.dtype) -> tuple[int, torch.Tensor]:
+        step = max(1, CHUNK_BYTES // dtype.itemsize)
+        if self._scratch.numel() < step * dtype.itemsize:
+            self._scratch = torch.empty(step * dtype.itemsize, dtype=torch.uint8)
+        return step, self._scratch
+
+    def _cma_all_reduce(self, flat: torch.Tensor, op, mine: str | None) -> None:
+        """For my 1/N slice, chunk by chunk: read each peer's part into L2-sized scratch and fold it into
+        mine, then write the result straight into every peer's tensor. Rank r only reads and writes slice r
+        of a peer's tensor, which the peer itself never touches, so nothing races; every slice is reduced
+        once, so all ranks get bitwise the same result."""
+        n, r, size, item = flat.numel(), self._rank, self._size, flat.element_size()
+        peers = self._meet("all_reduce", flat, mine)
+        step, scratch = self._chunk_scratch(flat.dtype)
+        for a in range((n * r) // size, (hi := (n * (r + 1)) // size), step):
+            part = flat[a:min(hi, a + step)]
+            tmp = scratch[:part.numel() * item].view(flat.dtype)
+            for peer in peers:
+                self._pull("all_reduce", peer, a * item, tmp)
+                combine_(part, tmp, op)
+            finish_avg_(part, op, size)
+            for peer in peers:
+                self._push("all_reduce", part, peer, a * item)
+        self._arrive_and_wait("all_reduce")
+
+    def _cma_reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op) -> None:
+        """Fold block r of every peer's input into my output, chunk by chunk, reading it where it lies."""
+        m, r, item = out.numel(), self._rank, out.element_size()
+        peers = self._meet("reduce_scatter_tensor", inp)
+        step, scratch = self._chunk_scratch(out.dtype)
+        for a in range(0, m, step):
+            part, b = out[a:a + step], min(m, a + step)
+            part.copy_(inp[r * m + a:r * m + b])
+            tmp = scratch[:part.numel() * item].view(out.dtype)
+            for peer in peers:
+                self._pull("reduce_scatter_tensor", peer, (r * m + a) * item, tmp)
+                combine_(part, tmp, op)
+            finish_avg_(part, op, self._size)
+        self._arrive_and_wait("reduce_scatter_tensor")
+
+    def _cma_all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        """Read every peer's input straight into its block of my output: one copy per byte."""
+        m = inp.numel()
+        peers = self._meet("all_gather", inp)
+        out[self._rank * m:(self._rank + 1) * m].copy_(inp)
+        for peer in peers:
+            self._pull("all_gather", peer, 0, out[peer[0] * m:(peer[0] + 1) * m])
+        self._arrive_and_wait("all_gather")
+
+    def _cma_broadcast(self, t: torch.Tensor, src: int) -> None:
+        peers = self._meet("broadcast", t)
+        if self._rank != src:
+            self._pull("broadcast", next(p for p in peers if p[0] == src), 0, t)
+        self._arrive_and_wait("broadcast")
 
 
 def probe(cma: CrossMemory, store, rank: int, size: int, prefix: str) -> bool:

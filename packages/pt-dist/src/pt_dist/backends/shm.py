@@ -4,7 +4,10 @@ The shape of a shared-memory all-reduce (as in DeepSpeed's ``shm`` comm backend 
 rank copies its chunk into its own staging slot, raises its flag, and once all flags are up each
 rank reduces only its 1/N slice of the chunk, reading the N slots and writing a shared result
 buffer; after a second flag round every rank copies the whole result out. Each rank touches
-N x 1/N of the data in the reduction, so the work is spread like a ring but with no hops.
+N x 1/N of the data in the reduction, so the work is spread like a ring but with no hops. Small
+all-reduces skip the slicing (one barrier, every rank folds all N copies), and from ``cma.MIN_BYTES`` up
+all-reduce, all-gather, reduce-scatter and broadcast skip the staging too where the kernel allows
+cross-memory attach: ranks copy straight between each other's tensors, one copy per byte (``cma.py``).
 
 Synchronisation is by monotonically increasing per-rank counters on separate cache lines: waiting
 means spinning on the others' counters, never an OS barrier, which is what makes small messages fast;
@@ -16,7 +19,6 @@ Point-to-point ``send``/``recv`` go over the authenticated socket mesh.
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import secrets
@@ -44,11 +46,7 @@ SMALL_BYTES = 2 << 20
 # spinning through it is what keeps small messages fast. With more ranks than cores the spinner yields
 # its core between polls so the rank it is waiting for can run.
 SPIN_S = float(os.environ.get("PT_DIST_SHM_SPIN_US", 2000)) / 1e6
-# All-reduces from this size go single-copy through cross-memory attach (``cma.py``) where the kernel
-# allows it, reduced and pushed back in chunks small enough to stay in L2 between the read and the write.
-CMA_BYTES = int(os.environ.get("PT_DIST_SHM_CMA_BYTES", 256 << 10))
-CMA_CHUNK_BYTES = 256 << 10
-_ABORT = 0  # control word 0: rank+1 of a rank that gave up, 0 while healthy
+_ABORT = cma.ABORT  # control word 0: rank+1 of a rank that gave up, 0 while healthy
 
 
 def _fold_(out: torch.Tensor, parts: list[torch.Tensor], op: ReduceOp) -> None:
@@ -79,7 +77,7 @@ def _pid_dead(pid: int) -> bool:
         return False
 
 
-class ProcessGroupSHM(NativeProcessGroup):
+class ProcessGroupSHM(cma.SingleCopyCollectives, NativeProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: float, group_name: str = "", secret: bytes = b"",
                  slot_bytes: int | None = None, single_copy: bool = True):
         super().__init__(rank, size, timeout, group_name)
@@ -233,7 +231,7 @@ class ProcessGroupSHM(NativeProcessGroup):
         if self._size == 1:
             return None
         nbytes = tensor.numel() * tensor.element_size()
-        single_copy = self._use_cma and nbytes >= CMA_BYTES
+        single_copy = self._use_cma and nbytes >= cma.MIN_BYTES
         small = not single_copy and nbytes <= SMALL_BYTES // self._size // LINE * LINE
 
         def body(_):
@@ -271,45 +269,6 @@ class ProcessGroupSHM(NativeProcessGroup):
             self._check_headers("all_reduce", mine, self._read_headers())
         _fold_(flat, slots, op)
         finish_avg_(flat, op, self._size)
-
-    def _cma_all_reduce(self, flat, op, mine):
-        """Single copy: publish my tensor's address, barrier, then for my 1/N slice, chunk by chunk, read
-        each peer's part into L2-sized scratch and fold it into mine, and write the result straight into
-        every peer's tensor; a last barrier says all slices have landed. Rank r only ever reads and writes
-        slice r of a peer's tensor, and the peer itself never touches that slice, so nothing races; every
-        slice is reduced once, so all ranks get bitwise the same result."""
-        n, r, size, item = flat.numel(), self._rank, self._size, flat.element_size()
-        ctl = self._ctl
-        ctl[(1 + r) * 8 + 1] = flat.data_ptr()
-        self._arrive_and_wait("all_reduce")
-        if mine is not None:
-            self._check_headers("all_reduce", mine, self._read_headers())
-        peers = [(j, ctl[(1 + self._size + j) * 8], ctl[(1 + j) * 8 + 1]) for j in range(size) if j != r]
-        lo, hi = (n * r) // size, (n * (r + 1)) // size
-        step = max(1, CMA_CHUNK_BYTES // item)
-        if self._scratch.numel() < step * item:
-            self._scratch = torch.empty(step * item, dtype=torch.uint8)
-        j = r
-        try:
-            for a in range(lo, hi, step):
-                part = flat[a:min(hi, a + step)]
-                tmp = self._scratch[:part.numel() * item].view(flat.dtype)
-                for j, pid, addr in peers:  # noqa: B007 (j names the peer if a copy fails)
-                    self._cma.read(pid, addr + a * item, tmp)
-                    combine_(part, tmp, op)
-                finish_avg_(part, op, size)
-                for j, pid, addr in peers:  # noqa: B007 (j names the peer if a copy fails)
-                    if ctl[_ABORT]:  # a peer gave up: its tensor may be gone, write nothing more into it
-                        self._check_peers("all_reduce", self._epoch + 1, False)
-                    self._cma.write(pid, part, addr + a * item)
-        except OSError as e:
-            if e.errno == errno.ESRCH:  # its memory is already torn down, though /proc may not say so yet
-                raise DistError(f"all_reduce on shm group {self.group_name!r}: rank {j} exited during a "
-                                f"cross-memory copy; {missing_text([j])}") from e
-            self._check_peers("all_reduce", self._epoch + 1, False)
-            raise DistError(f"all_reduce on shm group {self.group_name!r}: cross-memory copy with rank {j} "
-                            f"failed: {e}; {missing_text([j])}") from e
-        self._arrive_and_wait("all_reduce")
 
     # collectives ---------------------------------------------------------------------------------
     def _rounds(self, numel: int, per_round: int):
@@ -363,7 +322,16 @@ class ProcessGroupSHM(NativeProcessGroup):
         self._all_reduce(t, op, dst)
         self._slots_read_late = False
 
+    def _single_copy(self, nbytes: int) -> bool:
+        """Agreed by every rank alike: the verdict is the group's, the sizes passed the header check."""
+        if self._use_cma and self._size > 1 and nbytes >= cma.MIN_BYTES:
+            self._slots_read_late = False  # the path ends on a barrier after which no slot is read
+            return True
+        return False
+
     def _broadcast(self, t, src):
+        if self._single_copy(t.numel() * t.element_size()):
+            return self._cma_broadcast(t, src)
         self._slots_read_late = True
         per = self.slot_bytes // 2 // t.element_size()
         for i, (a, b) in enumerate(self._rounds(t.numel(), per)):
@@ -375,6 +343,8 @@ class ProcessGroupSHM(NativeProcessGroup):
                 t[a:b].copy_(buf)
 
     def _all_gather(self, out, inp):
+        if self._single_copy(out.numel() * out.element_size()):
+            return self._cma_all_gather(out, inp)
         self._slots_read_late = True
         m, size = inp.numel(), self._size
         per = self.slot_bytes // 2 // max(1, inp.element_size())
@@ -385,6 +355,8 @@ class ProcessGroupSHM(NativeProcessGroup):
                 out[j * m + a:j * m + b].copy_(self._slot(j, b - a, inp.dtype, half=i % 2))
 
     def _reduce_scatter(self, out, inp, op):
+        if self._single_copy(inp.numel() * inp.element_size()):
+            return self._cma_reduce_scatter(out, inp, op)
         self._slots_read_late = True
         m, size, r = out.numel(), self._size, self._rank
         per = self.slot_bytes // 2 // (size * out.element_size())
