@@ -19,6 +19,7 @@ Point-to-point ``send``/``recv`` go over the authenticated socket mesh.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import secrets
@@ -35,6 +36,7 @@ from pt_dist.backends.mesh import PeerMesh
 from pt_dist.errors import DistError, missing_text
 from pt_dist.process_group import ReduceOp, combine_, finish_avg_
 
+logger = logging.getLogger(__name__)
 LINE = 64  # one counter per cache line: no false sharing between spinning ranks
 HEADER_BYTES = 4096
 SLOT_BYTES = int(os.environ.get("PT_DIST_SHM_SLOT_BYTES", 64 << 20))  # sparse: pages appear on first use
@@ -109,6 +111,9 @@ class ProcessGroupSHM(cma.SingleCopyCollectives, NativeProcessGroup):
         self._cma = cma.CrossMemory()
         # every rank must pass the same single_copy: the probe is itself a rendezvous
         self._use_cma = single_copy and cma.probe(self._cma, store, rank, size, "shm/cma")
+        if single_copy and not self._use_cma and size > 1 and rank == 0:
+            logger.info("shm group %r: a rank may not read its peers' memory (process_vm_readv); large "
+                        "collectives stage through shared memory instead", group_name)
         self._scratch = torch.empty(0, dtype=torch.uint8)
         self.mesh = PeerMesh(store, rank, size, secret, timeout, group_name)
         self._pids = None
