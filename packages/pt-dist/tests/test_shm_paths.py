@@ -65,8 +65,12 @@ def _paths(rank, world_size):
         wide = everyone.view(world_size, m)[rank] * sum(r + 1 for r in range(world_size))
         b = torch.full((m,), float(rank))
         pt_dist.broadcast(b, src=world_size - 1, group=group)
+        # async: the group's thread runs the single-copy path while this thread goes on
+        works = [pt_dist.all_reduce(x, group=group, async_op=True) for x in (torch.ones(m), torch.ones(m) * 2)]
+        sums = [w.get_future().wait()[0] for w in works]
         out[name + " others"] = (torch.equal(gathered, everyone), torch.equal(scattered, wide),
-                                 torch.equal(b, torch.full((m,), float(world_size - 1))))
+                                 torch.equal(b, torch.full((m,), float(world_size - 1))),
+                                 [float(x.min()) == float(x.max()) == k * world_size for k, x in enumerate(sums, 1)])
     pt_dist.destroy_process_group(refused)
     util.leave()
     return out
@@ -79,7 +83,7 @@ def test_single_copy_verdict_is_agreed_and_results_are_bitwise_equal():
         assert r["verdicts"] == (r["self_read"], False)
         for name in ("single", "staged"):
             assert r[name][0] < 1e-4, f"{name}: max error {r[name][0]}"
-            assert r[name + " others"] == (True, True, True), name
+            assert r[name + " others"] == (True, True, True, [True, True]), name
     for name in ("single", "staged", "single max", "staged max"):
         ts = [r[name][1] if isinstance(r[name], tuple) else r[name] for r in results]
         assert all(torch.equal(ts[0], t) for t in ts[1:]), f"{name}: ranks disagree bitwise"
