@@ -1,4 +1,4 @@
-"""All-reduce latency and algorithm bandwidth: pt_dist's tcp and shm backends vs torch's gloo, same run.
+"""All-reduce (or all-gather, reduce-scatter) time and bandwidth: pt_dist's tcp and shm vs torch's gloo, same run.
 
 Each world size spawns its ranks once; every rank builds all the groups (torch gloo through
 torch.distributed, our tcp and shm through pt_dist; shm twice: with its single-copy cross-memory path,
@@ -10,6 +10,7 @@ algbw = bytes / time (busbw would multiply by 2(N-1)/N).
 
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py            # world 2 and 4, 1 KiB..64 MiB
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py --worlds 2 --max-mib 4
+    uv run python packages/pt-dist/benchmarks/bench_allreduce.py --op all_gather --max-mib 16   # FSDP's pair
 """
 
 from __future__ import annotations
@@ -33,7 +34,15 @@ def _reps(nbytes: int) -> tuple[int, int]:
         else (5, 2)
 
 
-def _rank(rank: int, world: int, port: int, sizes: list[int], backends: list[str], out) -> None:
+def _buffers(op: str, nbytes: int, world: int):
+    """The call's tensors; size is the whole buffer (nccl-tests): the gathered output, the scattered input."""
+    import torch
+
+    whole, part = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4 // world)  # sums of zeros never overflow
+    return {"all_reduce": (whole,), "all_gather": (whole, part), "reduce_scatter": (part, whole)}[op]
+
+
+def _rank(rank: int, world: int, port: int, sizes: list[int], backends: list[str], op: str, out) -> None:
     import torch
     import torch.distributed as dist
     from pt_dist.backends.shm import ProcessGroupSHM
@@ -54,22 +63,24 @@ def _rank(rank: int, world: int, port: int, sizes: list[int], backends: list[str
     # reps start from our shm barrier: ranks leave it within microseconds (spinning), where gloo's barrier
     # releases 4 ranks on 2 cores milliseconds apart, a skew that would be charged to every backend's first call
     sync = groups["shm"].barrier
-    run = {"gloo": lambda t: dist.all_reduce(t)}
-    run.update({name: g.all_reduce for name, g in groups.items()})
+    method = {"all_reduce": "all_reduce", "all_gather": "all_gather_into_tensor",
+              "reduce_scatter": "reduce_scatter_tensor"}[op]
+    run = {"gloo": getattr(dist, method)}
+    run.update({name: getattr(g, method) for name, g in groups.items()})
     run = {name: fn for name, fn in run.items() if name in backends}
     rows = []
     for nbytes in sizes:
-        t = torch.zeros(nbytes // 4)  # repeated sums of zeros never overflow
+        t = _buffers(op, nbytes, world)
         times = {name: [] for name in run}
         for fn in run.values():  # warm up (first-touch pages, socket buffers)
-            fn(t)
+            fn(*t)
         reps, iters = _reps(nbytes)
         for _ in range(reps):
             for name, fn in run.items():
                 sync()
                 t0 = time.perf_counter()
                 for _ in range(iters):
-                    fn(t)
+                    fn(*t)
                 times[name].append((time.perf_counter() - t0) / iters)
         rows.append((nbytes, {k: statistics.median(v) if v else float("nan") for k, v in times.items()}))
     check = torch.full((1000,), float(rank))
@@ -93,6 +104,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--max-mib", type=float, default=64, help="largest message in MiB (default 64)")
+    ap.add_argument("--op", default="all_reduce", choices=["all_reduce", "all_gather", "reduce_scatter"],
+                    help="collective to time (default all_reduce); size is the whole (gathered/scattered) buffer")
     ap.add_argument("--backends", nargs="+", default=BACKENDS, choices=BACKENDS,
                     help="which columns to time (default all; the others print nan)")
     args = ap.parse_args()
@@ -106,7 +119,8 @@ def main() -> None:
     for world in args.worlds:
         port = 20000 + os.getpid() % 10000
         q = ctx.Queue()
-        procs = [ctx.Process(target=_rank, args=(r, world, port, sizes, args.backends, q)) for r in range(world)]
+        procs = [ctx.Process(target=_rank, args=(r, world, port, sizes, args.backends, args.op, q))
+                 for r in range(world)]
         for p in procs:
             p.start()
         rows = q.get(timeout=1800)

@@ -144,11 +144,10 @@ class SingleCopyCollectives:
         step, scratch = self._chunk_scratch(out.dtype)
         for a in range(0, m, step):
             part, b = out[a:a + step], min(m, a + step)
-            part.copy_(inp[r * m + a:r * m + b])
             tmp = scratch[:part.numel() * item].view(out.dtype)
-            for peer in peers:
+            for k, peer in enumerate(peers):  # the first fold reads my own block and writes the output
                 self._pull("reduce_scatter_tensor", peer, (r * m + a) * item, tmp)
-                combine_(part, tmp, op)
+                combine_(inp[r * m + a:r * m + b] if k == 0 else part, tmp, op, out=part)
             finish_avg_(part, op, self._size)
         self._arrive_and_wait("reduce_scatter_tensor")
 

@@ -34,7 +34,7 @@ from pt_dist.backends.base import NativeProcessGroup
 from pt_dist.backends.futex import Futex
 from pt_dist.backends.mesh import PeerMesh
 from pt_dist.errors import DistError, missing_text
-from pt_dist.process_group import ReduceOp, combine_, finish_avg_
+from pt_dist.process_group import combine_, finish_avg_
 
 logger = logging.getLogger(__name__)
 LINE = 64  # one counter per cache line: no false sharing between spinning ranks
@@ -49,18 +49,6 @@ SMALL_BYTES = 2 << 20
 # its core between polls so the rank it is waiting for can run.
 SPIN_S = float(os.environ.get("PT_DIST_SHM_SPIN_US", 2000)) / 1e6
 _ABORT = cma.ABORT  # control word 0: rank+1 of a rank that gave up, 0 while healthy
-
-
-def _fold_(out: torch.Tensor, parts: list[torch.Tensor], op: ReduceOp) -> None:
-    """``out = op(parts[0], parts[1], ...)`` folded left to right; the first step writes ``out`` directly,
-    saving the pass that copying ``parts[0]`` in first would cost."""
-    if out.dtype != torch.bool and op in (ReduceOp.SUM, ReduceOp.AVG):
-        torch.add(parts[0], parts[1], out=out)
-    else:
-        out.copy_(parts[0])
-        combine_(out, parts[1], op)
-    for p in parts[2:]:
-        combine_(out, p, op)
 
 
 def _pid_dead(pid: int) -> bool:
@@ -272,7 +260,9 @@ class ProcessGroupSHM(cma.SingleCopyCollectives, NativeProcessGroup):
         self._arrive_and_wait("all_reduce")
         if mine is not None:
             self._check_headers("all_reduce", mine, self._read_headers())
-        _fold_(flat, slots, op)
+        combine_(slots[0], slots[1], op, out=flat)
+        for other in slots[2:]:
+            combine_(flat, other, op)
         finish_avg_(flat, op, self._size)
 
     # collectives ---------------------------------------------------------------------------------
