@@ -200,3 +200,26 @@ def test_mesh_refuses_strangers_and_still_forms():
     assert all(torch.equal(t, torch.arange(5.0) * 3) for t in ts)
     for g in groups:
         g.shutdown()
+
+
+def test_wildcard_listen_address_advertises_the_route_to_the_store():
+    """Multi-host jobs listen on 0.0.0.0; peers must be told a dialable address, not the wildcard."""
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
+    groups = [None, None]
+
+    def make(rank):
+        store = PrefixStore("wild", TCPStore("127.0.0.1", master.port, timeout=10, secret=b"s"))
+        groups[rank] = ProcessGroupTCP(store, rank, 2, 10.0, "wild", secret=b"mesh", host="0.0.0.0")
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    assert all(groups)
+    assert [master.get(f"wild/mesh/{r}").decode().rsplit(":", 1)[0] for r in range(2)] == ["127.0.0.1"] * 2
+    ts = [torch.full((7,), float(r + 1)) for r in range(2)]
+    works = [threading.Thread(target=groups[r].all_reduce, args=(ts[r],)) for r in range(2)]
+    [w.start() for w in works]
+    [w.join(20) for w in works]
+    assert all(torch.equal(t, torch.full((7,), 3.0)) for t in ts)
+    for g in groups:
+        g.shutdown()

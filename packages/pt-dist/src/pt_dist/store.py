@@ -241,6 +241,13 @@ class TCPStore(Store):
         if is_master and wait_for_workers and world_size:
             self._wait_workers(world_size)
 
+    def local_address(self) -> str:
+        """This host's address on the route to the store: what peers elsewhere can dial to reach us."""
+        family, kind, proto, _, addr = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.connect(addr)  # a UDP connect sends nothing: it only asks the kernel for the route
+            return probe.getsockname()[0]
+
     def _connect(self) -> socket.socket:
         deadline = time.monotonic() + self._timeout
         while True:

@@ -1,11 +1,12 @@
 """The socket mesh under the native backends: one authenticated connection per peer and purpose.
 
-Every rank listens on ``host:0`` (127.0.0.1 unless told otherwise), publishes the address in the group's
-store, and the higher rank of each pair connects to the lower one (as gloo's full-mesh pairs do). A
-connector must pass the shared-secret handshake before it may even name its rank; strangers are
-dropped and the listener is closed once the mesh is complete. Collectives use ``sendrecv`` (full-duplex
-streaming into preallocated ``memoryview`` s, no per-chunk copies); point-to-point traffic gets its own
-sockets and threads so an ``isend`` never blocks behind, or interleaves with, a collective.
+Every rank listens on ``host:0`` (127.0.0.1 unless told otherwise; with ``0.0.0.0`` it advertises its
+address on the route to the store), publishes the address in the group's store, and the higher rank of
+each pair connects to the lower one (as gloo's full-mesh pairs do). A connector must pass the
+shared-secret handshake before it may even name its rank; strangers are dropped and the listener is
+closed once the mesh is complete. Collectives use ``sendrecv`` (full-duplex streaming into preallocated
+``memoryview`` s, no per-chunk copies); point-to-point traffic gets its own sockets and threads so an
+``isend`` never blocks behind, or interleaves with, a collective.
 """
 
 from __future__ import annotations
@@ -29,6 +30,18 @@ _P2P_HEAD = struct.Struct("<qq16s")
 MAX_HEADER = 1 << 16
 
 
+def advertised_address(host: str, store) -> str:
+    """The address peers should dial: ``host``, or for a wildcard listen address (``0.0.0.0``, as multi-host
+    jobs use) the address this host uses to reach the store, as gloo picks the interface toward its peers."""
+    if host not in ("0.0.0.0", ""):
+        return host
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    if hasattr(store, "local_address"):
+        return store.local_address()
+    return socket.gethostbyname(socket.gethostname())  # a FileStore on a shared filesystem
+
+
 def byte_view(t: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous CPU tensor's storage (zero-size tensors give an empty view)."""
     if t.numel() == 0:
@@ -47,7 +60,7 @@ class PeerMesh:
             return
         listener = socket.create_server((host, 0), backlog=4 * size)
         try:
-            store.set(f"mesh/{rank}", f"{host}:{listener.getsockname()[1]}")
+            store.set(f"mesh/{rank}", f"{advertised_address(host, store)}:{listener.getsockname()[1]}")
             expected = 2 * (size - 1 - rank)
             acceptor = threading.Thread(target=self._accept, args=(listener, secret, expected), daemon=True)
             acceptor.start()
