@@ -2,13 +2,18 @@
 
 The three schemes of torch.distributed.rendezvous: ``env://`` reads MASTER_ADDR, MASTER_PORT, RANK and
 WORLD_SIZE (what torchrun exports); ``tcp://host:port`` names the TCPStore master directly; ``file:///path``
-uses a FileStore on a shared filesystem. ``?rank=``, ``?world_size=`` and ``?secret=`` query parameters are
-accepted as in torch; the secret (else ``$PT_DIST_SECRET``, else derived from the address) guards the
-TCPStore, and ``init_process_group`` then hands the backends' sockets a fresh random secret through it.
+uses a FileStore on a shared filesystem. Under torchrun the agent already serves torch's own TCPStore on
+MASTER_PORT (``TORCHELASTIC_USE_AGENT_STORE=True``), so rank 0 starts ours on a free port beside it and the
+agent's store carries only that port, under a key per restart and per init. ``?rank=``, ``?world_size=``
+and ``?secret=`` query parameters are accepted as in torch; the secret (else ``$PT_DIST_SECRET``, else
+derived from the address) guards the TCPStore, and ``init_process_group`` then hands the backends'
+sockets a fresh random secret through it.
 """
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import os
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlparse
@@ -24,6 +29,9 @@ class Rendezvous:
     rank: int
     world_size: int
     secret: bytes
+
+
+_GENERATION = itertools.count()  # every rank calls init_process_group the same number of times
 
 
 def _int(value, what: str) -> int:
@@ -72,5 +80,20 @@ def rendezvous(init_method: str, rank: int = -1, world_size: int = -1, timeout: 
         key = wire.resolve_secret(secret, f"file:{path}")
         return Rendezvous(FileStore(path, world_size, timeout=timeout), rank, world_size, key)
     key = wire.resolve_secret(secret, f"{host}:{port}")
+    if url.scheme == "env" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true"):
+        return Rendezvous(_beside_agent_store(host, port, rank, world_size, timeout, key), rank, world_size, key)
     store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, secret=key)
     return Rendezvous(store, rank, world_size, key)
+
+
+def _beside_agent_store(host: str, port: int, rank: int, world_size: int, timeout: float, key: bytes) -> TCPStore:
+    """torchrun's agent holds MASTER_PORT with a torch TCPStore: find our own store through it."""
+    import torch.distributed as dist
+
+    agent = dist.TCPStore(host, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout))
+    slot = f"pt_dist/store/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_GENERATION)}"
+    if rank == 0:
+        ours = TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False, timeout=timeout, secret=key)
+        agent.set(slot, f"{ours.port}")
+        return ours
+    return TCPStore(host, int(agent.get(slot)), world_size, timeout=timeout, secret=key)
