@@ -243,7 +243,9 @@ def main(argv=None) -> int:
     parsed = _parser().parse_args(argv)
     timeout = parsed.timeout
     args = TrainingArgs(**{k: v for k, v in vars(parsed).items() if k != "timeout"})
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # progress from rank 0 only (Megatron logs from one rank too); warnings and errors from every rank
+    quiet = int(os.environ.get("RANK", "0")) != 0
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     _check_args(args, world)
     if not dist.is_initialized():
