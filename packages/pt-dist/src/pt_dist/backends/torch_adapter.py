@@ -15,6 +15,7 @@ import threading
 import torch
 import torch.distributed as dist
 
+from pt_dist.backends.mesh import advertised_address
 from pt_dist.errors import DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
 from pt_dist.work import Work
@@ -27,12 +28,13 @@ def torch_store(store, rank: int, size: int, timeout: datetime.timedelta) -> dis
     """A real c10d TCPStore for the library, found through our store (rank 0 binds port 0 and publishes it).
 
     torch's sub-group code needs a store it can clone in C++, which a Python-side store cannot offer.
-    It listens on ``$PT_DIST_LISTEN_ADDR`` (default 127.0.0.1) and, unlike ours, has no shared secret.
+    It listens on ``$PT_DIST_LISTEN_ADDR`` (default 127.0.0.1; a wildcard advertises the route to our store)
+    and, unlike ours, has no shared secret.
     """
     if rank == 0:
         host = os.environ.get("PT_DIST_LISTEN_ADDR", "127.0.0.1")
         real = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False, timeout=timeout)
-        store.set("torch_store", f"{host}:{real.port}")
+        store.set("torch_store", f"{advertised_address(host, store)}:{real.port}")
         return real
     host, port = store.get("torch_store").decode().rsplit(":", 1)
     return dist.TCPStore(host, int(port), size, is_master=False, timeout=timeout)
