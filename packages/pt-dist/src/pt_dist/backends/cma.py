@@ -2,7 +2,7 @@
 
 Staging through a shared segment costs two copies per byte (into the segment, out of it). With CMA the
 kernel copies from one process's pages to another's directly, the single-copy path that MPI libraries
-take for large messages between ranks on one host (Open MPI's ``smsc/cma`` component, for one).
+take for large messages between ranks on one host (Open MPI's ``smsc/cma``, MPICH's ch4 IPC, UCX's ``scopy/cma``).
 It needs the right to ptrace the peer (same user; with Yama ``ptrace_scope=1`` only an ancestor may), so
 a group probes it once at setup and every rank agrees to use it only if it worked everywhere.
 """
