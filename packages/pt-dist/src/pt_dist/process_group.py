@@ -50,20 +50,12 @@ def combine_(acc: torch.Tensor, other: torch.Tensor, op: ReduceOp, out: torch.Te
     """``acc = op(acc, other)`` in place, or into ``out`` (one pass instead of a copy and a fold).
 
     Bool follows torch: SUM/MAX are OR, PRODUCT/MIN are AND."""
-    if out is None:
-        if acc.dtype == torch.bool:
-            return acc.logical_or_(other) if op in (ReduceOp.SUM, ReduceOp.MAX) else acc.logical_and_(other)
-        if op in (ReduceOp.SUM, ReduceOp.AVG):
-            return acc.add_(other)
-        if op is ReduceOp.PRODUCT:
-            return acc.mul_(other)
-        out = acc
     if acc.dtype == torch.bool:
         fn = torch.logical_or if op in (ReduceOp.SUM, ReduceOp.MAX) else torch.logical_and
     else:
         fn = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PRODUCT: torch.mul,
               ReduceOp.MAX: torch.maximum, ReduceOp.MIN: torch.minimum}[op]
-    return fn(acc, other, out=out)
+    return fn(acc, other, out=acc if out is None else out)
 
 
 def finish_avg_(t: torch.Tensor, op: ReduceOp, world: int) -> torch.Tensor:
