@@ -20,11 +20,8 @@ Point-to-point ``send``/``recv`` go over the authenticated socket mesh.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
-import secrets
 import struct
-import tempfile
 import time
 
 import torch
@@ -33,6 +30,7 @@ from pt_dist.backends import cma
 from pt_dist.backends.base import NativeProcessGroup
 from pt_dist.backends.futex import Futex
 from pt_dist.backends.mesh import PeerMesh
+from pt_dist.backends.segment import map_shared_segment
 from pt_dist.errors import DistError, missing_text
 from pt_dist.process_group import combine_, finish_avg_
 
@@ -79,22 +77,12 @@ class ProcessGroupSHM(cma.SingleCopyCollectives, NativeProcessGroup):
         self._res_off = self._slot_off + size * self.slot_bytes
         self._small_off = self._res_off + 2 * self.slot_bytes
         total = self._small_off + 2 * SMALL_BYTES
-        path = self._create_or_attach(store, rank, size, total)
-        self._mm = mmap.mmap(self._fd, total)
-        os.close(self._fd)
+        self._mm = map_shared_segment(store, rank, size, total, "shm", timeout, group_name)
         self._ctl = memoryview(self._mm)[:ctrl].cast("q")  # word i*8: counter of rank i-1; word 0: abort
         self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
         self._base = self._bytes.data_ptr()
         self._futex = Futex()
         self._ctl[(1 + size + rank) * LINE // 8] = os.getpid()
-        store.add("shm/attached", 1)
-        if rank == 0:  # unlink once everyone has mapped it: nothing leaks even if a rank is killed later
-            deadline = time.monotonic() + timeout
-            while int(store.get("shm/attached")) < size:
-                if time.monotonic() > deadline:
-                    raise DistError(f"shm group {group_name!r}: peers did not attach {path} within {timeout:.1f}s")
-                time.sleep(0.001)
-            os.unlink(path)
         self._epoch = 0
         self._cma = cma.CrossMemory()
         # every rank must pass the same single_copy: the probe is itself a rendezvous
@@ -109,18 +97,6 @@ class ProcessGroupSHM(cma.SingleCopyCollectives, NativeProcessGroup):
         # True after a collective whose ranks read peers' slots after its last barrier: the next one that
         # stages data before its first barrier must wait for them first
         self._slots_read_late = False
-
-    def _create_or_attach(self, store, rank: int, size: int, total: int) -> str:
-        if rank == 0:
-            base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-            path = os.path.join(base, f"pt_dist_{os.getpid()}_{secrets.token_hex(8)}")
-            self._fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            os.ftruncate(self._fd, total)
-            store.set("shm/path", path)
-        else:
-            path = store.get("shm/path").decode()
-            self._fd = os.open(path, os.O_RDWR)
-        return path
 
     def name(self) -> str:
         return "shm"
