@@ -25,6 +25,7 @@ from pt_dist.distributed_c10d import (
     reduce,
     reduce_scatter_tensor,
     send,
+    symmetric_empty,
 )
 from pt_dist.errors import DistError, DistStoreError
 from pt_dist.file_store import FileStore
@@ -40,4 +41,5 @@ __all__ = [
     "all_to_all_single", "barrier", "broadcast", "destroy_process_group", "get_backend", "get_global_rank",
     "get_group_rank", "get_process_group_ranks", "get_rank", "get_world_size", "init_process_group", "irecv",
     "is_initialized", "isend", "new_group", "recv", "reduce", "reduce_scatter_tensor", "send",
+    "symmetric_empty",
 ]

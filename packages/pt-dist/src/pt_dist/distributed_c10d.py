@@ -14,6 +14,8 @@ import datetime
 import logging
 import secrets
 
+import torch
+
 from pt_dist.backends import Backend
 from pt_dist.errors import DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp
@@ -230,6 +232,15 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         return None
     return _ret(_group(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes,
                                                 async_op=async_op), async_op)
+
+
+def symmetric_empty(*size, dtype=torch.float32, group=None) -> torch.Tensor:
+    """A tensor in the group's symmetric heap (``shm`` groups; torch's ``_symmetric_memory.empty``): collective,
+    every rank allocates the same sizes in the same order; all-reduces on it skip staging and kernel copies."""
+    pg = _group(group)
+    if not hasattr(pg, "symmetric_empty"):
+        raise ValueError(f"symmetric_empty needs an 'shm' group; group {pg.group_name!r} is {pg.name()!r}")
+    return pg.symmetric_empty(*size, dtype=dtype)
 
 
 def barrier(group=None, async_op: bool = False):

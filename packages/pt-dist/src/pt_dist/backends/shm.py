@@ -31,6 +31,7 @@ from pt_dist.backends.base import NativeProcessGroup
 from pt_dist.backends.futex import Futex
 from pt_dist.backends.mesh import PeerMesh
 from pt_dist.backends.segment import map_shared_segment
+from pt_dist.backends.symmetric_memory import SymmetricCollectives
 from pt_dist.errors import DistError, missing_text
 from pt_dist.process_group import combine_, finish_avg_
 
@@ -65,7 +66,7 @@ def _pid_dead(pid: int) -> bool:
         return False
 
 
-class ProcessGroupSHM(cma.SingleCopyCollectives, NativeProcessGroup):
+class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativeProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: float, group_name: str = "", secret: bytes = b"",
                  slot_bytes: int | None = None, single_copy: bool = True):
         super().__init__(rank, size, timeout, group_name)
@@ -84,6 +85,7 @@ class ProcessGroupSHM(cma.SingleCopyCollectives, NativeProcessGroup):
         self._futex = Futex()
         self._ctl[(1 + size + rank) * LINE // 8] = os.getpid()
         self._epoch = 0
+        self._store = store  # symmetric_empty maps its heap through it, on first use
         self._cma = cma.CrossMemory()
         # every rank must pass the same single_copy: the probe is itself a rendezvous
         self._use_cma = single_copy and cma.probe(self._cma, store, rank, size, "shm/cma")
@@ -200,6 +202,8 @@ class ProcessGroupSHM(cma.SingleCopyCollectives, NativeProcessGroup):
         if self._size == 1:
             return None
         nbytes = tensor.numel() * tensor.element_size()
+        symmetric = self._symmetric_offset(tensor)
+        header += f"|symmetric@{symmetric}"  # ranks must agree on it, or they would take different paths
         single_copy = self._use_cma and nbytes >= cma.MIN_BYTES
         small = not single_copy and nbytes <= SMALL_BYTES // self._size // LINE * LINE
 
@@ -212,7 +216,9 @@ class ProcessGroupSHM(cma.SingleCopyCollectives, NativeProcessGroup):
                 self._arrive_and_wait("all_reduce")
                 self._check_headers("all_reduce", mine, self._read_headers())
                 self._slots_read_late, check = False, None
-            if small:
+            if symmetric is not None:
+                self._symm_all_reduce(buf.view(-1), symmetric, op, check)
+            elif small:
                 self._small_all_reduce(buf.view(-1), op, check)
             elif single_copy:
                 self._cma_all_reduce(buf.view(-1), op, check)

@@ -1,0 +1,96 @@
+"""Symmetric memory: tensors allocated inside one segment every rank maps, so peers load and store them directly.
+
+The idea of torch's ``torch.distributed._symmetric_memory`` (and of NVSHMEM's symmetric heap): every rank
+allocates the same sizes in the same order, so a buffer sits at the same offset in each rank's region of a
+shared heap, and a peer's copy of it is a plain view at that offset. An all-reduce on such a tensor needs no
+staging and no kernel copies: each rank reduces its 1/N slice straight from the peers' buffers and stores
+the result straight into them, chunk by chunk while the chunk is in L2. Allocation is collective and
+never freed (a bump allocator): meant for long-lived buffers such as DDP's gradient buckets.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from pt_dist.backends.segment import map_shared_segment
+from pt_dist.process_group import combine_, finish_avg_
+
+HEAP_BYTES = int(os.environ.get("PT_DIST_SYMM_HEAP_BYTES", 1 << 30))  # per rank; pages appear when touched
+CHUNK_BYTES = 256 << 10
+ALIGN = 4096
+
+
+class SymmetricHeap:
+    """Rank j's region is ``[j * per_rank, (j + 1) * per_rank)`` of one segment mapped by the whole group."""
+
+    def __init__(self, store, rank: int, size: int, timeout: float, group_name: str):
+        self.rank, self.per_rank, self.group_name = rank, HEAP_BYTES - HEAP_BYTES % ALIGN, group_name
+        self._mm = map_shared_segment(store, rank, size, self.per_rank * size, "symm", timeout, group_name)
+        self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self._mine = self._bytes.data_ptr() + rank * self.per_rank
+        self._next = 0
+
+    def allocate(self, nbytes: int) -> int:
+        """The offset of ``nbytes`` more in every rank's region (page-aligned)."""
+        if self._next + nbytes > self.per_rank:
+            raise ValueError(f"symmetric_empty: {nbytes} bytes do not fit the group {self.group_name!r} heap "
+                             f"({self._next} of {self.per_rank} bytes per rank used); raise "
+                             f"PT_DIST_SYMM_HEAP_BYTES before the first allocation")
+        offset = self._next
+        self._next += -(-max(nbytes, 1) // ALIGN) * ALIGN
+        return offset
+
+    def view(self, rank: int, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        start = rank * self.per_rank + offset
+        return self._bytes[start:start + numel * dtype.itemsize].view(dtype)
+
+    def offset_of(self, t: torch.Tensor) -> int | None:
+        """Where ``t`` starts in this rank's region, if it is a contiguous tensor living there."""
+        nbytes = t.numel() * t.element_size()
+        if t.device.type != "cpu" or not t.is_contiguous() or nbytes == 0:
+            return None
+        offset = t.data_ptr() - self._mine
+        return offset if 0 <= offset and offset + nbytes <= self.per_rank else None
+
+
+class SymmetricCollectives:
+    """``ProcessGroupSHM``'s symmetric-memory allocation and all-reduce (it supplies the store and barriers)."""
+
+    _heap: SymmetricHeap | None = None
+
+    def symmetric_empty(self, *shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Collective: every rank allocates the same shapes in the same order (the first call maps the heap)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        if any(not isinstance(d, int) or d < 0 for d in shape):
+            raise ValueError(f"symmetric_empty: shape {shape} must be non-negative integers")
+        if self._heap is None:
+            self._heap = SymmetricHeap(self._store, self._rank, self._size, self.timeout, self.group_name)
+        numel = math.prod(shape)
+        offset = self._heap.allocate(numel * dtype.itemsize)
+        return self._heap.view(self._rank, offset, numel, dtype).view(shape)
+
+    def _symmetric_offset(self, t: torch.Tensor) -> int | None:
+        return self._heap.offset_of(t) if self._heap is not None and self._size > 1 else None
+
+    def _symm_all_reduce(self, flat: torch.Tensor, offset: int, op, mine: str | None) -> None:
+        """Rank r only writes slice r of its peers' buffers, which they never touch themselves, so nothing
+        races; every slice is reduced once, so all ranks hold bitwise the same result."""
+        self._arrive_and_wait("all_reduce")
+        if mine is not None:
+            self._check_headers("all_reduce", mine, self._read_headers())
+        n, r, size = flat.numel(), self._rank, self._size
+        peers = [self._heap.view(j, offset, n, flat.dtype) for j in range(size) if j != r]
+        hi, step = (n * (r + 1)) // size, max(1, CHUNK_BYTES // flat.element_size())
+        for a in range((n * r) // size, hi, step):
+            b = min(hi, a + step)
+            part = flat[a:b]
+            for peer in peers:
+                combine_(part, peer[a:b], op)
+            finish_avg_(part, op, size)
+            for peer in peers:
+                peer[a:b].copy_(part)
+        self._arrive_and_wait("all_reduce")

@@ -1,0 +1,73 @@
+"""Symmetric memory on shm groups: collective allocation, direct-access all-reduce, agreement and limits."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pt_dist
+import pytest
+import torch
+from pt_dist import DistError, ReduceOp
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ptdist_testutil as util  # noqa: E402
+
+
+def _values(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(100 + rank)
+    return torch.randint(-50, 50, (n,), generator=g).to(dtype)
+
+
+def _symmetric(rank, world_size):
+    util.join(rank, world_size, "shm", key="symm")
+    out = {}
+    # odd sizes (slices of unequal length, chunks cut short), 2-D shapes, several dtypes and ops
+    for n, dtype, op in [((1 << 18) + 7, torch.float32, ReduceOp.SUM), (3 * 5 * 7, torch.float64, ReduceOp.MAX),
+                         ((1 << 17) + 1, torch.int64, ReduceOp.MIN), (1001, torch.float32, ReduceOp.AVG),
+                         (1, torch.float32, ReduceOp.SUM)]:
+        t = pt_dist.symmetric_empty(n, dtype=dtype)
+        t.copy_(_values(rank, n, dtype))
+        pt_dist.all_reduce(t, op=op)
+        out[(n, str(dtype), op.name)] = t.clone()
+    m = pt_dist.symmetric_empty(6, 7)
+    m.fill_(rank + 1.0)
+    pt_dist.all_reduce(m)
+    out["matrix"] = m.clone()
+    # a symmetric tensor on one rank and a plain one on another: every rank raises, the group goes on
+    sym = pt_dist.symmetric_empty(4096)
+    try:
+        pt_dist.all_reduce(sym if rank == 0 else torch.zeros(4096))
+        out["mismatch"] = None
+    except DistError as e:
+        out["mismatch"] = str(e)
+    ok = torch.ones(5)
+    pt_dist.all_reduce(ok)
+    out["after"] = ok.tolist()
+    with pytest.raises(ValueError, match="do not fit"):
+        pt_dist.symmetric_empty(1 << 40, dtype=torch.uint8)
+    tcp = pt_dist.new_group(list(range(world_size)), backend="tcp")
+    with pytest.raises(ValueError, match="needs an 'shm' group"):
+        pt_dist.symmetric_empty(4, group=tcp)
+    util.leave()
+    return out
+
+
+def test_symmetric_all_reduce_matches_reference_and_ranks_agree():
+    ws = 3
+    results = run_ranks(_symmetric, ws, timeout=120, backend=None)
+    for key, got in results[0].items():
+        if not isinstance(key, tuple):
+            continue
+        n, dtype, op = key
+        stack = torch.stack([_values(r, n, getattr(torch, dtype.split(".")[1])).double() for r in range(ws)])
+        want = {"SUM": stack.sum(0), "MAX": stack.amax(0), "MIN": stack.amin(0), "AVG": stack.mean(0)}[op]
+        assert torch.allclose(got.double(), want, rtol=1e-6, atol=1e-5), key
+        for other in results[1:]:
+            assert torch.equal(other[key], got), f"{key}: ranks disagree bitwise"
+    for res in results:
+        assert torch.equal(res["matrix"], torch.full((6, 7), 6.0))
+        assert res["mismatch"] is not None and "symmetric@" in res["mismatch"], res["mismatch"]
+        assert res["after"] == [3.0] * 5
