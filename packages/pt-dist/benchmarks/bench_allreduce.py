@@ -1,11 +1,11 @@
 """All-reduce (or all-gather, reduce-scatter) time and bandwidth: pt_dist's tcp and shm vs torch's gloo, same run.
 
 Each world size spawns its ranks once; every rank builds all the groups (torch gloo through
-torch.distributed, our tcp and shm through pt_dist; shm twice: with its single-copy cross-memory path,
-and forced onto the two-copy staged path), and for each message size the backends are timed in turn,
-interleaved rep by rep, so machine load hits them alike. A rep is a gloo barrier, then ``iters``
-back-to-back blocking all_reduces of float32 timed on rank 0 (nccl-tests' and OSU's convention: time per
-call = elapsed / iters, so the barrier's exit skew is not counted); we report the median rep.
+torch.distributed, our tcp and shm through pt_dist; shm also forced onto its two-copy staged path, and
+shm again on a tensor from the group's symmetric heap), and for each message size the backends are timed
+in turn, interleaved rep by rep, so machine load hits them alike. A rep is our shm barrier (ranks leave it
+within microseconds), then ``iters`` back-to-back blocking calls on float32 timed on rank 0 (nccl-tests'
+and OSU's convention: time per call = elapsed / iters); we report the median rep.
 algbw = bytes / time (busbw would multiply by 2(N-1)/N).
 
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py            # world 2 and 4, 1 KiB..64 MiB
@@ -25,7 +25,7 @@ import time
 SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
-BACKENDS = ["gloo", "tcp", "shm", "shm-staged"]
+BACKENDS = ["gloo", "tcp", "shm", "shm-staged", "shm-symm"]
 
 
 def _reps(nbytes: int) -> tuple[int, int]:
@@ -67,10 +67,15 @@ def _rank(rank: int, world: int, port: int, sizes: list[int], backends: list[str
               "reduce_scatter": "reduce_scatter_tensor"}[op]
     run = {"gloo": getattr(dist, method)}
     run.update({name: getattr(g, method) for name, g in groups.items()})
+    symm = {}  # shm-symm: the same all-reduce on a tensor from the group's symmetric heap (all_reduce only)
+    if op == "all_reduce":
+        run["shm-symm"] = lambda *_: groups["shm"].all_reduce(symm["t"])
     run = {name: fn for name, fn in run.items() if name in backends}
     rows = []
     for nbytes in sizes:
         t = _buffers(op, nbytes, world)
+        if "shm-symm" in run:
+            symm["t"] = groups["shm"].symmetric_empty(nbytes // 4).zero_()
         times = {name: [] for name in run}
         for fn in run.values():  # warm up (first-touch pages, socket buffers)
             fn(*t)
