@@ -71,3 +71,23 @@ def test_symmetric_all_reduce_matches_reference_and_ranks_agree():
         assert torch.equal(res["matrix"], torch.full((6, 7), 6.0))
         assert res["mismatch"] is not None and "symmetric@" in res["mismatch"], res["mismatch"]
         assert res["after"] == [3.0] * 5
+
+
+def test_a_full_shared_memory_filesystem_is_a_clear_error_not_a_sigbus(monkeypatch):
+    """Pages are reserved at allocation; a full /dev/shm (docker's default is 64 MB) raises there."""
+    import errno
+    import os
+
+    from pt_dist.backends import symmetric_memory
+    from pt_dist.store import TCPStore
+
+    heap = symmetric_memory.SymmetricHeap(TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10), 0, 1, 10.0, "g")
+    assert heap.offset_of(heap.view(0, heap.allocate(100), 25, torch.float32)) == 0
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(symmetric_memory.os, "posix_fallocate", full)
+    with pytest.raises(ValueError, match="no room for 8192 bytes.*shm-size"):
+        heap.allocate(8192)
+    assert heap._next == symmetric_memory.ALIGN  # the failed allocation took nothing

@@ -17,8 +17,10 @@ from pt_dist.errors import DistError
 
 
 def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeout: float,
-                       group_name: str) -> mmap.mmap:
-    """Collective: every rank of the group calls it with the same ``key`` and ``nbytes``."""
+                       group_name: str, keep_fd: bool = False):
+    """Collective: every rank of the group calls it with the same ``key`` and ``nbytes``.
+
+    Returns the mapping, or ``(mapping, fd)`` with ``keep_fd`` (to reserve pages later with fallocate)."""
     if rank == 0:
         base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
         path = os.path.join(base, f"pt_dist_{os.getpid()}_{secrets.token_hex(8)}")
@@ -31,7 +33,8 @@ def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeo
     try:
         mm = mmap.mmap(fd, nbytes)
     finally:
-        os.close(fd)
+        if not keep_fd:
+            os.close(fd)
     store.add(f"{key}/attached", 1)
     if rank == 0:
         deadline = time.monotonic() + timeout
@@ -40,4 +43,4 @@ def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeo
                 raise DistError(f"shm group {group_name!r}: peers did not attach {path} within {timeout:.1f}s")
             time.sleep(0.001)
         os.unlink(path)
-    return mm
+    return (mm, fd) if keep_fd else mm

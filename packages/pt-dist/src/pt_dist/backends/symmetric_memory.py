@@ -28,7 +28,8 @@ class SymmetricHeap:
 
     def __init__(self, store, rank: int, size: int, timeout: float, group_name: str):
         self.rank, self.per_rank, self.group_name = rank, HEAP_BYTES - HEAP_BYTES % ALIGN, group_name
-        self._mm = map_shared_segment(store, rank, size, self.per_rank * size, "symm", timeout, group_name)
+        self._mm, self._fd = map_shared_segment(store, rank, size, self.per_rank * size, "symm", timeout,
+                                                group_name, keep_fd=True)
         self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
         self._mine = self._bytes.data_ptr() + rank * self.per_rank
         self._next = 0
@@ -39,8 +40,13 @@ class SymmetricHeap:
             raise ValueError(f"symmetric_empty: {nbytes} bytes do not fit the group {self.group_name!r} heap "
                              f"({self._next} of {self.per_rank} bytes per rank used); raise "
                              f"PT_DIST_SYMM_HEAP_BYTES before the first allocation")
-        offset = self._next
-        self._next += -(-max(nbytes, 1) // ALIGN) * ALIGN
+        offset, padded = self._next, -(-max(nbytes, 1) // ALIGN) * ALIGN
+        try:  # reserve the pages now: touching a page tmpfs has no room for would be a SIGBUS, not an error
+            os.posix_fallocate(self._fd, self.rank * self.per_rank + offset, padded)
+        except OSError as e:
+            raise ValueError(f"symmetric_empty: no room for {nbytes} bytes in the shared-memory filesystem "
+                             f"({e.strerror}); enlarge /dev/shm (docker run --shm-size) or allocate less") from e
+        self._next += padded
         return offset
 
     def view(self, rank: int, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
