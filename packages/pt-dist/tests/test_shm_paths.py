@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pt_dist
+import pytest
 import torch
 
 from harness import run_ranks
@@ -88,3 +89,47 @@ def test_single_copy_verdict_is_agreed_and_results_are_bitwise_equal():
         ts = [r[name][1] if isinstance(r[name], tuple) else r[name] for r in results]
         assert all(torch.equal(ts[0], t) for t in ts[1:]), f"{name}: ranks disagree bitwise"
     assert torch.equal(results[0]["single max"], results[0]["staged max"])
+
+
+def _two_groups_in_threads(name: str):
+    import threading
+
+    from pt_dist.backends import shm
+    from pt_dist.store import PrefixStore, TCPStore
+
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False, timeout=10)
+    groups = [None, None]
+
+    def make(rank):
+        store = PrefixStore(name, TCPStore("127.0.0.1", master.port, timeout=10))
+        groups[rank] = shm.ProcessGroupSHM(store, rank, 2, 10.0, name, b"s", single_copy=False)
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    return groups
+
+
+def test_a_tight_dev_shm_shrinks_the_staging_slots(monkeypatch):
+    """Docker's 64 MB /dev/shm: slots shrink to what fits (touching a page past it would be a SIGBUS)."""
+    import threading
+
+    from pt_dist.backends import segment, shm
+
+    monkeypatch.setattr(segment, "free_bytes", lambda: 24 << 20)
+    groups = _two_groups_in_threads("tight")
+    assert all(groups) and groups[0].slot_bytes == groups[1].slot_bytes < 3 << 20 < shm.SLOT_BYTES
+    n = 3 << 20  # 12 MiB of float32: staged in several rounds of the shrunken slots
+    ts = [torch.arange(n, dtype=torch.float32) * (r + 1) for r in range(2)]
+    works = [threading.Thread(target=groups[r].all_reduce, args=(ts[r],)) for r in range(2)]
+    [w.start() for w in works]
+    [w.join(30) for w in works]
+    assert all(torch.equal(t, torch.arange(n, dtype=torch.float32) * 3) for t in ts)
+    for g in groups:
+        g.shutdown()
+    monkeypatch.setattr(segment, "free_bytes", lambda: 1 << 20)
+    from pt_dist.store import PrefixStore, TCPStore
+
+    with pytest.raises(pt_dist.DistError, match="shm-size"):
+        shm.ProcessGroupSHM(PrefixStore("none", TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=5)), 0, 2,
+                            5.0, "none", b"s", single_copy=False)

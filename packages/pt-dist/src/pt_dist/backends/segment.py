@@ -16,14 +16,23 @@ import time
 from pt_dist.errors import DistError
 
 
+def shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def free_bytes() -> int:
+    """Room left in the shared-memory filesystem (docker's default ``/dev/shm`` is only 64 MB)."""
+    st = os.statvfs(shm_dir())
+    return st.f_bavail * st.f_frsize
+
+
 def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeout: float,
                        group_name: str, keep_fd: bool = False):
     """Collective: every rank of the group calls it with the same ``key`` and ``nbytes``.
 
     Returns the mapping, or ``(mapping, fd)`` with ``keep_fd`` (to reserve pages later with fallocate)."""
     if rank == 0:
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        path = os.path.join(base, f"pt_dist_{os.getpid()}_{secrets.token_hex(8)}")
+        path = os.path.join(shm_dir(), f"pt_dist_{os.getpid()}_{secrets.token_hex(8)}")
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         os.ftruncate(fd, nbytes)
         store.set(f"{key}/path", path)

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from pt_dist.backends import cma
+from pt_dist.backends import cma, segment
 from pt_dist.backends.base import NativeProcessGroup
 from pt_dist.backends.futex import Futex
 from pt_dist.backends.mesh import PeerMesh
@@ -44,6 +44,7 @@ SLOT_BYTES = int(os.environ.get("PT_DIST_SHM_SLOT_BYTES", 64 << 20))  # sparse: 
 # All-reduces with size x world_size up to this take the one-barrier path: every rank then reads all N
 # copies, which costs more memory traffic than the sliced path but saves two synchronisations.
 SMALL_BYTES = 2 << 20
+MIN_SLOT_BYTES = 64 << 10
 # How long a waiter spins on a peer's counter before sleeping on it with futex. Barrier skew between
 # ranks is typically tens to hundreds of microseconds, and a futex sleep+wake costs about as much, so
 # spinning through it is what keeps small messages fast. With more ranks than cores the spinner yields
@@ -72,9 +73,10 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
     def __init__(self, store, rank: int, size: int, timeout: float, group_name: str = "", secret: bytes = b"",
                  slot_bytes: int | None = None, single_copy: bool = True):
         super().__init__(rank, size, timeout, group_name)
-        slot_bytes = slot_bytes or SLOT_BYTES
-        self.slot_bytes = max(2 * LINE, slot_bytes - slot_bytes % (2 * LINE))
         ctrl = (1 + 2 * size) * LINE
+        slot_bytes = self._fit_slots(store, rank, size, slot_bytes or SLOT_BYTES,
+                                     ctrl + 2 * size * HEADER_BYTES + 2 * SMALL_BYTES)
+        self.slot_bytes = max(2 * LINE, slot_bytes - slot_bytes % (2 * LINE))
         self._hdr_off = ctrl
         self._slot_off = ctrl + 2 * size * HEADER_BYTES
         self._res_off = self._slot_off + size * self.slot_bytes
@@ -101,6 +103,23 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
         # True after a collective whose ranks read peers' slots after its last barrier: the next one that
         # stages data before its first barrier must wait for them first
         self._slots_read_late = False
+
+    def _fit_slots(self, store, rank: int, size: int, want: int, fixed: int) -> int:
+        """Pages appear as collectives touch them, and touching one the filesystem has no room for kills the
+        process (SIGBUS), so rank 0 shrinks the staging slots to half the room there is, and all ranks use that."""
+        if rank == 0:
+            fit = (segment.free_bytes() // 2 - fixed) // (size + 2)
+            if fit < want:
+                if fit < MIN_SLOT_BYTES:
+                    raise DistError(f"shm group {self.group_name!r}: {segment.shm_dir()} has {segment.free_bytes()} "
+                                    f"bytes free, too little for {size} ranks; enlarge it (docker run --shm-size)")
+                logger.warning("shm group %r: %s has %d bytes free, so staging slots shrink from %d to %d bytes "
+                               "(docker run --shm-size raises the limit)", self.group_name, segment.shm_dir(),
+                               segment.free_bytes(), want, fit)
+                want = fit
+            store.set("shm/slot_bytes", str(want))
+            return want
+        return int(store.get("shm/slot_bytes"))
 
     def name(self) -> str:
         return "shm"
