@@ -133,3 +133,84 @@ def test_a_tight_dev_shm_shrinks_the_staging_slots(monkeypatch):
     with pytest.raises(pt_dist.DistError, match="shm-size"):
         shm.ProcessGroupSHM(PrefixStore("none", TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=5)), 0, 2,
                             5.0, "none", b"s", single_copy=False)
+
+
+def test_running_out_of_dev_shm_mid_collective_raises_on_every_rank(monkeypatch):
+    """Staging pages are reserved (fallocate) before first use, so a full /dev/shm is a DistError, not a SIGBUS."""
+    import errno
+    import threading
+
+    from pt_dist.backends import segment
+
+    groups = _two_groups_in_threads("full")
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(segment.os, "posix_fallocate", full)
+    errors = []
+
+    def run(rank):
+        try:
+            groups[rank].all_reduce(torch.ones(1 << 18)).wait()
+        except pt_dist.DistError as e:
+            errors.append(str(e))
+
+    works = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    [w.start() for w in works]
+    [w.join(30) for w in works]
+    assert len(errors) == 2 and all("no room in" in e and "shm-size" in e for e in errors), errors
+    for g in groups:
+        g.shutdown()
+
+
+_MANY_GROUPS = '''
+import threading, torch, pt_dist
+from pt_dist.backends import shm
+from pt_dist.store import PrefixStore, TCPStore
+
+master = TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False, timeout=10)
+groups, errors = {}, []
+
+def both(fn):
+    ts = [threading.Thread(target=fn, args=(r,)) for r in range(2)]
+    [t.start() for t in ts]
+    [t.join(60) for t in ts]
+
+def make(name, rank):
+    store = PrefixStore(name, TCPStore("127.0.0.1", master.port, timeout=10))
+    groups[name, rank] = shm.ProcessGroupSHM(store, rank, 2, 10.0, name, b"s", single_copy=False)
+
+def run(name, rank):
+    try:
+        groups[name, rank].all_reduce(torch.ones(4 << 20)).wait()
+    except pt_dist.DistError as e:
+        errors.append(str(e))
+
+names = "abcde"
+for name in names:  # all made before any is used: each sees the whole filesystem free and sizes for it
+    both(lambda r: make(name, r))
+for name in names:
+    both(lambda r: run(name, r))
+print("ERRORS", len(errors), errors[:1])
+'''
+
+
+def test_many_shm_groups_overrunning_a_small_dev_shm_raise_instead_of_sigbus(tmp_path):
+    """End to end in a real 24 MiB tmpfs (a private mount namespace): five groups sized alike, 16 MiB
+    staged all-reduces on each. Without the page reservation the process dies of SIGBUS."""
+    import shutil
+    import subprocess
+
+    unshare = shutil.which("unshare")
+    probe = unshare and subprocess.run([unshare, "-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+                                       capture_output=True)
+    if not probe or probe.returncode != 0:
+        pytest.skip("needs `unshare -rm` and a tmpfs mount (user or mount namespaces are not allowed here)")
+    script = tmp_path / "many_groups.py"
+    script.write_text(_MANY_GROUPS)
+    cmd = f"mount -t tmpfs -o size=24m tmpfs /dev/shm && exec {sys.executable} {script}"
+    out = subprocess.run([unshare, "-rm", "sh", "-c", cmd], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, f"rc={out.returncode} (SIGBUS is -7/135)\n{out.stdout}\n{out.stderr[-3000:]}"
+    count = int(out.stdout.split("ERRORS ")[1].split()[0])
+    assert count >= 2 and "no room in /dev/shm" in out.stdout and "shm-size" in out.stdout, out.stdout

@@ -2,11 +2,14 @@
 
 Rank 0 creates the file (``O_EXCL``, mode 0600, a random name) and publishes its path in the group's store;
 the others open it; once every rank has it mapped, rank 0 unlinks it, so nothing is left behind even if a
-rank is killed later. The file is sized with ``ftruncate``: pages appear only when first touched.
+rank is killed later. The file is sized with ``ftruncate``: pages appear only when first touched, and
+touching one the filesystem has no room for kills the process (SIGBUS), so ``PageReservation`` reserves
+them with ``fallocate`` before first use, where running out is an error every rank can raise.
 """
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 import secrets
@@ -53,3 +56,30 @@ def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeo
             time.sleep(0.001)
         os.unlink(path)
     return (mm, fd) if keep_fd else mm
+
+
+class PageReservation:
+    """Reserves a segment's pages region by region as collectives first reach them (``fallocate`` on the fd).
+
+    ``starts`` are the regions' first bytes; each region is filled from its start, so one high-water mark per
+    region is enough and the steady state costs a comparison."""
+
+    def __init__(self, fd: int, starts: list[int], group_name: str):
+        self._fd, self._starts, self._upto, self.group_name = fd, starts, list(starts), group_name
+
+    def cover(self, offset: int, nbytes: int) -> None:
+        k, end = bisect.bisect_right(self._starts, offset) - 1, offset + nbytes
+        if end <= self._upto[k]:
+            return
+        try:
+            os.posix_fallocate(self._fd, self._upto[k], end - self._upto[k])
+        except OSError as e:
+            raise DistError(f"shm group {self.group_name!r}: no room in {shm_dir()} for {end - self._upto[k]} more "
+                            f"bytes of staging ({e.strerror}); enlarge it (docker run --shm-size) or create fewer "
+                            f"shm groups") from e
+        self._upto[k] = end
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -82,7 +82,10 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
         self._res_off = self._slot_off + size * self.slot_bytes
         self._small_off = self._res_off + 2 * self.slot_bytes
         total = self._small_off + 2 * SMALL_BYTES
-        self._mm = map_shared_segment(store, rank, size, total, "shm", timeout, group_name)
+        self._mm, fd = map_shared_segment(store, rank, size, total, "shm", timeout, group_name, keep_fd=True)
+        self._pages = segment.PageReservation(
+            fd, [0] + [self._slot_off + j * self.slot_bytes for j in range(size + 2)] + [self._small_off], group_name)
+        self._pages.cover(0, self._slot_off)  # control words and headers
         self._ctl = memoryview(self._mm)[:ctrl].cast("q")  # word i*8: counter of rank i-1; word 0: abort
         self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
         self._base = self._bytes.data_ptr()
@@ -105,8 +108,8 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
         self._slots_read_late = False
 
     def _fit_slots(self, store, rank: int, size: int, want: int, fixed: int) -> int:
-        """Pages appear as collectives touch them, and touching one the filesystem has no room for kills the
-        process (SIGBUS), so rank 0 shrinks the staging slots to half the room there is, and all ranks use that."""
+        """Rank 0 shrinks the staging slots to half the room the filesystem has, and all ranks use that (pages
+        are reserved as collectives reach them, so groups made together that overrun it raise, not SIGBUS)."""
         if rank == 0:
             fit = (segment.free_bytes() // 2 - fixed) // (size + 2)
             if fit < want:
@@ -184,9 +187,11 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
     def shutdown(self) -> None:
         super().shutdown()
         self.mesh.close()
+        self._pages.close()
 
     # views of the segment ------------------------------------------------------------------------
     def _view(self, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        self._pages.cover(offset, numel * dtype.itemsize)
         return self._bytes[offset:offset + numel * dtype.itemsize].view(dtype)
 
     def _slot(self, rank: int, numel: int, dtype, half: int | None = None, at: int = 0) -> torch.Tensor:
