@@ -11,6 +11,7 @@ algbw = bytes / time (busbw would multiply by 2(N-1)/N).
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py            # world 2 and 4, 1 KiB..64 MiB
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py --worlds 2 --max-mib 4
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py --op all_gather --max-mib 16   # FSDP's pair
+    uv run python packages/pt-dist/benchmarks/bench_allreduce.py --huge-pages   # tensors on 2 MiB pages
 """
 
 from __future__ import annotations
@@ -113,7 +114,12 @@ def main() -> None:
                     help="collective to time (default all_reduce); size is the whole (gathered/scattered) buffer")
     ap.add_argument("--backends", nargs="+", default=BACKENDS, choices=BACKENDS,
                     help="which columns to time (default all; the others print nan)")
+    ap.add_argument("--huge-pages", action="store_true",
+                    help="ranks allocate tensors >= 2 MiB on transparent huge pages (torch's THP_MEM_ALLOC_ENABLE=1; "
+                         "all backends alike)")
     args = ap.parse_args()
+    if args.huge_pages:  # read by torch's CPU allocator when the spawned ranks start
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
     sizes = [s for s in SIZES if s <= args.max_mib * (1 << 20)]
     ctx = mp.get_context("spawn")
     ours = BACKENDS[1:]
