@@ -42,6 +42,14 @@ def advertised_address(host: str, store) -> str:
     return socket.gethostbyname(socket.gethostname())  # a FileStore on a shared filesystem
 
 
+def _loopback_hint(host: str) -> str:
+    """Ranks listen on 127.0.0.1 unless told otherwise, which peers on other hosts cannot reach."""
+    if not host.startswith("127.") and host != "localhost":
+        return ""
+    return ("; ranks listen on loopback only by default: on several hosts set PT_DIST_LISTEN_ADDR=0.0.0.0 "
+            "(or this host's address) for every rank")
+
+
 def byte_view(t: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous CPU tensor's storage (zero-size tensors give an empty view)."""
     if t.numel() == 0:
@@ -67,12 +75,12 @@ class PeerMesh:
             for peer in range(rank):
                 peer_host, port = store.get(f"mesh/{peer}").decode().rsplit(":", 1)
                 for chan in (COLL, P2P):
-                    self.socks[(peer, chan)] = self._connect(peer_host, int(port), secret, chan)
+                    self.socks[(peer, chan)] = self._connect(peer, peer_host, int(port), secret, chan)
             acceptor.join(self.timeout + 1)
             missing = sorted({p for p in range(rank + 1, size) for c in (COLL, P2P) if (p, c) not in self.socks})
             if missing:
                 raise DistError(f"group {group_name!r}: mesh setup timed out after {timeout:.1f}s; "
-                                f"{missing_text(missing)}")
+                                f"{missing_text(missing)}{_loopback_hint(host)}")
         finally:
             listener.close()
         for (_, chan), sock in self.socks.items():
@@ -102,7 +110,7 @@ class PeerMesh:
             self.socks[(peer, chan)] = conn
             got += 1
 
-    def _connect(self, host: str, port: int, secret: bytes, chan: int) -> socket.socket:
+    def _connect(self, peer: int, host: str, port: int, secret: bytes, chan: int) -> socket.socket:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -112,7 +120,8 @@ class PeerMesh:
                 return sock
             except OSError as e:
                 if time.monotonic() > deadline:
-                    raise DistError(f"group {self.group_name!r}: cannot reach a peer at {host}:{port}: {e}") from e
+                    raise DistError(f"group {self.group_name!r}: cannot reach rank {peer} at {host}:{port}: {e}"
+                                    f"{_loopback_hint(host)}") from e
                 time.sleep(0.02)
 
     def close(self) -> None:
