@@ -68,15 +68,14 @@ def _rank(rank: int, world: int, port: int, sizes: list[int], backends: list[str
               "reduce_scatter": "reduce_scatter_tensor"}[op]
     run = {"gloo": getattr(dist, method)}
     run.update({name: getattr(g, method) for name, g in groups.items()})
-    symm = {}  # shm-symm: the same all-reduce on a tensor from the group's symmetric heap (all_reduce only)
-    if op == "all_reduce":
-        run["shm-symm"] = lambda *_: groups["shm"].all_reduce(symm["t"])
+    symm = {}  # shm-symm: the same call with its input from the group's symmetric heap
+    run["shm-symm"] = lambda *_: getattr(groups["shm"], method)(*symm["t"])
     run = {name: fn for name, fn in run.items() if name in backends}
     rows = []
     for nbytes in sizes:
         t = _buffers(op, nbytes, world)
-        if "shm-symm" in run:
-            symm["t"] = groups["shm"].symmetric_empty(nbytes // 4).zero_()
+        if "shm-symm" in run:  # the input (the last buffer) on the heap; outputs stay plain tensors
+            symm["t"] = t[:-1] + (groups["shm"].symmetric_empty(t[-1].numel()).zero_(),)
         times = {name: [] for name in run}
         for fn in run.values():  # warm up (first-touch pages, socket buffers)
             fn(*t)

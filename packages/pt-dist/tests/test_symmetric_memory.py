@@ -46,6 +46,7 @@ def _symmetric(rank, world_size):
     ok = torch.ones(5)
     pt_dist.all_reduce(ok)
     out["after"] = ok.tolist()
+    out.update(_gather_scatter_broadcast(rank, world_size))
     with pytest.raises(ValueError, match="do not fit"):
         pt_dist.symmetric_empty(1 << 40, dtype=torch.uint8)
     tcp = pt_dist.new_group(list(range(world_size)), backend="tcp")
@@ -53,6 +54,62 @@ def _symmetric(rank, world_size):
         pt_dist.symmetric_empty(4, group=tcp)
     util.leave()
     return out
+
+
+GATHER_SIZES = [((1 << 16) + 3, torch.float32), (5, torch.int64), (1, torch.float64)]
+
+
+def _gather_scatter_broadcast(rank, world_size):
+    """FSDP's pair and broadcast on symmetric inputs (read where they lie; outputs are plain tensors)."""
+    pg, calls = pt_dist.GroupMember.WORLD, []
+
+    def spy(name, fn):
+        return lambda *a: (calls.append(name), fn(*a))[1]
+    for name in ("_symm_all_gather", "_symm_reduce_scatter", "_symm_broadcast"):  # count the path taken
+        setattr(pg, name, spy(name, getattr(pg, name)))
+    out = {}
+    for n, dtype in GATHER_SIZES:
+        x = pt_dist.symmetric_empty(n, dtype=dtype)
+        x.copy_(_values(rank, n, dtype))
+        gathered = torch.empty(world_size * n, dtype=dtype)
+        pt_dist.all_gather_into_tensor(gathered, x)
+        pieces = [torch.empty(n, dtype=dtype) for _ in range(world_size)]
+        pt_dist.all_gather(pieces, x)
+        out[f"gather {n}"] = (gathered, torch.cat(pieces))
+        wide = pt_dist.symmetric_empty(world_size, n, dtype=dtype)
+        wide.copy_(_values(rank, world_size * n, dtype).view(world_size, n))
+        for op in (ReduceOp.SUM, ReduceOp.MAX) + ((ReduceOp.AVG,) if dtype.is_floating_point else ()):
+            o = torch.empty(n, dtype=dtype)
+            pt_dist.reduce_scatter_tensor(o, wide, op=op)
+            out[f"scatter {n} {op.name}"] = o
+        pt_dist.broadcast(x, src=world_size - 1)
+        out[f"broadcast {n}"] = x.clone()
+    out["calls"] = sorted(set(calls)), len(calls)
+    sym = pt_dist.symmetric_empty(8)
+    try:  # symmetric on one rank only: the header says so, every rank raises, the group goes on
+        pt_dist.all_gather_into_tensor(torch.empty(8 * world_size), sym if rank == 0 else torch.zeros(8))
+        out["gather mismatch"] = None
+    except DistError as e:
+        out["gather mismatch"] = str(e)
+    for name in ("_symm_all_gather", "_symm_reduce_scatter", "_symm_broadcast"):
+        delattr(pg, name)
+    return out
+
+
+def _check_gather_scatter_broadcast(results, ws):
+    for n, dtype in GATHER_SIZES:
+        inputs = [_values(r, n, dtype) for r in range(ws)]
+        wides = torch.stack([_values(r, ws * n, dtype).double() for r in range(ws)])
+        for rank, res in enumerate(results):
+            assert all(torch.equal(g, torch.cat(inputs)) for g in res[f"gather {n}"]), (n, rank)
+            assert torch.equal(res[f"broadcast {n}"], inputs[ws - 1])
+            block = wides[:, rank * n:(rank + 1) * n]
+            for op, want in (("SUM", block.sum(0)), ("MAX", block.amax(0)), ("AVG", block.mean(0))):
+                if f"scatter {n} {op}" in res:
+                    assert torch.allclose(res[f"scatter {n} {op}"].double(), want, rtol=1e-6), (n, op, rank)
+    for res in results:
+        assert res["calls"] == (["_symm_all_gather", "_symm_broadcast", "_symm_reduce_scatter"], 3 * 3 + 8)
+        assert res["gather mismatch"] is not None and "symmetric@" in res["gather mismatch"]
 
 
 def test_symmetric_all_reduce_matches_reference_and_ranks_agree():
@@ -71,6 +128,7 @@ def test_symmetric_all_reduce_matches_reference_and_ranks_agree():
         assert torch.equal(res["matrix"], torch.full((6, 7), 6.0))
         assert res["mismatch"] is not None and "symmetric@" in res["mismatch"], res["mismatch"]
         assert res["after"] == [3.0] * 5
+    _check_gather_scatter_broadcast(results, ws)
 
 
 def test_a_full_shared_memory_filesystem_is_a_clear_error_not_a_sigbus(monkeypatch):

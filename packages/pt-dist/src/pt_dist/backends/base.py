@@ -122,6 +122,10 @@ class NativeProcessGroup(ProcessGroup):
         """A backend may return a body that exchanges the header together with the data (one sync point)."""
         return None
 
+    def _placement(self, t: torch.Tensor) -> str:
+        """Header text for where ``t`` lives, when that picks the algorithm (ranks must then agree on it)."""
+        return ""
+
     def _abort(self) -> None:  # noqa: B027 - backends close their transport so peers fail fast
         """Tear down the transport after a failure so peers blocked on us fail fast."""
 
@@ -145,7 +149,7 @@ class NativeProcessGroup(ProcessGroup):
             if buf is not tensor:
                 tensor.copy_(buf)
             return [tensor]
-        return self._launch("broadcast", body, async_op, f"{self._desc(tensor)}|src={src}")
+        return self._launch("broadcast", body, async_op, f"{self._desc(tensor)}|src={src}{self._placement(tensor)}")
 
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
         _check_tensor(tensor, "tensor", "all_reduce")
@@ -191,7 +195,8 @@ class NativeProcessGroup(ProcessGroup):
             if out is not output_tensor:
                 output_tensor.copy_(out)
             return [output_tensor]
-        return self._launch("all_gather_into_tensor", body, async_op, self._desc(input_tensor))
+        return self._launch("all_gather_into_tensor", body, async_op,
+                            self._desc(input_tensor) + self._placement(input_tensor))
 
     def all_gather(self, tensor_list, tensor, async_op=False):
         _check_tensor(tensor, "tensor", "all_gather")
@@ -208,7 +213,7 @@ class NativeProcessGroup(ProcessGroup):
             for t, piece in zip(tensor_list, flat.chunk(self._size) if tensor.numel() else [flat] * self._size):
                 t.copy_(piece.view(t.shape))
             return tensor_list
-        return self._launch("all_gather", body, async_op, self._desc(tensor))
+        return self._launch("all_gather", body, async_op, self._desc(tensor) + self._placement(tensor))
 
     def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, async_op=False):
         for what, t in (("output", output), ("input", input)):
@@ -225,7 +230,8 @@ class NativeProcessGroup(ProcessGroup):
             if out is not output:
                 output.copy_(out)
             return [output]
-        return self._launch("reduce_scatter_tensor", body, async_op, f"{self._desc(output)}|{op.name}")
+        return self._launch("reduce_scatter_tensor", body, async_op,
+                            f"{self._desc(output)}|{op.name}{self._placement(input)}")
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
         for what, t in (("output", output), ("input", input)):

@@ -10,6 +10,7 @@ them with ``fallocate`` before first use, where running out is an error every ra
 from __future__ import annotations
 
 import bisect
+import logging
 import mmap
 import os
 import secrets
@@ -17,6 +18,9 @@ import tempfile
 import time
 
 from pt_dist.errors import DistError
+
+logger = logging.getLogger(__name__)
+MIN_SLOT_BYTES = 64 << 10
 
 
 def shm_dir() -> str:
@@ -27,6 +31,24 @@ def free_bytes() -> int:
     """Room left in the shared-memory filesystem (docker's default ``/dev/shm`` is only 64 MB)."""
     st = os.statvfs(shm_dir())
     return st.f_bavail * st.f_frsize
+
+
+def fit_slots(store, rank: int, size: int, want: int, fixed: int, group_name: str) -> int:
+    """Collective: rank 0 shrinks ``size + 2`` staging slots of ``want`` bytes (plus ``fixed``) to half the room the
+    filesystem has, and every rank uses its answer. Groups made together each see the same room, so they can
+    still overrun it; ``PageReservation`` turns that into an error."""
+    if rank == 0:
+        fit = (free_bytes() // 2 - fixed) // (size + 2)
+        if fit < want:
+            if fit < MIN_SLOT_BYTES:
+                raise DistError(f"shm group {group_name!r}: {shm_dir()} has {free_bytes()} bytes free, too little "
+                                f"for {size} ranks; enlarge it (docker run --shm-size)")
+            logger.warning("shm group %r: %s has %d bytes free, so staging slots shrink from %d to %d bytes "
+                           "(docker run --shm-size raises the limit)", group_name, shm_dir(), free_bytes(), want, fit)
+            want = fit
+        store.set("shm/slot_bytes", str(want))
+        return want
+    return int(store.get("shm/slot_bytes"))
 
 
 def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeout: float,

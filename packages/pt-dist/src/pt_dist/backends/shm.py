@@ -44,7 +44,6 @@ SLOT_BYTES = int(os.environ.get("PT_DIST_SHM_SLOT_BYTES", 64 << 20))  # sparse: 
 # All-reduces with size x world_size up to this take the one-barrier path: every rank then reads all N
 # copies, which costs more memory traffic than the sliced path but saves two synchronisations.
 SMALL_BYTES = 2 << 20
-MIN_SLOT_BYTES = 64 << 10
 # How long a waiter spins on a peer's counter before sleeping on it with futex. Barrier skew between
 # ranks is typically tens to hundreds of microseconds, and a futex sleep+wake costs about as much, so
 # spinning through it is what keeps small messages fast. With more ranks than cores the spinner yields
@@ -74,8 +73,8 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
                  slot_bytes: int | None = None, single_copy: bool = True):
         super().__init__(rank, size, timeout, group_name)
         ctrl = (1 + 2 * size) * LINE
-        slot_bytes = self._fit_slots(store, rank, size, slot_bytes or SLOT_BYTES,
-                                     ctrl + 2 * size * HEADER_BYTES + 2 * SMALL_BYTES)
+        slot_bytes = segment.fit_slots(store, rank, size, slot_bytes or SLOT_BYTES,
+                                       ctrl + 2 * size * HEADER_BYTES + 2 * SMALL_BYTES, group_name)
         self.slot_bytes = max(2 * LINE, slot_bytes - slot_bytes % (2 * LINE))
         self._hdr_off = ctrl
         self._slot_off = ctrl + 2 * size * HEADER_BYTES
@@ -106,23 +105,6 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
         # True after a collective whose ranks read peers' slots after its last barrier: the next one that
         # stages data before its first barrier must wait for them first
         self._slots_read_late = False
-
-    def _fit_slots(self, store, rank: int, size: int, want: int, fixed: int) -> int:
-        """Rank 0 shrinks the staging slots to half the room the filesystem has, and all ranks use that (pages
-        are reserved as collectives reach them, so groups made together that overrun it raise, not SIGBUS)."""
-        if rank == 0:
-            fit = (segment.free_bytes() // 2 - fixed) // (size + 2)
-            if fit < want:
-                if fit < MIN_SLOT_BYTES:
-                    raise DistError(f"shm group {self.group_name!r}: {segment.shm_dir()} has {segment.free_bytes()} "
-                                    f"bytes free, too little for {size} ranks; enlarge it (docker run --shm-size)")
-                logger.warning("shm group %r: %s has %d bytes free, so staging slots shrink from %d to %d bytes "
-                               "(docker run --shm-size raises the limit)", self.group_name, segment.shm_dir(),
-                               segment.free_bytes(), want, fit)
-                want = fit
-            store.set("shm/slot_bytes", str(want))
-            return want
-        return int(store.get("shm/slot_bytes"))
 
     def name(self) -> str:
         return "shm"
@@ -229,7 +211,7 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
             return None
         nbytes = tensor.numel() * tensor.element_size()
         symmetric = self._symmetric_offset(tensor)
-        header += f"|symmetric@{symmetric}"  # ranks must agree on it, or they would take different paths
+        header += self._placement(tensor)  # ranks must agree on it, or they would take different paths
         single_copy = self._use_cma and nbytes >= cma.MIN_BYTES
         small = not single_copy and nbytes <= SMALL_BYTES // self._size // LINE * LINE
 
@@ -333,6 +315,8 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
         return False
 
     def _broadcast(self, t, src):
+        if self._symmetric_offset(t) is not None:
+            return self._symm_broadcast(t, src)
         if self._single_copy(t.numel() * t.element_size()):
             return self._cma_broadcast(t, src)
         self._slots_read_late = True
@@ -346,6 +330,8 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
                 t[a:b].copy_(buf)
 
     def _all_gather(self, out, inp):
+        if self._symmetric_offset(inp) is not None:
+            return self._symm_all_gather(out, inp)
         if self._single_copy(out.numel() * out.element_size()):
             return self._cma_all_gather(out, inp)
         self._slots_read_late = True
@@ -358,6 +344,8 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
                 out[j * m + a:j * m + b].copy_(self._slot(j, b - a, inp.dtype, half=i % 2))
 
     def _reduce_scatter(self, out, inp, op):
+        if self._symmetric_offset(inp) is not None:
+            return self._symm_reduce_scatter(out, inp, op)
         if self._single_copy(inp.numel() * inp.element_size()):
             return self._cma_reduce_scatter(out, inp, op)
         self._slots_read_late = True

@@ -4,8 +4,10 @@ The idea of torch's ``torch.distributed._symmetric_memory`` (and of NVSHMEM's sy
 allocates the same sizes in the same order, so a buffer sits at the same offset in each rank's region of a
 shared heap, and a peer's copy of it is a plain view at that offset. An all-reduce on such a tensor needs no
 staging and no kernel copies: each rank reduces its 1/N slice straight from the peers' buffers and stores
-the result straight into them, chunk by chunk while the chunk is in L2. Allocation is collective and
-never freed (a bump allocator): meant for long-lived buffers such as DDP's gradient buckets.
+the result straight into them, chunk by chunk while the chunk is in L2. All-gather, reduce-scatter (FSDP's
+pair) and broadcast on a symmetric input read the peers' inputs where they lie, into a plain output.
+Allocation is collective and never freed (a bump allocator): meant for long-lived buffers such as DDP's
+gradient buckets and FSDP's flat parameters.
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ class SymmetricCollectives:
     def _symmetric_offset(self, t: torch.Tensor) -> int | None:
         return self._heap.offset_of(t) if self._heap is not None and self._size > 1 else None
 
+    def _placement(self, t: torch.Tensor) -> str:
+        offset = self._symmetric_offset(t)
+        return "" if offset is None else f"|symmetric@{offset}"
+
     def _symm_all_reduce(self, flat: torch.Tensor, offset: int, op, mine: str | None) -> None:
         """Rank r only writes slice r of its peers' buffers, which they never touch themselves, so nothing
         races; every slice is reduced once, so all ranks hold bitwise the same result."""
@@ -100,3 +106,32 @@ class SymmetricCollectives:
             for peer in peers:
                 peer[a:b].copy_(part)
         self._arrive_and_wait("all_reduce")
+
+    # Inputs are in place once the header round (a barrier) is over; the closing barrier says no one reads a
+    # peer's input any more, so its owner may change it.
+    def _symm_all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        m, offset = inp.numel(), self._symmetric_offset(inp)
+        for j in range(self._size):
+            out[j * m:(j + 1) * m].copy_(inp if j == self._rank else self._heap.view(j, offset, m, inp.dtype))
+        self._arrive_and_wait("all_gather")
+        self._slots_read_late = False
+
+    def _symm_reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op) -> None:
+        """Block r of every rank's input, folded into my output chunk by chunk (in the same order on every rank)."""
+        m, r, offset = out.numel(), self._rank, self._symmetric_offset(inp)
+        blocks = [self._heap.view(j, offset, inp.numel(), inp.dtype)[r * m:(r + 1) * m] for j in range(self._size)]
+        step = max(1, CHUNK_BYTES // out.element_size())
+        for a in range(0, m, step):
+            part = out[a:a + step]
+            combine_(blocks[0][a:a + step], blocks[1][a:a + step], op, out=part)
+            for block in blocks[2:]:
+                combine_(part, block[a:a + step], op)
+            finish_avg_(part, op, self._size)
+        self._arrive_and_wait("reduce_scatter_tensor")
+        self._slots_read_late = False
+
+    def _symm_broadcast(self, t: torch.Tensor, src: int) -> None:
+        if self._rank != src:
+            t.copy_(self._heap.view(src, self._symmetric_offset(t), t.numel(), t.dtype))
+        self._arrive_and_wait("broadcast")
+        self._slots_read_late = False
