@@ -155,6 +155,26 @@ def test_nccl_adapter_on_gpus():
     assert run_ranks(_nccl, 2, backend=None, timeout=120) == [(0.5, [0.0, 1.0], 2.0)] * 2
 
 
+def _nccl_alone(rank, world_size):
+    """One GPU: a one-rank NCCL communicator still runs every call through the adapter and the library."""
+    util.join(rank, world_size, "nccl", key="nccl1")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    t = torch.arange(6, dtype=torch.float32, device=dev).view(2, 3).t()  # non-contiguous: staged and copied back
+    pt_dist.all_reduce(t, op=ReduceOp.AVG)
+    work = pt_dist.all_reduce(torch.ones(4, device=dev), op=ReduceOp.MAX, async_op=True)
+    got = work.get_future().wait()[0]
+    out = torch.empty(3, dtype=torch.bfloat16, device=dev)
+    pt_dist.all_gather_into_tensor(out, torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16, device=dev))
+    util.leave()
+    return t.cpu().tolist(), got.cpu().tolist(), out.float().cpu().tolist()
+
+
+@pytest.mark.gpu(1)
+def test_nccl_adapter_on_one_gpu():
+    assert run_ranks(_nccl_alone, 1, backend=None, timeout=120) == [
+        ([[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]], [1.0] * 4, [1.0, 2.0, 3.0])]
+
+
 def test_register_backend_plugs_a_new_name_into_init_process_group():
     from pt_dist import Backend
     from pt_dist.backends.tcp import ProcessGroupTCP

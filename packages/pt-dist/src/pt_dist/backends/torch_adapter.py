@@ -106,7 +106,8 @@ class TorchProcessGroup(ProcessGroup):
             dist.init_process_group("mpi", timeout=td)
         else:
             if name == "nccl":
-                torch.cuda.set_device(rank % torch.cuda.device_count())
+                local = int(os.environ.get("LOCAL_RANK", rank))  # torchrun's; else ranks fill hosts in order
+                torch.cuda.set_device(local % torch.cuda.device_count())
             dist.init_process_group(name, store=torch_store(store, rank, size, td), rank=rank, world_size=size,
                                     timeout=td)
         return cls(name, dist.group.WORLD, dist.get_rank(), dist.get_world_size(), group_name)
