@@ -12,6 +12,7 @@ algbw = bytes / time (busbw would multiply by 2(N-1)/N).
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py --worlds 2 --max-mib 4
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py --op all_gather --max-mib 16   # FSDP's pair
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py --huge-pages   # tensors on 2 MiB pages
+    uv run python packages/pt-dist/benchmarks/bench_allreduce.py --svg allreduce.svg   # and a chart
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def main() -> None:
     ap.add_argument("--huge-pages", action="store_true",
                     help="ranks allocate tensors >= 2 MiB on transparent huge pages (torch's THP_MEM_ALLOC_ENABLE=1; "
                          "all backends alike)")
+    ap.add_argument("--svg", metavar="PATH", help="also draw bandwidth against size to this SVG file")
     args = ap.parse_args()
     if args.huge_pages:  # read by torch's CPU allocator when the spawned ranks start
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
@@ -126,6 +128,7 @@ def main() -> None:
         [f"{b} / gloo" for b in ours]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
+    panels = {}
     for world in args.worlds:
         port = 20000 + os.getpid() % 10000
         q = ctx.Queue()
@@ -133,7 +136,7 @@ def main() -> None:
                  for r in range(world)]
         for p in procs:
             p.start()
-        rows = q.get(timeout=1800)
+        rows = panels[world] = q.get(timeout=1800)
         for p in procs:
             p.join(60)
         for nbytes, med in rows:
@@ -141,6 +144,11 @@ def main() -> None:
             cells = [str(world), _fmt_size(nbytes)] + [f"{med[b] * 1e6:.0f}" for b in BACKENDS] + \
                 [f"{nbytes / med[b] / 1e9:.2f}" for b in BACKENDS] + [f"{med['gloo'] / med[b]:.2f}x" for b in ours]
             print("| " + " | ".join(cells) + " |", flush=True)
+    if args.svg:
+        from bandwidth_chart import write_svg  # beside this script
+
+        write_svg(args.svg, args.op, panels, [b for b in BACKENDS if b in args.backends])
+        print(f"chart: {args.svg}")
 
 
 if __name__ == "__main__":
