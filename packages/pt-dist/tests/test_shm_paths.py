@@ -26,7 +26,7 @@ def _self_read_works() -> bool:
 
     cma, src, dst = CrossMemory(), torch.arange(4.0), torch.zeros(4)
     try:
-        cma.read(os.getpid(), src.data_ptr(), dst)
+        cma.read(os.getpid(), src.data_ptr(), dst.data_ptr(), 16)
     except OSError:
         return False
     return cma.available and torch.equal(src, dst)

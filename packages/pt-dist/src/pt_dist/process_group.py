@@ -46,16 +46,22 @@ def check_reduce_dtype(op: ReduceOp, dtype: torch.dtype, op_name: str) -> None:
         raise ValueError(f"{op_name}: ReduceOp.{op.name} is undefined for complex dtype {dtype}")
 
 
-def combine_(acc: torch.Tensor, other: torch.Tensor, op: ReduceOp, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``acc = op(acc, other)`` in place, or into ``out`` (one pass instead of a copy and a fold).
+_FOLDS = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PRODUCT: torch.mul,
+          ReduceOp.MAX: torch.maximum, ReduceOp.MIN: torch.minimum}
+
+
+def combiner(op: ReduceOp, dtype: torch.dtype):
+    """The binary torch function that folds ``op`` (called as ``fn(a, b, out=...)``); look it up once per loop.
 
     Bool follows torch: SUM/MAX are OR, PRODUCT/MIN are AND."""
-    if acc.dtype == torch.bool:
-        fn = torch.logical_or if op in (ReduceOp.SUM, ReduceOp.MAX) else torch.logical_and
-    else:
-        fn = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PRODUCT: torch.mul,
-              ReduceOp.MAX: torch.maximum, ReduceOp.MIN: torch.minimum}[op]
-    return fn(acc, other, out=acc if out is None else out)
+    if dtype == torch.bool:
+        return torch.logical_or if op in (ReduceOp.SUM, ReduceOp.MAX) else torch.logical_and
+    return _FOLDS[op]
+
+
+def combine_(acc: torch.Tensor, other: torch.Tensor, op: ReduceOp, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``acc = op(acc, other)`` in place, or into ``out`` (one pass instead of a copy and a fold)."""
+    return combiner(op, acc.dtype)(acc, other, out=acc if out is None else out)
 
 
 def finish_avg_(t: torch.Tensor, op: ReduceOp, world: int) -> torch.Tensor:

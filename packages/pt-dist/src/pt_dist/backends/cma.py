@@ -17,7 +17,7 @@ import sys
 import torch
 
 from pt_dist.errors import DistError, missing_text
-from pt_dist.process_group import combine_, finish_avg_
+from pt_dist.process_group import combiner, finish_avg_
 
 # Collectives from this many bytes take the single-copy path where the group agreed it works; below it,
 # staging through the segment is cheaper than the extra barrier and the system calls.
@@ -33,10 +33,17 @@ class _IOVec(ctypes.Structure):
 
 
 class CrossMemory:
-    """``read(pid, addr, local)`` fills ``local`` from ``pid``'s memory at ``addr``; ``write`` is the reverse."""
+    """``read(pid, addr, local_addr, nbytes)`` copies from ``pid``'s memory at ``addr``; ``write`` the reverse.
+
+    Addresses are raw (``tensor.data_ptr()``); the two one-entry iovecs are reused from call to call, since a
+    256 KiB chunk costs only tens of microseconds to copy and Python-side setup would otherwise show.
+    One instance per group: its collectives run one at a time on the group's thread.
+    """
 
     def __init__(self):
         self._readv = self._writev = None
+        self._here, self._there = _IOVec(), _IOVec()
+        self._here_ref, self._there_ref = ctypes.byref(self._here), ctypes.byref(self._there)
         if sys.platform.startswith("linux") and not os.environ.get("PT_DIST_NO_CMA"):
             libc = ctypes.CDLL(None, use_errno=True)
             if hasattr(libc, "process_vm_readv"):
@@ -50,25 +57,28 @@ class CrossMemory:
     def available(self) -> bool:
         return self._readv is not None
 
-    def read(self, pid: int, addr: int, local: torch.Tensor) -> None:
-        self._move(self._readv, pid, local, addr)
+    def read(self, pid: int, addr: int, local_addr: int, nbytes: int) -> None:
+        self._move(self._readv, pid, local_addr, nbytes, addr)
 
-    def write(self, pid: int, local: torch.Tensor, addr: int) -> None:
-        self._move(self._writev, pid, local, addr)
+    def write(self, pid: int, local_addr: int, nbytes: int, addr: int) -> None:
+        self._move(self._writev, pid, local_addr, nbytes, addr)
 
-    def _move(self, fn, pid: int, local: torch.Tensor, addr: int) -> None:
+    def _move(self, fn, pid: int, base: int, nbytes: int, addr: int) -> None:
         """One contiguous range; the kernel may move less than asked (page by page), so loop on the rest."""
-        nbytes, done = local.numel() * local.element_size(), 0
-        base = local.data_ptr()
+        here, there, done = self._here, self._there, 0
         while done < nbytes:
-            here = _IOVec(base + done, nbytes - done)
-            there = _IOVec(addr + done, nbytes - done)
-            got = fn(pid, ctypes.byref(here), 1, ctypes.byref(there), 1, 0)
+            here.iov_base, there.iov_base = base + done, addr + done
+            here.iov_len = there.iov_len = nbytes - done
+            got = fn(pid, self._here_ref, 1, self._there_ref, 1, 0)
             if got <= 0:
                 err = ctypes.get_errno() if got < 0 else errno.EIO
                 raise OSError(err, f"{'process_vm_readv' if fn is self._readv else 'process_vm_writev'} "
                                    f"pid {pid} at {addr + done:#x}: {os.strerror(err)}")
             done += got
+
+
+def _addr(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.numel() * t.element_size()
 
 
 class SingleCopyCollectives:
@@ -88,21 +98,20 @@ class SingleCopyCollectives:
             self._check_headers(op, mine, self._read_headers())
         return [(j, ctl[(1 + size + j) * 8], ctl[(1 + j) * 8 + 1]) for j in range(size) if j != self._rank]
 
-    def _pull(self, op: str, peer, offset: int, local: torch.Tensor) -> None:
-        j, pid, base = peer
+    def _pull(self, op: str, peer, offset: int, local_addr: int, nbytes: int) -> None:
+        """Fill ``nbytes`` at ``local_addr`` from the peer's tensor at ``offset``."""
         try:
-            self._cma.read(pid, base + offset, local)
+            self._cma.read(peer[1], peer[2] + offset, local_addr, nbytes)
         except OSError as e:
-            raise self._copy_failed(op, j, e) from e
+            raise self._copy_failed(op, peer[0], e) from e
 
-    def _push(self, op: str, local: torch.Tensor, peer, offset: int) -> None:
-        j, pid, base = peer
+    def _push(self, op: str, local_addr: int, nbytes: int, peer, offset: int) -> None:
         if self._ctl[ABORT]:  # a peer gave up: its tensor may be gone, so write nothing more into it
             self._check_peers(op, self._epoch + 1, False)
         try:
-            self._cma.write(pid, local, base + offset)
+            self._cma.write(peer[1], local_addr, nbytes, peer[2] + offset)
         except OSError as e:
-            raise self._copy_failed(op, j, e) from e
+            raise self._copy_failed(op, peer[0], e) from e
 
     def _copy_failed(self, op: str, j: int, e: OSError) -> DistError:
         if e.errno == errno.ESRCH:  # its memory is torn down already, though /proc may not show it dead yet
@@ -126,15 +135,17 @@ class SingleCopyCollectives:
         n, r, size, item = flat.numel(), self._rank, self._size, flat.element_size()
         peers = self._meet("all_reduce", flat, mine)
         step, scratch = self._chunk_scratch(flat.dtype)
+        fold, base, sbase = combiner(op, flat.dtype), flat.data_ptr(), scratch.data_ptr()
         for a in range((n * r) // size, (hi := (n * (r + 1)) // size), step):
             part = flat[a:min(hi, a + step)]
-            tmp = scratch[:part.numel() * item].view(flat.dtype)
+            nbytes, off = part.numel() * item, a * item
+            tmp = scratch[:nbytes].view(flat.dtype)
             for peer in peers:
-                self._pull("all_reduce", peer, a * item, tmp)
-                combine_(part, tmp, op)
+                self._pull("all_reduce", peer, off, sbase, nbytes)
+                fold(part, tmp, out=part)
             finish_avg_(part, op, size)
             for peer in peers:
-                self._push("all_reduce", part, peer, a * item)
+                self._push("all_reduce", base + off, nbytes, peer, off)
         self._arrive_and_wait("all_reduce")
 
     def _cma_reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op) -> None:
@@ -142,12 +153,13 @@ class SingleCopyCollectives:
         m, r, item = out.numel(), self._rank, out.element_size()
         peers = self._meet("reduce_scatter_tensor", inp)
         step, scratch = self._chunk_scratch(out.dtype)
+        fold = combiner(op, out.dtype)
         for a in range(0, m, step):
             part, b = out[a:a + step], min(m, a + step)
             tmp = scratch[:part.numel() * item].view(out.dtype)
             for k, peer in enumerate(peers):  # the first fold reads my own block and writes the output
-                self._pull("reduce_scatter_tensor", peer, (r * m + a) * item, tmp)
-                combine_(inp[r * m + a:r * m + b] if k == 0 else part, tmp, op, out=part)
+                self._pull("reduce_scatter_tensor", peer, (r * m + a) * item, *_addr(tmp))
+                fold(inp[r * m + a:r * m + b] if k == 0 else part, tmp, out=part)
             finish_avg_(part, op, self._size)
         self._arrive_and_wait("reduce_scatter_tensor")
 
@@ -157,13 +169,13 @@ class SingleCopyCollectives:
         peers = self._meet("all_gather", inp)
         out[self._rank * m:(self._rank + 1) * m].copy_(inp)
         for peer in peers:
-            self._pull("all_gather", peer, 0, out[peer[0] * m:(peer[0] + 1) * m])
+            self._pull("all_gather", peer, 0, *_addr(out[peer[0] * m:(peer[0] + 1) * m]))
         self._arrive_and_wait("all_gather")
 
     def _cma_broadcast(self, t: torch.Tensor, src: int) -> None:
         peers = self._meet("broadcast", t)
         if self._rank != src:
-            self._pull("broadcast", next(p for p in peers if p[0] == src), 0, t)
+            self._pull("broadcast", next(p for p in peers if p[0] == src), 0, *_addr(t))
         self._arrive_and_wait("broadcast")
 
 
@@ -183,7 +195,7 @@ def probe(cma: CrossMemory, store, rank: int, size: int, prefix: str) -> bool:
                 continue
             pid, addr = map(int, where.split())
             try:
-                cma.read(pid, addr, got)
+                cma.read(pid, addr, *_addr(got))
                 ok = int(got) == pid * 7919 + j
             except OSError:
                 ok = False

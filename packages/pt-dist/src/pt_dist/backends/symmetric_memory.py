@@ -18,7 +18,7 @@ import os
 import torch
 
 from pt_dist.backends.segment import map_shared_segment
-from pt_dist.process_group import combine_, finish_avg_
+from pt_dist.process_group import combiner, finish_avg_
 
 HEAP_BYTES = int(os.environ.get("PT_DIST_SYMM_HEAP_BYTES", 1 << 30))  # per rank; pages appear when touched
 CHUNK_BYTES = 256 << 10
@@ -97,11 +97,12 @@ class SymmetricCollectives:
         n, r, size = flat.numel(), self._rank, self._size
         peers = [self._heap.view(j, offset, n, flat.dtype) for j in range(size) if j != r]
         hi, step = (n * (r + 1)) // size, max(1, CHUNK_BYTES // flat.element_size())
+        fold = combiner(op, flat.dtype)
         for a in range((n * r) // size, hi, step):
             b = min(hi, a + step)
             part = flat[a:b]
             for peer in peers:
-                combine_(part, peer[a:b], op)
+                fold(part, peer[a:b], out=part)
             finish_avg_(part, op, size)
             for peer in peers:
                 peer[a:b].copy_(part)
@@ -120,12 +121,12 @@ class SymmetricCollectives:
         """Block r of every rank's input, folded into my output chunk by chunk (in the same order on every rank)."""
         m, r, offset = out.numel(), self._rank, self._symmetric_offset(inp)
         blocks = [self._heap.view(j, offset, inp.numel(), inp.dtype)[r * m:(r + 1) * m] for j in range(self._size)]
-        step = max(1, CHUNK_BYTES // out.element_size())
+        step, fold = max(1, CHUNK_BYTES // out.element_size()), combiner(op, out.dtype)
         for a in range(0, m, step):
             part = out[a:a + step]
-            combine_(blocks[0][a:a + step], blocks[1][a:a + step], op, out=part)
+            fold(blocks[0][a:a + step], blocks[1][a:a + step], out=part)
             for block in blocks[2:]:
-                combine_(part, block[a:a + step], op)
+                fold(part, block[a:a + step], out=part)
             finish_avg_(part, op, self._size)
         self._arrive_and_wait("reduce_scatter_tensor")
         self._slots_read_late = False
