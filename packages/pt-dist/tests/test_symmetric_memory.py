@@ -84,6 +84,13 @@ def _gather_scatter_broadcast(rank, world_size):
             out[f"scatter {n} {op.name}"] = o
         pt_dist.broadcast(x, src=world_size - 1)
         out[f"broadcast {n}"] = x.clone()
+    # FSDP's in-place all-gather: each rank's input is its own block of a symmetric output, so the inputs sit
+    # at different heap offsets on different ranks
+    flat = pt_dist.symmetric_empty(world_size * 1000)
+    mine = flat[rank * 1000:(rank + 1) * 1000]
+    mine.copy_(_values(rank, 1000, torch.float32))
+    pt_dist.all_gather_into_tensor(flat, mine)
+    out["in-place gather"] = flat.clone()
     out["calls"] = sorted(set(calls)), len(calls)
     sym = pt_dist.symmetric_empty(8)
     try:  # symmetric on one rank only: the header says so, every rank raises, the group goes on
@@ -108,8 +115,9 @@ def _check_gather_scatter_broadcast(results, ws):
                 if f"scatter {n} {op}" in res:
                     assert torch.allclose(res[f"scatter {n} {op}"].double(), want, rtol=1e-6), (n, op, rank)
     for res in results:
-        assert res["calls"] == (["_symm_all_gather", "_symm_broadcast", "_symm_reduce_scatter"], 3 * 3 + 8)
-        assert res["gather mismatch"] is not None and "symmetric@" in res["gather mismatch"]
+        assert res["calls"] == (["_symm_all_gather", "_symm_broadcast", "_symm_reduce_scatter"], 3 * 3 + 8 + 1)
+        assert res["gather mismatch"] is not None and "symmetric" in res["gather mismatch"]
+        assert torch.equal(res["in-place gather"], torch.cat([_values(r, 1000, torch.float32) for r in range(ws)]))
 
 
 def test_symmetric_all_reduce_matches_reference_and_ranks_agree():

@@ -122,9 +122,10 @@ class NativeProcessGroup(ProcessGroup):
         """A backend may return a body that exchanges the header together with the data (one sync point)."""
         return None
 
-    def _placement(self, t: torch.Tensor) -> str:
-        """Header text for where ``t`` lives, when that picks the algorithm (ranks must then agree on it)."""
-        return ""
+    def _placement(self, t: torch.Tensor) -> tuple[str, str]:
+        """Where ``t`` lives, when that picks the algorithm: (header text every rank must agree on, this rank's
+        own part). While the collective runs, ``self._placed`` holds every rank's own part, by rank."""
+        return "", ""
 
     def _abort(self) -> None:  # noqa: B027 - backends close their transport so peers fail fast
         """Tear down the transport after a failure so peers blocked on us fail fast."""
@@ -143,13 +144,16 @@ class NativeProcessGroup(ProcessGroup):
         _check_tensor(tensor, "tensor", "broadcast")
         self._check_root(src, "src", "broadcast")
 
-        def body(_):
+        common, mine = self._placement(tensor)
+
+        def body(placed):
+            self._placed = placed
             buf = _contig(tensor)
             self._broadcast(buf.view(-1), src)
             if buf is not tensor:
                 tensor.copy_(buf)
             return [tensor]
-        return self._launch("broadcast", body, async_op, f"{self._desc(tensor)}|src={src}{self._placement(tensor)}")
+        return self._launch("broadcast", body, async_op, f"{self._desc(tensor)}|src={src}{common}", mine)
 
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
         _check_tensor(tensor, "tensor", "all_reduce")
@@ -189,14 +193,16 @@ class NativeProcessGroup(ProcessGroup):
             raise ValueError(f"all_gather_into_tensor: output {self._desc(output_tensor)} must hold world_size="
                              f"{self._size} x input {self._desc(input_tensor)} of the same dtype")
 
-        def body(_):
+        common, mine = self._placement(input_tensor)
+
+        def body(placed):
+            self._placed = placed
             out = _contig(output_tensor)
             self._all_gather(out.view(-1), _contig(input_tensor).view(-1))
             if out is not output_tensor:
                 output_tensor.copy_(out)
             return [output_tensor]
-        return self._launch("all_gather_into_tensor", body, async_op,
-                            self._desc(input_tensor) + self._placement(input_tensor))
+        return self._launch("all_gather_into_tensor", body, async_op, self._desc(input_tensor) + common, mine)
 
     def all_gather(self, tensor_list, tensor, async_op=False):
         _check_tensor(tensor, "tensor", "all_gather")
@@ -207,13 +213,16 @@ class NativeProcessGroup(ProcessGroup):
             if t.dtype != tensor.dtype or t.numel() != tensor.numel():
                 raise ValueError(f"all_gather: tensor_list[{i}] is {self._desc(t)}, input is {self._desc(tensor)}")
 
-        def body(_):
+        common, mine = self._placement(tensor)
+
+        def body(placed):
+            self._placed = placed
             flat = torch.empty(self._size * tensor.numel(), dtype=tensor.dtype)
             self._all_gather(flat, _contig(tensor).view(-1))
             for t, piece in zip(tensor_list, flat.chunk(self._size) if tensor.numel() else [flat] * self._size):
                 t.copy_(piece.view(t.shape))
             return tensor_list
-        return self._launch("all_gather", body, async_op, self._desc(tensor) + self._placement(tensor))
+        return self._launch("all_gather", body, async_op, self._desc(tensor) + common, mine)
 
     def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, async_op=False):
         for what, t in (("output", output), ("input", input)):
@@ -224,14 +233,16 @@ class NativeProcessGroup(ProcessGroup):
             raise ValueError(f"reduce_scatter_tensor: input {self._desc(input)} must hold world_size={self._size} "
                              f"x output {self._desc(output)} of the same dtype")
 
-        def body(_):
+        common, mine = self._placement(input)
+
+        def body(placed):
+            self._placed = placed
             out = _contig(output)
             self._reduce_scatter(out.view(-1), _contig(input).view(-1), op)
             if out is not output:
                 output.copy_(out)
             return [output]
-        return self._launch("reduce_scatter_tensor", body, async_op,
-                            f"{self._desc(output)}|{op.name}{self._placement(input)}")
+        return self._launch("reduce_scatter_tensor", body, async_op, f"{self._desc(output)}|{op.name}{common}", mine)
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
         for what, t in (("output", output), ("input", input)):

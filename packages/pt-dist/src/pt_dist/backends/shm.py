@@ -211,7 +211,8 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
             return None
         nbytes = tensor.numel() * tensor.element_size()
         symmetric = self._symmetric_offset(tensor)
-        header += self._placement(tensor)  # ranks must agree on it, or they would take different paths
+        if symmetric is not None:  # ranks must agree on it (and the offset), or they would take different paths
+            header += f"|symmetric@{symmetric}"
         single_copy = self._use_cma and nbytes >= cma.MIN_BYTES
         small = not single_copy and nbytes <= SMALL_BYTES // self._size // LINE * LINE
 

@@ -84,9 +84,15 @@ class SymmetricCollectives:
     def _symmetric_offset(self, t: torch.Tensor) -> int | None:
         return self._heap.offset_of(t) if self._heap is not None and self._size > 1 else None
 
-    def _placement(self, t: torch.Tensor) -> str:
+    def _placement(self, t: torch.Tensor) -> tuple[str, str]:
+        """All ranks must agree that the input is symmetric; each may hold it at its own offset (an in-place
+        all-gather's input is each rank's own block of the output)."""
         offset = self._symmetric_offset(t)
-        return "" if offset is None else f"|symmetric@{offset}"
+        return ("", "") if offset is None else ("|symmetric", str(offset))
+
+    def _input_of(self, j: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rank j's input to the running collective, where it lies in j's region of the heap."""
+        return self._heap.view(j, int(self._placed[j]), numel, dtype)
 
     def _symm_all_reduce(self, flat: torch.Tensor, offset: int, op, mine: str | None) -> None:
         """Rank r only writes slice r of its peers' buffers, which they never touch themselves, so nothing
@@ -111,16 +117,19 @@ class SymmetricCollectives:
     # Inputs are in place once the header round (a barrier) is over; the closing barrier says no one reads a
     # peer's input any more, so its owner may change it.
     def _symm_all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
-        m, offset = inp.numel(), self._symmetric_offset(inp)
+        m = inp.numel()
         for j in range(self._size):
-            out[j * m:(j + 1) * m].copy_(inp if j == self._rank else self._heap.view(j, offset, m, inp.dtype))
+            if j != self._rank:  # (my own block may be my input itself: the in-place form)
+                out[j * m:(j + 1) * m].copy_(self._input_of(j, m, inp.dtype))
+            elif out.data_ptr() + j * m * inp.element_size() != inp.data_ptr():
+                out[j * m:(j + 1) * m].copy_(inp)
         self._arrive_and_wait("all_gather")
         self._slots_read_late = False
 
     def _symm_reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op) -> None:
         """Block r of every rank's input, folded into my output chunk by chunk (in the same order on every rank)."""
-        m, r, offset = out.numel(), self._rank, self._symmetric_offset(inp)
-        blocks = [self._heap.view(j, offset, inp.numel(), inp.dtype)[r * m:(r + 1) * m] for j in range(self._size)]
+        m, r = out.numel(), self._rank
+        blocks = [self._input_of(j, inp.numel(), inp.dtype)[r * m:(r + 1) * m] for j in range(self._size)]
         step, fold = max(1, CHUNK_BYTES // out.element_size()), combiner(op, out.dtype)
         for a in range(0, m, step):
             part = out[a:a + step]
@@ -133,6 +142,6 @@ class SymmetricCollectives:
 
     def _symm_broadcast(self, t: torch.Tensor, src: int) -> None:
         if self._rank != src:
-            t.copy_(self._heap.view(src, self._symmetric_offset(t), t.numel(), t.dtype))
+            t.copy_(self._input_of(src, t.numel(), t.dtype))
         self._arrive_and_wait("broadcast")
         self._slots_read_late = False
