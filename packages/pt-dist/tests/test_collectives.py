@@ -123,6 +123,15 @@ def _matrix(rank, world_size, backend, dtypes):
                 pt_dist.reduce_scatter_tensor(out, ins[me], op=ReduceOp.SUM)
                 want = reference([i.reshape(ws, -1)[me] for i in ins], ReduceOp.SUM).view(x.shape)
                 check(f"reduce_scatter_tensor {tag}", out, want)
+                # the in-place forms (NCCL's): my input is my own block of the output / my output of the input
+                m = x.numel()
+                flat = torch.zeros(ws * m, dtype=dtype)
+                flat[me * m:(me + 1) * m] = x.reshape(-1)
+                pt_dist.all_gather_into_tensor(flat, flat[me * m:(me + 1) * m])
+                check(f"all_gather_into_tensor in place {tag}", flat, torch.cat([e.reshape(-1) for e in everyone]))
+                wide = ins[me].reshape(-1).clone()
+                pt_dist.reduce_scatter_tensor(wide[me * m:(me + 1) * m], wide, op=ReduceOp.SUM)
+                check(f"reduce_scatter_tensor in place {tag}", wide[me * m:(me + 1) * m].view(x.shape), want)
             # all_to_all_single with unequal (and zero) splits, non-contiguous input
             splits = [[(r + 2 * j) % 3 for j in range(ws)] for r in range(ws)]
             blocks = [make(r, 3 * sum(splits[r]), dtype, 5).view(3, -1).t() for r in range(ws)]
@@ -156,7 +165,7 @@ def _matrix(rank, world_size, backend, dtypes):
 
 
 def _expected_checks(ws, dtypes):
-    per_size = sum(len(ops_for(d)) for d in dtypes) + len(dtypes) * (4 + ws)
+    per_size = sum(len(ops_for(d)) for d in dtypes) + len(dtypes) * (6 + ws)
     return per_size * len(SIZES) + len(dtypes) * (1 + (ws > 1)) + 6
 
 

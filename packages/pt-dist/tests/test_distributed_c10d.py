@@ -126,6 +126,12 @@ def test_invalid_collective_arguments_fail_locally():
             pt_dist.all_reduce(torch.ones(2, dtype=torch.int64), op=ReduceOp.AVG)
         with pytest.raises(ValueError, match="must hold world_size=1"):
             pt_dist.all_gather_into_tensor(torch.empty(3), torch.empty(2))
+        buf = torch.zeros(5)  # overlapping, but not as the in-place form
+        with pytest.raises(ValueError, match="input_tensor overlaps the other tensor but is not its block 0"):
+            pt_dist.all_gather_into_tensor(buf[0:4], buf[1:5])
+        with pytest.raises(ValueError, match="output overlaps the other tensor but is not its block 0"):
+            pt_dist.reduce_scatter_tensor(buf[1:5], buf[0:4])
+        pt_dist.all_gather_into_tensor(buf[0:4], buf[0:4])  # the in-place form itself is fine
         with pytest.raises(ValueError, match="input_split_sizes"):
             pt_dist.all_to_all_single(torch.empty(2), torch.empty(2), [2], [3])
         with pytest.raises(ValueError, match="new_group"):

@@ -37,6 +37,20 @@ def _contig(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _check_in_place(whole: torch.Tensor, block: torch.Tensor, rank: int, op_name: str, what: str) -> None:
+    """``block`` may lie apart from ``whole`` or be exactly its block ``rank`` (NCCL's in-place form); any other
+    overlap would read bytes the collective is overwriting. (Non-contiguous tensors are worked on as copies.)"""
+    if not (whole.is_contiguous() and block.is_contiguous()) or whole.numel() == 0 or block.numel() == 0:
+        return
+    item = whole.element_size()
+    w0, b0 = whole.data_ptr(), block.data_ptr()
+    if b0 + block.numel() * item <= w0 or w0 + whole.numel() * item <= b0:
+        return
+    if b0 != w0 + rank * block.numel() * item:
+        raise ValueError(f"{op_name}: {what} overlaps the other tensor but is not its block {rank} (the in-place "
+                         f"form); pass separate tensors or that block")
+
+
 class NativeProcessGroup(ProcessGroup):
     """Base of the from-scratch backends; subclasses supply the transport and the algorithms."""
 
@@ -192,6 +206,7 @@ class NativeProcessGroup(ProcessGroup):
         if output_tensor.dtype != input_tensor.dtype or output_tensor.numel() != input_tensor.numel() * self._size:
             raise ValueError(f"all_gather_into_tensor: output {self._desc(output_tensor)} must hold world_size="
                              f"{self._size} x input {self._desc(input_tensor)} of the same dtype")
+        _check_in_place(output_tensor, input_tensor, self._rank, "all_gather_into_tensor", "input_tensor")
 
         common, mine = self._placement(input_tensor)
 
@@ -232,6 +247,7 @@ class NativeProcessGroup(ProcessGroup):
         if output.dtype != input.dtype or input.numel() != output.numel() * self._size:
             raise ValueError(f"reduce_scatter_tensor: input {self._desc(input)} must hold world_size={self._size} "
                              f"x output {self._desc(output)} of the same dtype")
+        _check_in_place(input, output, self._rank, "reduce_scatter_tensor", "output")
 
         common, mine = self._placement(input)
 

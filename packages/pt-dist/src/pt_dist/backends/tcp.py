@@ -66,23 +66,28 @@ class ProcessGroupTCP(NativeProcessGroup):
         In place when ``out_blocks is blocks`` (all-reduce); otherwise partial sums ping-pong between
         two scratch buffers so the input stays untouched (reduce-scatter). Each step is one streaming
         ``sendrecv``; every ``CHUNK_BYTES`` that land are folded in while the rest is still in flight.
+        An output that is the input's own block (NCCL's in-place reduce-scatter) takes the last step in
+        place too: the partial sum lands in scratch and is folded into the block.
         """
         n, r = self._size, self._rank
         longest = max(b.numel() for b in blocks)
         item = blocks[0].element_size()
         in_place = out_blocks is blocks
+        own_block = not in_place and out_blocks[r].data_ptr() == blocks[r].data_ptr()
         scratch = [self._scratch(k, longest, blocks[0].dtype) for k in range(1 if in_place else 2)]
         sending = blocks[(r - 1) % n]
         for step in range(n - 1):
             b = (r - step - 2) % n
+            fold_in_place = in_place or (own_block and step == n - 2)
             if in_place:
                 target = blocks[b]
             elif step == n - 2:
                 target = out_blocks[r]
             else:
                 target = scratch[step % 2][: blocks[b].numel()]
-            recv_buf = scratch[0][: blocks[b].numel()] if in_place else target
-            other = recv_buf if in_place else blocks[b]
+            # (in the last step scratch[step % 2] is free: the buffer being sent is the other one)
+            recv_buf = scratch[step % 2 if own_block else 0][: blocks[b].numel()] if fold_in_place else target
+            other = recv_buf if fold_in_place else blocks[b]
 
             def fold(lo, hi, target=target, other=other):
                 combine_(target[lo // item:hi // item], other[lo // item:hi // item], op)
