@@ -91,6 +91,10 @@ def _gather_scatter_broadcast(rank, world_size):
     mine.copy_(_values(rank, 1000, torch.float32))
     pt_dist.all_gather_into_tensor(flat, mine)
     out["in-place gather"] = flat.clone()
+    wide = pt_dist.symmetric_empty(world_size * 1000)  # and in-place reduce-scatter: output = my block of it
+    wide.copy_(_values(rank, world_size * 1000, torch.float32))
+    pt_dist.reduce_scatter_tensor(wide[rank * 1000:(rank + 1) * 1000], wide)
+    out["in-place scatter"] = wide[rank * 1000:(rank + 1) * 1000].clone()
     out["calls"] = sorted(set(calls)), len(calls)
     sym = pt_dist.symmetric_empty(8)
     try:  # symmetric on one rank only: the header says so, every rank raises, the group goes on
@@ -115,9 +119,12 @@ def _check_gather_scatter_broadcast(results, ws):
                 if f"scatter {n} {op}" in res:
                     assert torch.allclose(res[f"scatter {n} {op}"].double(), want, rtol=1e-6), (n, op, rank)
     for res in results:
-        assert res["calls"] == (["_symm_all_gather", "_symm_broadcast", "_symm_reduce_scatter"], 3 * 3 + 8 + 1)
+        assert res["calls"] == (["_symm_all_gather", "_symm_broadcast", "_symm_reduce_scatter"], 3 * 3 + 8 + 2)
         assert res["gather mismatch"] is not None and "symmetric" in res["gather mismatch"]
         assert torch.equal(res["in-place gather"], torch.cat([_values(r, 1000, torch.float32) for r in range(ws)]))
+    for rank, res in enumerate(results):
+        wides = torch.stack([_values(r, ws * 1000, torch.float32) for r in range(ws)])
+        assert torch.allclose(res["in-place scatter"], wides[:, rank * 1000:(rank + 1) * 1000].sum(0)), rank
 
 
 def test_symmetric_all_reduce_matches_reference_and_ranks_agree():

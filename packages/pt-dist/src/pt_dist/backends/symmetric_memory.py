@@ -127,9 +127,11 @@ class SymmetricCollectives:
         self._slots_read_late = False
 
     def _symm_reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op) -> None:
-        """Block r of every rank's input, folded into my output chunk by chunk (in the same order on every rank)."""
+        """Block r of every rank's input, folded into my output chunk by chunk, my own block first: in the
+        in-place form it is the output itself, so it must be read before the output is written."""
         m, r = out.numel(), self._rank
-        blocks = [self._input_of(j, inp.numel(), inp.dtype)[r * m:(r + 1) * m] for j in range(self._size)]
+        order = [r] + [j for j in range(self._size) if j != r]
+        blocks = [self._input_of(j, inp.numel(), inp.dtype)[r * m:(r + 1) * m] for j in order]
         step, fold = max(1, CHUNK_BYTES // out.element_size()), combiner(op, out.dtype)
         for a in range(0, m, step):
             part = out[a:a + step]
