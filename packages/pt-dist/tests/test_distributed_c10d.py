@@ -132,6 +132,8 @@ def test_invalid_collective_arguments_fail_locally():
         with pytest.raises(ValueError, match="output overlaps the other tensor but is not its block 0"):
             pt_dist.reduce_scatter_tensor(buf[1:5], buf[0:4])
         pt_dist.all_gather_into_tensor(buf[0:4], buf[0:4])  # the in-place form itself is fine
+        with pytest.raises(ValueError, match="all-to-all cannot run in place"):
+            pt_dist.all_to_all_single(buf[0:4], buf[0:4])
         with pytest.raises(ValueError, match="input_split_sizes"):
             pt_dist.all_to_all_single(torch.empty(2), torch.empty(2), [2], [3])
         with pytest.raises(ValueError, match="new_group"):

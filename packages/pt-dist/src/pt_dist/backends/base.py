@@ -37,16 +37,18 @@ def _contig(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors the collective works on directly share bytes (non-contiguous ones become copies)."""
+    if not (a.is_contiguous() and b.is_contiguous()) or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def _check_in_place(whole: torch.Tensor, block: torch.Tensor, rank: int, op_name: str, what: str) -> None:
     """``block`` may lie apart from ``whole`` or be exactly its block ``rank`` (NCCL's in-place form); any other
-    overlap would read bytes the collective is overwriting. (Non-contiguous tensors are worked on as copies.)"""
-    if not (whole.is_contiguous() and block.is_contiguous()) or whole.numel() == 0 or block.numel() == 0:
-        return
-    item = whole.element_size()
-    w0, b0 = whole.data_ptr(), block.data_ptr()
-    if b0 + block.numel() * item <= w0 or w0 + whole.numel() * item <= b0:
-        return
-    if b0 != w0 + rank * block.numel() * item:
+    overlap would read bytes the collective is overwriting."""
+    if _overlap(whole, block) and block.data_ptr() != whole.data_ptr() + rank * block.numel() * block.element_size():
         raise ValueError(f"{op_name}: {what} overlaps the other tensor but is not its block {rank} (the in-place "
                          f"form); pass separate tensors or that block")
 
@@ -265,6 +267,8 @@ class NativeProcessGroup(ProcessGroup):
             _check_tensor(t, what, "all_to_all_single")
         if output.dtype != input.dtype:
             raise ValueError(f"all_to_all_single: output dtype {output.dtype} != input dtype {input.dtype}")
+        if _overlap(output, input):  # torch's backends do not support it either (gloo returns garbage)
+            raise ValueError("all_to_all_single: output and input share memory; all-to-all cannot run in place")
         if input.dim() == 0 or output.dim() == 0:
             raise ValueError("all_to_all_single: input and output need at least one dimension to split")
         row_in, row_out = math.prod(input.shape[1:]), math.prod(output.shape[1:])
