@@ -191,3 +191,38 @@ def test_reference_is_not_vacuous():
     assert close(reference(xs, ReduceOp.SUM), sum(xs))
     assert not close(reference(xs, ReduceOp.SUM), reference(xs, ReduceOp.MAX))
     assert not close(torch.ones(3), torch.ones(4))
+
+
+def _parameters(rank, world_size):
+    """c10d works below autograd: collectives and p2p on nn.Parameters (leaves that require grad) just run."""
+    out = {}
+    for backend in ("tcp", "shm", "gloo"):
+        util.join(rank, world_size, backend, key=f"param-{backend}")
+        for n in (10, 1 << 17):  # shm: the one-barrier path and the single-copy one
+            got = []
+            p = torch.nn.Parameter(torch.full((n,), rank + 1.0))
+            pt_dist.all_reduce(p)
+            got.append(float(p[0]))
+            p = torch.nn.Parameter(torch.full((n,), rank + 1.0))
+            pt_dist.broadcast(p, src=1)
+            got.append(float(p[0]))
+            gathered = torch.nn.Parameter(torch.zeros(world_size * n))
+            pt_dist.all_gather_into_tensor(gathered, torch.nn.Parameter(torch.full((n,), rank + 1.0)))
+            got.append(gathered.view(world_size, n)[:, 0].tolist())
+            p = torch.nn.Parameter(torch.full((n,), rank + 1.0))
+            pt_dist.reduce_scatter_tensor(torch.nn.Parameter(torch.zeros(n // world_size)), p)
+            if rank == 0:
+                pt_dist.send(p, dst=1)
+            else:
+                pt_dist.recv(p, src=0)
+            got.append(float(p[0]))
+            out[(backend, n)] = got
+        util.leave()
+    return out
+
+
+def test_collectives_on_parameters_that_require_grad():
+    want = {0: [3.0, 2.0, [1.0, 2.0], 1.0], 1: [3.0, 2.0, [1.0, 2.0], 1.0]}
+    for rank, res in enumerate(run_ranks(_parameters, 2, backend=None, timeout=120)):
+        for key, got in res.items():
+            assert got == want[rank], (rank, key, got)

@@ -159,6 +159,7 @@ class NativeProcessGroup(ProcessGroup):
     def broadcast(self, tensor, src=0, async_op=False):
         _check_tensor(tensor, "tensor", "broadcast")
         self._check_root(src, "src", "broadcast")
+        tensor = tensor.detach()
 
         common, mine = self._placement(tensor)
 
@@ -173,7 +174,7 @@ class NativeProcessGroup(ProcessGroup):
 
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
         _check_tensor(tensor, "tensor", "all_reduce")
-        op = ReduceOp.of(op)
+        op, tensor = ReduceOp.of(op), tensor.detach()
         check_reduce_dtype(op, tensor.dtype, "all_reduce")
         header = f"{self._desc(tensor)}|{op.name}"
         fused = self._fused_all_reduce(tensor, op, header)
@@ -191,7 +192,7 @@ class NativeProcessGroup(ProcessGroup):
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
         _check_tensor(tensor, "tensor", "reduce")
         self._check_root(dst, "dst", "reduce")
-        op = ReduceOp.of(op)
+        op, tensor = ReduceOp.of(op), tensor.detach()
         check_reduce_dtype(op, tensor.dtype, "reduce")
 
         def body(_):
@@ -209,6 +210,7 @@ class NativeProcessGroup(ProcessGroup):
             raise ValueError(f"all_gather_into_tensor: output {self._desc(output_tensor)} must hold world_size="
                              f"{self._size} x input {self._desc(input_tensor)} of the same dtype")
         _check_in_place(output_tensor, input_tensor, self._rank, "all_gather_into_tensor", "input_tensor")
+        output_tensor, input_tensor = output_tensor.detach(), input_tensor.detach()
 
         common, mine = self._placement(input_tensor)
 
@@ -229,7 +231,7 @@ class NativeProcessGroup(ProcessGroup):
             _check_tensor(t, f"tensor_list[{i}]", "all_gather")
             if t.dtype != tensor.dtype or t.numel() != tensor.numel():
                 raise ValueError(f"all_gather: tensor_list[{i}] is {self._desc(t)}, input is {self._desc(tensor)}")
-
+        tensor, tensor_list = tensor.detach(), [t.detach() for t in tensor_list]
         common, mine = self._placement(tensor)
 
         def body(placed):
@@ -250,6 +252,7 @@ class NativeProcessGroup(ProcessGroup):
             raise ValueError(f"reduce_scatter_tensor: input {self._desc(input)} must hold world_size={self._size} "
                              f"x output {self._desc(output)} of the same dtype")
         _check_in_place(input, output, self._rank, "reduce_scatter_tensor", "output")
+        output, input = output.detach(), input.detach()
 
         common, mine = self._placement(input)
 
@@ -269,6 +272,7 @@ class NativeProcessGroup(ProcessGroup):
             raise ValueError(f"all_to_all_single: output dtype {output.dtype} != input dtype {input.dtype}")
         if _overlap(output, input):  # torch's backends do not support it either (gloo returns garbage)
             raise ValueError("all_to_all_single: output and input share memory; all-to-all cannot run in place")
+        output, input = output.detach(), input.detach()
         if input.dim() == 0 or output.dim() == 0:
             raise ValueError("all_to_all_single: input and output need at least one dimension to split")
         row_in, row_out = math.prod(input.shape[1:]), math.prod(output.shape[1:])
@@ -312,14 +316,14 @@ class NativeProcessGroup(ProcessGroup):
         self._check_root(dst, "dst", "send")
         if dst == self._rank:
             raise ValueError(f"send: dst={dst} is this rank")
-        return self._p2p("send", _contig(tensor), dst, int(tag))
-
+        return self._p2p("send", _contig(tensor.detach()), dst, int(tag))
 
     def recv(self, tensor, src, tag=0):
         _check_tensor(tensor, "tensor", "recv")
         self._check_root(src, "src", "recv")
         if src == self._rank:
             raise ValueError(f"recv: src={src} is this rank")
+        tensor = tensor.detach()
         buf = _contig(tensor)
         return self._p2p("recv", buf, src, int(tag), None if buf is tensor else tensor)
 

@@ -158,7 +158,10 @@ class TorchProcessGroup(ProcessGroup):
         steps = [s for s in steps if s is not None]
         return (lambda: [s() for s in steps]) if steps else None
 
+    # c10d works below autograd: every method first takes .detach() views (same storage), so tensors that
+    # require grad (parameters) are written in place as torch.distributed itself does.
     def broadcast(self, tensor, src=0, async_op=False):
+        tensor = tensor.detach()
         buf = self._stage(tensor)
         back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
         return self._run("broadcast", lambda: dist.broadcast(buf, self._g(src), group=self.pg, async_op=True),
@@ -166,6 +169,7 @@ class TorchProcessGroup(ProcessGroup):
 
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
         op, top, emulate_avg = self._op(op, tensor.dtype, "all_reduce")
+        tensor = tensor.detach()
         buf = self._stage(tensor)
         avg = (lambda: buf.div_(self._size)) if emulate_avg else None
         back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
@@ -174,7 +178,7 @@ class TorchProcessGroup(ProcessGroup):
 
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
         op, top, emulate_avg = self._op(op, tensor.dtype, "reduce")
-        mine = self._rank == dst
+        mine, tensor = self._rank == dst, tensor.detach()
         # gloo scribbles partial sums on non-root inputs; keep the caller's tensor intact as the native backends do
         buf = self._stage(tensor) if mine else tensor.clone(memory_format=torch.contiguous_format)
         avg = (lambda: buf.div_(self._size)) if emulate_avg and mine else None
@@ -183,6 +187,7 @@ class TorchProcessGroup(ProcessGroup):
                          [tensor], async_op, self._posts(avg, back))
 
     def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
+        output_tensor, input_tensor = output_tensor.detach(), input_tensor.detach()
         out = self._stage(output_tensor)
         back = (lambda: output_tensor.copy_(out)) if out is not output_tensor else None
         return self._run("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(
@@ -190,6 +195,7 @@ class TorchProcessGroup(ProcessGroup):
             back)
 
     def all_gather(self, tensor_list, tensor, async_op=False):
+        tensor, tensor_list = tensor.detach(), [t.detach() for t in tensor_list]
         bufs = [self._stage(t) for t in tensor_list]
         backs = [(lambda t=t, b=b: t.copy_(b)) for t, b in zip(tensor_list, bufs) if b is not t]
         return self._run("all_gather", lambda: dist.all_gather(bufs, self._stage(tensor), group=self.pg,
@@ -198,6 +204,7 @@ class TorchProcessGroup(ProcessGroup):
 
     def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, async_op=False):
         op, top, emulate_avg = self._op(op, input.dtype, "reduce_scatter_tensor")
+        output, input = output.detach(), input.detach()
         out = self._stage(output)
         avg = (lambda: out.div_(self._size)) if emulate_avg else None
         back = (lambda: output.copy_(out)) if out is not output else None
@@ -206,6 +213,7 @@ class TorchProcessGroup(ProcessGroup):
             self._posts(avg, back))
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
+        output, input = output.detach(), input.detach()
         out = self._stage(output)
         back = (lambda: output.copy_(out)) if out is not output else None
         return self._run("all_to_all_single", lambda: dist.all_to_all_single(
@@ -213,10 +221,12 @@ class TorchProcessGroup(ProcessGroup):
             [output], async_op, back)
 
     def send(self, tensor, dst, tag=0):
+        tensor = tensor.detach()
         return self._run("send", lambda: dist.isend(self._stage(tensor), self._g(dst), group=self.pg, tag=tag),
                          [tensor], True)
 
     def recv(self, tensor, src, tag=0):
+        tensor = tensor.detach()
         buf = self._stage(tensor)
         back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
         return self._run("recv", lambda: dist.irecv(buf, self._g(src), group=self.pg, tag=tag), [tensor], True,
