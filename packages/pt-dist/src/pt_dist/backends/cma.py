@@ -37,7 +37,7 @@ class CrossMemory:
 
     Addresses are raw (``tensor.data_ptr()``); the two one-entry iovecs are reused from call to call, since a
     256 KiB chunk costs only tens of microseconds to copy and Python-side setup would otherwise show.
-    One instance per group: its collectives run one at a time on the group's thread.
+    One instance per group: its OpQueue runs the collectives one at a time, so the iovecs are never shared.
     """
 
     def __init__(self):
