@@ -7,6 +7,8 @@ import random
 import socket
 
 import pt_dist
+import torch
+from pt_dist import ReduceOp
 from pt_dist.store import TCPStore
 
 import harness
@@ -41,3 +43,25 @@ def leave() -> None:
     if pt_dist.is_initialized():
         pt_dist.barrier()
         pt_dist.destroy_process_group()
+
+
+def reference(xs: list[torch.Tensor], op: ReduceOp) -> torch.Tensor:
+    """Reduce in float64/complex128 (or any/all for bool), independent of the backends' combine code."""
+    s = torch.stack([x.contiguous() for x in xs])
+    if s.dtype == torch.bool:
+        return s.any(0) if op in (ReduceOp.SUM, ReduceOp.MAX) else s.all(0)
+    wide = s.to(torch.complex128 if s.dtype.is_complex else torch.float64)
+    out = {ReduceOp.SUM: lambda: wide.sum(0), ReduceOp.AVG: lambda: wide.mean(0),
+           ReduceOp.PRODUCT: lambda: wide.prod(0), ReduceOp.MIN: lambda: wide.amin(0),
+           ReduceOp.MAX: lambda: wide.amax(0)}[op]()
+    return out.to(s.dtype)
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.is_floating_point or a.dtype.is_complex:
+        wide = torch.complex128 if a.dtype.is_complex else torch.float64
+        rtol = 2e-2 if a.dtype == torch.bfloat16 else 1e-5
+        return torch.allclose(a.to(wide), b.to(wide), rtol=rtol, atol=rtol)
+    return torch.equal(a, b)

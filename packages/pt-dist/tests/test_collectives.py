@@ -19,6 +19,7 @@ from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ptdist_testutil as util  # noqa: E402
+from ptdist_testutil import close, reference  # noqa: E402
 
 NATIVE_DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16, torch.bool, torch.complex64]
 GLOO_DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64]
@@ -49,28 +50,6 @@ def ops_for(dtype):
     if dtype.is_floating_point:
         return list(ReduceOp)
     return [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
-
-
-def reference(xs: list[torch.Tensor], op: ReduceOp) -> torch.Tensor:
-    """Reduce in float64/complex128 (or any/all for bool), independent of the backends' combine code."""
-    s = torch.stack([x.contiguous() for x in xs])
-    if s.dtype == torch.bool:
-        return s.any(0) if op in (ReduceOp.SUM, ReduceOp.MAX) else s.all(0)
-    wide = s.to(torch.complex128 if s.dtype.is_complex else torch.float64)
-    out = {ReduceOp.SUM: lambda: wide.sum(0), ReduceOp.AVG: lambda: wide.mean(0),
-           ReduceOp.PRODUCT: lambda: wide.prod(0), ReduceOp.MIN: lambda: wide.amin(0),
-           ReduceOp.MAX: lambda: wide.amax(0)}[op]()
-    return out.to(s.dtype)
-
-
-def close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype.is_floating_point or a.dtype.is_complex:
-        wide = torch.complex128 if a.dtype.is_complex else torch.float64
-        rtol = 2e-2 if a.dtype == torch.bfloat16 else 1e-5
-        return torch.allclose(a.to(wide), b.to(wide), rtol=rtol, atol=rtol)
-    return torch.equal(a, b)
 
 
 def _matrix(rank, world_size, backend, dtypes):

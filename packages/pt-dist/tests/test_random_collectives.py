@@ -1,4 +1,4 @@
-"""Random collectives against a local float64 reference, under random chunk, slot and path thresholds.
+"""Random collectives against the local float64 reference, under random chunk, slot and path thresholds.
 
 The matrix in ``test_collectives.py`` is exhaustive over a few sizes; this draws sizes, dtypes, ops, roots,
 the in-place forms and the shm backend's thresholds at random (fixed seeds, so a failure replays), which is
@@ -21,15 +21,11 @@ from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ptdist_testutil as util  # noqa: E402
+from ptdist_testutil import close, reference  # noqa: E402
 
 SIZES = [0, 1, 2, 3, 5, 17, 255, 256, 1000, 4097, 20000]
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16]
 KINDS = ["all_reduce", "reduce_scatter", "reduce_scatter in place", "all_gather", "all_gather in place", "broadcast"]
-
-
-def _reduce(stack: torch.Tensor, op: ReduceOp) -> torch.Tensor:
-    return {ReduceOp.SUM: stack.sum(0), ReduceOp.MAX: stack.amax(0), ReduceOp.MIN: stack.amin(0),
-            ReduceOp.PRODUCT: stack.prod(0), ReduceOp.AVG: stack.mean(0)}[op]
 
 
 def _one(rng, rank, world, xs, op, place):
@@ -39,16 +35,16 @@ def _one(rng, rank, world, xs, op, place):
     if kind == "all_reduce":
         t = place(xs[rank])
         pt_dist.all_reduce(t, op=op)
-        return t, _reduce(torch.stack([x.double() for x in xs]), op)
+        return t, reference(xs, op)
     if kind.startswith("reduce_scatter"):
         m = n // world
         wide = place(xs[rank][:m * world])
-        want = _reduce(torch.stack([x[:m * world].double() for x in xs]), op)[rank * m:(rank + 1) * m]
+        want = reference([x[:m * world] for x in xs], op)[rank * m:(rank + 1) * m]
         out = wide[rank * m:(rank + 1) * m] if kind.endswith("in place") else torch.empty(m, dtype=dtype)
         pt_dist.reduce_scatter_tensor(out, wide, op=op)
         return out, want
     if kind.startswith("all_gather"):
-        want = torch.cat([x.double() for x in xs])
+        want = torch.cat(xs)
         if kind.endswith("in place"):
             out = place(torch.zeros(world * n, dtype=dtype))
             out[rank * n:(rank + 1) * n] = xs[rank]
@@ -60,7 +56,7 @@ def _one(rng, rank, world, xs, op, place):
     src = rng.randrange(world)
     t = place(xs[rank])
     pt_dist.broadcast(t, src=src)
-    return t, xs[src].double()
+    return t, xs[src]
 
 
 def _random_run(rank, world, seed, backend, symmetric):
@@ -90,8 +86,7 @@ def _random_run(rank, world, seed, backend, symmetric):
             g = torch.Generator().manual_seed(seed * 1000 + case)
             xs = [torch.randint(-3, 4, (n,), generator=g).to(dtype) for _ in range(world)]
             got, want = _one(rng, rank, world, xs, op, place)
-            tol = 0.02 if dtype == torch.bfloat16 else 1e-6
-            if got.numel() != want.numel() or not torch.allclose(got.double(), want, rtol=tol, atol=tol):
+            if not close(got, want):
                 fails.append(f"seed {seed} case {case}: n={n} {dtype} {op.name} rank {rank}: got "
                              f"{got.flatten()[:5].tolist()} want {want.flatten()[:5].tolist()}")
         util.leave()

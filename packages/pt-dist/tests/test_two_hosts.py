@@ -9,6 +9,7 @@ skipped, saying so, where the sandbox forbids creating namespaces.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def _namespaces_or_skip():
 def _two_nodes(tmp_path, env_timeout: float, listen: str | None):
     (tmp_path / "job.py").write_text(JOB)
     (tmp_path / "nodes.sh").write_text(NODES)
-    env = {k: v for k, v in __import__("os").environ.items()
+    env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PT_DIST_LISTEN_ADDR")}
     env["JOB_TIMEOUT"] = str(env_timeout)
     if listen:

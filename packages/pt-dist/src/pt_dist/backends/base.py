@@ -104,7 +104,8 @@ class NativeProcessGroup(ProcessGroup):
                                 f"earlier failure: {self._broken}")
             try:
                 self._seq += 1
-                return body(self._agree(op_name, header, per_rank) if agree else None)
+                self._placed = self._agree(op_name, header, per_rank) if agree else None
+                return body(self._placed)
             except HeaderMismatch:
                 raise
             except DistError as e:
@@ -140,7 +141,7 @@ class NativeProcessGroup(ProcessGroup):
 
     def _placement(self, t: torch.Tensor) -> tuple[str, str]:
         """Where ``t`` lives, when that picks the algorithm: (header text every rank must agree on, this rank's
-        own part). While the collective runs, ``self._placed`` holds every rank's own part, by rank."""
+        own part). While a collective runs, ``self._placed`` holds every rank's own header part, by rank."""
         return "", ""
 
     def _abort(self) -> None:  # noqa: B027 - backends close their transport so peers fail fast
@@ -163,8 +164,7 @@ class NativeProcessGroup(ProcessGroup):
 
         common, mine = self._placement(tensor)
 
-        def body(placed):
-            self._placed = placed
+        def body(_):
             buf = _contig(tensor)
             self._broadcast(buf.view(-1), src)
             if buf is not tensor:
@@ -214,8 +214,7 @@ class NativeProcessGroup(ProcessGroup):
 
         common, mine = self._placement(input_tensor)
 
-        def body(placed):
-            self._placed = placed
+        def body(_):
             out = _contig(output_tensor)
             self._all_gather(out.view(-1), _contig(input_tensor).view(-1))
             if out is not output_tensor:
@@ -234,8 +233,7 @@ class NativeProcessGroup(ProcessGroup):
         tensor, tensor_list = tensor.detach(), [t.detach() for t in tensor_list]
         common, mine = self._placement(tensor)
 
-        def body(placed):
-            self._placed = placed
+        def body(_):
             flat = torch.empty(self._size * tensor.numel(), dtype=tensor.dtype)
             self._all_gather(flat, _contig(tensor).view(-1))
             for t, piece in zip(tensor_list, flat.chunk(self._size) if tensor.numel() else [flat] * self._size):
@@ -256,8 +254,7 @@ class NativeProcessGroup(ProcessGroup):
 
         common, mine = self._placement(input)
 
-        def body(placed):
-            self._placed = placed
+        def body(_):
             out = _contig(output)
             self._reduce_scatter(out.view(-1), _contig(input).view(-1), op)
             if out is not output:
