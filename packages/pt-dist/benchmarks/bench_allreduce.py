@@ -11,6 +11,7 @@ algbw = bytes / time (busbw would multiply by 2(N-1)/N).
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py            # world 2 and 4, 1 KiB..64 MiB
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py --worlds 2 --max-mib 4
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py --op all_gather --max-mib 16   # FSDP's pair
+    uv run python packages/pt-dist/benchmarks/bench_allreduce.py --op gather --backends gloo tcp shm
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py --huge-pages   # tensors on 2 MiB pages
     uv run python packages/pt-dist/benchmarks/bench_allreduce.py --svg allreduce.svg   # and a chart
 """
@@ -36,12 +37,17 @@ def _reps(nbytes: int) -> tuple[int, int]:
         else (5, 2)
 
 
-def _buffers(op: str, nbytes: int, world: int):
+ROOTED = ("gather", "scatter")  # (tensor, list on the root, root): no symmetric-heap form
+
+
+def _buffers(op: str, nbytes: int, world: int, rank: int):
     """The call's tensors; size is the whole buffer (nccl-tests): the gathered output, the scattered input."""
     import torch
 
     whole, part = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4 // world)  # sums of zeros never overflow
-    return {"all_reduce": (whole,), "all_gather": (whole, part), "reduce_scatter": (part, whole)}[op]
+    parts = list(whole.chunk(world)) if rank == 0 else None
+    return {"all_reduce": (whole,), "all_gather": (whole, part), "reduce_scatter": (part, whole),
+            "gather": (part, parts, 0), "scatter": (part, parts, 0)}[op]
 
 
 def _rank(rank: int, world: int, port: int, sizes: list[int], backends: list[str], op: str, out) -> None:
@@ -66,15 +72,15 @@ def _rank(rank: int, world: int, port: int, sizes: list[int], backends: list[str
     # releases 4 ranks on 2 cores milliseconds apart, a skew that would be charged to every backend's first call
     sync = groups["shm"].barrier
     method = {"all_reduce": "all_reduce", "all_gather": "all_gather_into_tensor",
-              "reduce_scatter": "reduce_scatter_tensor"}[op]
+              "reduce_scatter": "reduce_scatter_tensor", "gather": "gather", "scatter": "scatter"}[op]
     run = {"gloo": getattr(dist, method)}
     run.update({name: getattr(g, method) for name, g in groups.items()})
     symm = {}  # shm-symm: the same call with its input from the group's symmetric heap
     run["shm-symm"] = lambda *_: getattr(groups["shm"], method)(*symm["t"])
-    run = {name: fn for name, fn in run.items() if name in backends}
+    run = {name: fn for name, fn in run.items() if name in backends and not (op in ROOTED and name == "shm-symm")}
     rows = []
     for nbytes in sizes:
-        t = _buffers(op, nbytes, world)
+        t = _buffers(op, nbytes, world, rank)
         if "shm-symm" in run:  # the input (the last buffer) on the heap; outputs stay plain tensors
             symm["t"] = t[:-1] + (groups["shm"].symmetric_empty(t[-1].numel()).zero_(),)
         times = {name: [] for name in run}
@@ -110,7 +116,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--max-mib", type=float, default=64, help="largest message in MiB (default 64)")
-    ap.add_argument("--op", default="all_reduce", choices=["all_reduce", "all_gather", "reduce_scatter"],
+    ap.add_argument("--op", default="all_reduce",
+                    choices=["all_reduce", "all_gather", "reduce_scatter", "gather", "scatter"],
                     help="collective to time (default all_reduce); size is the whole (gathered/scattered) buffer")
     ap.add_argument("--backends", nargs="+", default=BACKENDS, choices=BACKENDS,
                     help="which columns to time (default all; the others print nan)")

@@ -154,13 +154,15 @@ def _nccl(rank, world_size):
     pt_dist.all_gather_into_tensor(out, torch.full((1000,), float(rank), device=dev))
     rs = torch.empty(1000, device=dev)
     pt_dist.reduce_scatter_tensor(rs, torch.ones(2000, device=dev))
+    objs = [None, None]  # the object collectives move their bytes as CUDA tensors under NCCL
+    pt_dist.all_gather_object(objs, {"rank": rank})
     util.leave()
-    return t[0].item(), out.view(2, -1)[:, 0].tolist(), rs[0].item()
+    return t[0].item(), out.view(2, -1)[:, 0].tolist(), rs[0].item(), objs
 
 
 @pytest.mark.gpu(2)
 def test_nccl_adapter_on_gpus():
-    assert run_ranks(_nccl, 2, backend=None, timeout=120) == [(0.5, [0.0, 1.0], 2.0)] * 2
+    assert run_ranks(_nccl, 2, backend=None, timeout=120) == [(0.5, [0.0, 1.0], 2.0, [{"rank": 0}, {"rank": 1}])] * 2
 
 
 def _nccl_alone(rank, world_size):

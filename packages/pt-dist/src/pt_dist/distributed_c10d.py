@@ -234,6 +234,20 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                                                 async_op=async_op), async_op)
 
 
+def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False):
+    """``tensor`` of every rank into ``gather_list`` on ``dst`` (a global rank); other ranks pass no list."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    return _ret(_group(group).gather(tensor, gather_list, get_group_rank(group, dst), async_op=async_op), async_op)
+
+
+def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False):
+    """``scatter_list[i]`` on ``src`` (a global rank) into ``tensor`` on the group's rank i."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    return _ret(_group(group).scatter(tensor, scatter_list, get_group_rank(group, src), async_op=async_op), async_op)
+
+
 def symmetric_empty(*size, dtype=torch.float32, group=None) -> torch.Tensor:
     """A tensor in the group's symmetric heap (``shm`` groups; torch's ``_symmetric_memory.empty``): collective,
     every rank allocates the same sizes in the same order; all-reduces on it skip staging and kernel copies."""
@@ -277,7 +291,41 @@ def recv(tensor, src: int, group=None, tag: int = 0) -> int:
     return src
 
 
-__all__ = ["DistError", "GroupMember", "ReduceOp", "all_gather", "all_gather_into_tensor", "all_reduce",
-           "all_to_all_single", "barrier", "broadcast", "destroy_process_group", "get_backend", "get_global_rank",
-           "get_group_rank", "get_process_group_ranks", "get_rank", "get_world_size", "init_process_group",
-           "irecv", "is_initialized", "isend", "new_group", "recv", "reduce", "reduce_scatter_tensor", "send"]
+class P2POp:
+    """One send or receive of a ``batch_isend_irecv`` batch: ``op`` is ``isend`` or ``irecv``; ``peer`` is global."""
+
+    def __init__(self, op, tensor: torch.Tensor, peer: int, group=None, tag: int = 0):
+        if op not in (isend, irecv):
+            raise ValueError(f"P2POp: op must be pt_dist.isend or pt_dist.irecv, got {op!r}")
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"P2POp: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, {self.tensor.dtype}{list(self.tensor.shape)}, peer={self.peer})"
+
+
+def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list:
+    """Start every send and receive of the batch; returns their Works. Order between sends and receives does not
+    matter (each peer has its own send and receive channels), order between two sends to one peer does."""
+    if not isinstance(p2p_op_list, list) or not p2p_op_list or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise ValueError(f"batch_isend_irecv: expected a non-empty list of P2POp, got {p2p_op_list!r}")
+    if any(p.group is not p2p_op_list[0].group for p in p2p_op_list):
+        raise ValueError("batch_isend_irecv: all ops of a batch must use the same group")
+    group = p2p_op_list[0].group
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return []
+    pg = _group(group)  # check every peer before the first op starts
+    peers = [get_group_rank(group, p.peer) for p in p2p_op_list]
+    for p, peer in zip(p2p_op_list, peers):
+        if peer == pg.rank():
+            raise ValueError(f"batch_isend_irecv: {p!r} names this rank as its peer")
+    return [pg.send(p.tensor, peer, p.tag) if p.op is isend else pg.recv(p.tensor, peer, p.tag)
+            for p, peer in zip(p2p_op_list, peers)]
+
+
+__all__ = ["DistError", "GroupMember", "P2POp", "ReduceOp", "all_gather", "all_gather_into_tensor", "all_reduce",
+           "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "destroy_process_group", "gather",
+           "get_backend", "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
+           "get_world_size", "init_process_group", "irecv", "is_initialized", "isend", "new_group", "recv", "reduce",
+           "reduce_scatter_tensor", "scatter", "send"]

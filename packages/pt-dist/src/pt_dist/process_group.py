@@ -113,6 +113,16 @@ class ProcessGroup(abc.ABC):
                           input_split_sizes=None, async_op: bool = False) -> Work: ...
 
     @abc.abstractmethod
+    def gather(self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None, dst: int = 0,
+               async_op: bool = False) -> Work:
+        """Every rank's ``tensor`` into ``gather_list`` on ``dst`` (``None`` elsewhere)."""
+
+    @abc.abstractmethod
+    def scatter(self, tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: int = 0,
+                async_op: bool = False) -> Work:
+        """``scatter_list[r]`` on ``src`` into ``tensor`` on rank r (``scatter_list`` is ``None`` elsewhere)."""
+
+    @abc.abstractmethod
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Work:
         """Start sending ``tensor`` to ``dst``; the Work completes once it is handed to the transport."""
 

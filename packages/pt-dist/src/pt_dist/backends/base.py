@@ -89,6 +89,14 @@ class NativeProcessGroup(ProcessGroup):
         """Splits are element counts of the flat 1-D views; ``longest`` is the largest split on any rank."""
 
     @abc.abstractmethod
+    def _gather(self, outs: list[torch.Tensor], inp: torch.Tensor, dst: int) -> None:
+        """Fill ``outs`` (flat, one per rank, on ``dst``; an empty list elsewhere) with every rank's ``inp``."""
+
+    @abc.abstractmethod
+    def _scatter(self, out: torch.Tensor, ins: list[torch.Tensor], src: int) -> None:
+        """Fill ``out`` from ``ins[rank]`` (flat, one per rank, on ``src``; an empty list elsewhere)."""
+
+    @abc.abstractmethod
     def _barrier(self) -> None: ...
 
     @abc.abstractmethod
@@ -291,6 +299,53 @@ class NativeProcessGroup(ProcessGroup):
             return [output]
         return self._launch("all_to_all_single", body, async_op, f"{input.dtype}|row={list(input.shape[1:])}",
                             f"{','.join(map(str, in_splits))};{','.join(map(str, out_splits))}")
+
+    # gather and scatter: rooted collectives ---------------------------------------------------------
+    def _rooted_list(self, tensors, tensor, root: int, op_name: str, what: str) -> list[torch.Tensor]:
+        """Check ``tensors`` as torch does: a list of group-size tensors like ``tensor`` on the root, none elsewhere."""
+        root_arg = "dst" if op_name == "gather" else "src"
+        if self._rank != root:
+            if tensors:
+                raise ValueError(f"{op_name}: {what} must NOT be given on rank {self._rank}, only on the "
+                                 f"{root_arg} rank {root}")
+            return []
+        if not tensors or len(tensors) != self._size:
+            raise ValueError(f"{op_name}: {what} on {root_arg} rank {root} must list group size={self._size} "
+                             f"tensors, got {None if tensors is None else len(tensors)}")
+        for i, t in enumerate(tensors):
+            _check_tensor(t, f"{what}[{i}]", op_name)
+            if t.dtype != tensor.dtype or t.numel() != tensor.numel():
+                raise ValueError(f"{op_name}: {what}[{i}] is {self._desc(t)}, tensor is {self._desc(tensor)}")
+            if _overlap(t, tensor):
+                raise ValueError(f"{op_name}: {what}[{i}] shares memory with tensor; pass separate tensors")
+        return [t.detach() for t in tensors]
+
+    def gather(self, tensor, gather_list=None, dst=0, async_op=False):
+        _check_tensor(tensor, "tensor", "gather")
+        self._check_root(dst, "dst", "gather")
+        gather_list, tensor = self._rooted_list(gather_list, tensor, dst, "gather", "gather_list"), tensor.detach()
+
+        def body(_):
+            outs = [_contig(t) for t in gather_list]
+            self._gather([o.view(-1) for o in outs], _contig(tensor).view(-1), dst)
+            for t, o in zip(gather_list, outs):
+                if o is not t:
+                    t.copy_(o)
+            return gather_list if self._rank == dst else [tensor]
+        return self._launch("gather", body, async_op, f"{self._desc(tensor)}|dst={dst}")
+
+    def scatter(self, tensor, scatter_list=None, src=0, async_op=False):
+        _check_tensor(tensor, "tensor", "scatter")
+        self._check_root(src, "src", "scatter")
+        scatter_list, tensor = self._rooted_list(scatter_list, tensor, src, "scatter", "scatter_list"), tensor.detach()
+
+        def body(_):
+            out = _contig(tensor)
+            self._scatter(out.view(-1), [_contig(t).view(-1) for t in scatter_list], src)
+            if out is not tensor:
+                tensor.copy_(out)
+            return [tensor]
+        return self._launch("scatter", body, async_op, f"{self._desc(tensor)}|src={src}")
 
     def _splits(self, t: torch.Tensor, sizes, what: str) -> list[int]:
         rows = t.shape[0]

@@ -172,6 +172,24 @@ class SingleCopyCollectives:
             self._pull("all_gather", peer, 0, *_addr(out[peer[0] * m:(peer[0] + 1) * m]))
         self._arrive_and_wait("all_gather")
 
+    def _cma_gather(self, outs: list[torch.Tensor], inp: torch.Tensor, dst: int) -> None:
+        """The root reads every peer's input straight into that peer's output tensor; the others only wait."""
+        peers = self._meet("gather", inp)
+        if self._rank == dst:
+            outs[dst].copy_(inp)
+            for peer in peers:
+                self._pull("gather", peer, 0, *_addr(outs[peer[0]]))
+        self._arrive_and_wait("gather")
+
+    def _cma_scatter(self, out: torch.Tensor, ins: list[torch.Tensor], src: int) -> None:
+        """The root writes each piece straight into its rank's output tensor."""
+        peers = self._meet("scatter", out)
+        if self._rank == src:
+            out.copy_(ins[src])
+            for peer in peers:
+                self._push("scatter", *_addr(ins[peer[0]]), peer, 0)
+        self._arrive_and_wait("scatter")
+
     def _cma_broadcast(self, t: torch.Tensor, src: int) -> None:
         peers = self._meet("broadcast", t)
         if self._rank != src:

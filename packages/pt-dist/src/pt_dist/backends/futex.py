@@ -4,7 +4,8 @@ The shm backend spins on its peers' counters first; if a peer is late (the CPU i
 is still computing) spinning would steal the very core that peer needs, so the waiter sleeps in
 ``FUTEX_WAIT`` on the counter's address until the peer's ``FUTEX_WAKE`` (the spin-then-block scheme
 of glibc mutexes and NCCL's proxy threads). The kernel compares the word before sleeping, so a wake
-between our read and the call is never lost.
+between our read and the call is never lost. A sleeper also checks now and then that the peer it waits for
+is alive (``pid_dead``), so a crashed rank is noticed in milliseconds.
 """
 
 from __future__ import annotations
@@ -49,3 +50,20 @@ class Futex:
     def wake(self, addr: int) -> None:
         if self._syscall is not None:
             self._syscall(_SYS_FUTEX, ctypes.c_void_p(addr), FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+
+def pid_dead(pid: int) -> bool:
+    """Whether a peer we may be sleeping on has exited (gone, or a zombie its parent has not reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False

@@ -11,6 +11,7 @@ closed once the mesh is complete. Collectives use ``sendrecv`` (full-duplex stre
 
 from __future__ import annotations
 
+import ctypes
 import queue
 import select
 import selectors
@@ -51,10 +52,16 @@ def _loopback_hint(host: str) -> str:
 
 
 def byte_view(t: torch.Tensor) -> memoryview:
-    """A writable byte view of a contiguous CPU tensor's storage (zero-size tensors give an empty view)."""
+    """A writable byte view of a contiguous CPU tensor's storage (zero-size tensors give an empty view).
+
+    Through ctypes rather than ``Tensor.numpy()``: torch does not depend on numpy, so neither do we."""
     if t.numel() == 0:
         return memoryview(bytearray(0))
-    return memoryview(t.detach().view(-1).view(torch.uint8).numpy()).cast("B")
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError(f"byte_view needs a contiguous CPU tensor, got {t.dtype}{list(t.shape)} on {t.device}")
+    raw = (ctypes.c_ubyte * (t.numel() * t.element_size())).from_address(t.data_ptr())
+    raw._tensor = t  # the view keeps the tensor's memory alive
+    return memoryview(raw).cast("B")
 
 
 class PeerMesh:
@@ -63,6 +70,7 @@ class PeerMesh:
         self.rank, self.size, self.timeout, self.group_name = rank, size, timeout, group_name
         self.socks: dict[tuple[int, int], socket.socket] = {}
         self._p2p_queues: dict[tuple[str, int], queue.Queue] = {}
+        self._p2p_threads: list[threading.Thread] = []
         self._closed = False
         if size == 1:
             return
@@ -134,6 +142,11 @@ class PeerMesh:
             sock.close()
         for q in self._p2p_queues.values():
             q.put(None)
+        # wait for the p2p threads to drop their last tensors: a daemon thread still freeing one while the
+        # interpreter exits is killed inside torch's C++ destructor, which aborts the process
+        for th in self._p2p_threads:
+            if th is not threading.current_thread():
+                th.join(5.0)
 
     # collectives ---------------------------------------------------------------------------------
     def _fail(self, op: str, why: str, peers) -> DistError:
@@ -250,8 +263,9 @@ class PeerMesh:
         key = (kind, peer)
         if key not in self._p2p_queues:
             self._p2p_queues[key] = queue.Queue()
-            threading.Thread(target=self._p2p_loop, args=(key,), daemon=True,
-                             name=f"pt_dist-{kind}-{peer}").start()
+            th = threading.Thread(target=self._p2p_loop, args=(key,), daemon=True, name=f"pt_dist-{kind}-{peer}")
+            self._p2p_threads.append(th)
+            th.start()
         self._p2p_queues[key].put((work, t, tag, copy_back))
         return work
 
@@ -284,3 +298,4 @@ class PeerMesh:
                 work._finish(exc=e)
             except (OSError, ConnectionError) as e:
                 work._finish(exc=self._fail(kind, f"peer rank {peer} failed or timed out ({e!r})", [peer]))
+            item = work = t = view = copy_back = None  # hold no caller's tensor while idle

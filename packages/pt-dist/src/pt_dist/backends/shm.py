@@ -30,7 +30,7 @@ import torch
 
 from pt_dist.backends import cma, segment
 from pt_dist.backends.base import NativeProcessGroup
-from pt_dist.backends.futex import Futex
+from pt_dist.backends.futex import Futex, pid_dead
 from pt_dist.backends.mesh import PeerMesh
 from pt_dist.backends.segment import map_shared_segment
 from pt_dist.backends.symmetric_memory import SymmetricCollectives
@@ -50,22 +50,6 @@ SMALL_BYTES = 2 << 20
 # its core between polls so the rank it is waiting for can run.
 SPIN_S = float(os.environ.get("PT_DIST_SHM_SPIN_US", 2000)) / 1e6
 _ABORT = cma.ABORT  # control word 0: rank+1 of a rank that gave up, 0 while healthy
-
-
-def _pid_dead(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except FileNotFoundError:
-        return True
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
 
 
 class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativeProcessGroup):
@@ -152,7 +136,7 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
             raise DistError(f"{op} on shm group {self.group_name!r}: rank {ctl[_ABORT] - 1} aborted the group "
                             f"after a failure; {missing_text(lagging)}")
         pids = {j: ctl[(1 + self._size + j) * LINE // 8] for j in lagging}
-        dead = [j for j, pid in pids.items() if _pid_dead(pid)]
+        dead = [j for j, pid in pids.items() if pid_dead(pid)]
         if dead:
             raise DistError(f"{op} on shm group {self.group_name!r}: rank(s) {dead} exited; {missing_text(dead)}")
         if timed_out:
@@ -335,14 +319,33 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
             return self._symm_all_gather(out, inp)
         if self._single_copy(out.numel() * out.element_size()):
             return self._cma_all_gather(out, inp)
+        self._staged_gather("all_gather", list(out.view(self._size, inp.numel())), inp)
+
+    def _gather(self, outs, inp, dst):
+        if self._single_copy(inp.numel() * inp.element_size() * self._size):
+            return self._cma_gather(outs, inp, dst)
+        self._staged_gather("gather", outs, inp)  # outs is empty but on dst
+
+    def _staged_gather(self, op: str, outs: list[torch.Tensor], inp: torch.Tensor) -> None:
+        """Each rank stages a window of its input in its slot; ranks with ``outs`` copy every slot out."""
         self._slots_read_late = True
-        m, size = inp.numel(), self._size
         per = self.slot_bytes // 2 // max(1, inp.element_size())
-        for i, (a, b) in enumerate(self._rounds(m, per)):
+        for i, (a, b) in enumerate(self._rounds(inp.numel(), per)):
             self._slot(self._rank, b - a, inp.dtype, half=i % 2).copy_(inp[a:b])
-            self._arrive_and_wait("all_gather")
-            for j in range(size):
-                out[j * m + a:j * m + b].copy_(self._slot(j, b - a, inp.dtype, half=i % 2))
+            self._arrive_and_wait(op)
+            for j, o in enumerate(outs):
+                o[a:b].copy_(self._slot(j, b - a, inp.dtype, half=i % 2))
+
+    def _scatter(self, out, ins, src):
+        if self._single_copy(out.numel() * out.element_size() * self._size):
+            return self._cma_scatter(out, ins, src)
+        self._slots_read_late = True
+        per = self.slot_bytes // 2 // max(1, out.element_size())
+        for i, (a, b) in enumerate(self._rounds(out.numel(), per)):
+            for j, piece in enumerate(ins):  # only src has pieces: it fills every rank's slot
+                self._slot(j, b - a, out.dtype, half=i % 2).copy_(piece[a:b])
+            self._arrive_and_wait("scatter")
+            out[a:b].copy_(self._slot(self._rank, b - a, out.dtype, half=i % 2))
 
     def _reduce_scatter(self, out, inp, op):
         if self._symmetric_offset(inp) is not None:

@@ -163,6 +163,24 @@ class ProcessGroupTCP(NativeProcessGroup):
             dst, src = (r + k) % n, (r - k) % n
             self.mesh.sendrecv("all_to_all_single", dst, byte_view(in_blocks[dst]), src, byte_view(out_blocks[src]))
 
+    def _gather(self, outs, inp, dst):
+        """Straight to the root, which receives each peer's input into that peer's output tensor in turn."""
+        if self._rank != dst:
+            return self.mesh.sendrecv("gather", dst, byte_view(inp), None, None)
+        outs[dst].copy_(inp)
+        for j in range(self._size):
+            if j != dst:
+                self.mesh.sendrecv("gather", None, None, j, byte_view(outs[j]))
+
+    def _scatter(self, out, ins, src):
+        """Straight from the root, which sends each rank its piece in turn."""
+        if self._rank != src:
+            return self.mesh.sendrecv("scatter", None, None, src, byte_view(out))
+        out.copy_(ins[src])
+        for j in range(self._size):
+            if j != src:
+                self.mesh.sendrecv("scatter", j, byte_view(ins[j]), None, None)
+
     def _barrier(self):
         """The header exchange every collective starts with already needs all ranks present."""
 

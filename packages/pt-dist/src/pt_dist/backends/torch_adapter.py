@@ -220,6 +220,23 @@ class TorchProcessGroup(ProcessGroup):
             out, self._stage(input), output_split_sizes, input_split_sizes, group=self.pg, async_op=True),
             [output], async_op, back)
 
+    def gather(self, tensor, gather_list=None, dst=0, async_op=False):
+        tensor = tensor.detach()
+        outs = [t.detach() for t in gather_list or []]
+        bufs = [self._stage(t) for t in outs]
+        backs = [(lambda t=t, b=b: t.copy_(b)) for t, b in zip(outs, bufs) if b is not t]
+        return self._run("gather", lambda: dist.gather(self._stage(tensor), bufs or None, self._g(dst),
+                                                       group=self.pg, async_op=True),
+                         outs if self._rank == dst else [tensor], async_op, self._posts(*backs))
+
+    def scatter(self, tensor, scatter_list=None, src=0, async_op=False):
+        tensor = tensor.detach()
+        buf = self._stage(tensor)
+        back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
+        ins = [self._stage(t.detach()) for t in scatter_list or []] or None
+        return self._run("scatter", lambda: dist.scatter(buf, ins, self._g(src), group=self.pg, async_op=True),
+                         [tensor], async_op, back)
+
     def send(self, tensor, dst, tag=0):
         tensor = tensor.detach()
         return self._run("send", lambda: dist.isend(self._stage(tensor), self._g(dst), group=self.pg, tag=tag),

@@ -1,0 +1,143 @@
+"""Collectives on picklable Python objects: torch.distributed's ``all_gather_object`` and friends.
+
+Built on the tensor collectives, as torch builds them: each object is pickled into a uint8 tensor, the
+ranks first agree on the byte counts (a collective on int64 sizes), then move the bytes padded to the
+longest. Used for what is not a tensor: configs, a checkpoint's metadata, per-rank statistics.
+As in torch, unpickling runs code the sender chose: use these only among the ranks of your own job
+(the native backends' connections already require the job's secret).
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import torch
+
+from pt_dist import distributed_c10d as c10d
+from pt_dist.backends.mesh import byte_view
+from pt_dist.distributed_c10d import GroupMember
+
+__all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"]
+
+
+def _device(group) -> torch.device:
+    """Where the byte tensors live: NCCL moves only CUDA tensors, every other backend CPU ones."""
+    if c10d.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _to_bytes(obj) -> torch.Tensor:
+    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+
+
+def _to_object(t: torch.Tensor, size: int):
+    return pickle.loads(byte_view(t[:size].cpu().contiguous()))
+
+
+def _padded(payloads: list[torch.Tensor], width: int, device) -> torch.Tensor:
+    """The payloads one after another, each zero-padded to ``width`` bytes."""
+    out = torch.zeros(len(payloads), width, dtype=torch.uint8)
+    for row, p in zip(out, payloads):
+        row[:p.numel()] = p
+    return out.view(-1).to(device)
+
+
+def _sizes(group, mine: int, device) -> list[int]:
+    """Every rank's byte count, by group rank."""
+    sizes = torch.zeros(c10d.get_world_size(group), dtype=torch.int64, device=device)
+    c10d.all_gather_into_tensor(sizes, torch.tensor([mine], dtype=torch.int64, device=device), group=group)
+    return sizes.tolist()
+
+
+def all_gather_object(object_list: list, obj, group=None) -> None:
+    """``object_list[i]`` = rank i's ``obj`` on every rank; ``object_list`` has one slot per rank of the group."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
+    world = c10d.get_world_size(group)
+    if not isinstance(object_list, list) or len(object_list) != world:
+        raise ValueError(f"all_gather_object: object_list must be a list of group size={world} slots, got "
+                         f"{object_list!r}")
+    device = _device(group)
+    payload = _to_bytes(obj)
+    sizes = _sizes(group, payload.numel(), device)
+    width = max(sizes)
+    out = torch.empty(world * width, dtype=torch.uint8, device=device)
+    c10d.all_gather_into_tensor(out, _padded([payload], width, device), group=group)
+    for i, size in enumerate(sizes):
+        object_list[i] = _to_object(out[i * width:(i + 1) * width], size)
+
+
+def gather_object(obj, object_gather_list: list | None = None, dst: int = 0, group=None) -> None:
+    """Every rank's ``obj`` into ``object_gather_list`` on ``dst`` (a global rank); other ranks pass ``None``."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
+    world, mine = c10d.get_world_size(group), c10d.get_rank() == dst
+    if mine and (not isinstance(object_gather_list, list) or len(object_gather_list) != world):
+        raise ValueError(f"gather_object: object_gather_list on dst rank {dst} must be a list of group size={world} "
+                         f"slots, got {object_gather_list!r}")
+    if not mine and object_gather_list:
+        raise ValueError(f"gather_object: object_gather_list must NOT be given on rank {c10d.get_rank()}, only on "
+                         f"dst rank {dst}")
+    c10d.get_group_rank(group, dst)  # dst must be in the group, before any communication
+    device = _device(group)
+    payload = _to_bytes(obj)
+    sizes = _sizes(group, payload.numel(), device)
+    width = max(sizes)
+    outs = [torch.empty(width, dtype=torch.uint8, device=device) for _ in range(world)] if mine else None
+    c10d.gather(_padded([payload], width, device), outs, dst=dst, group=group)
+    for i, size in enumerate(sizes if mine else []):
+        object_gather_list[i] = _to_object(outs[i], size)
+
+
+def broadcast_object_list(object_list: list, src: int = 0, group=None, device=None) -> None:
+    """Replace every entry of ``object_list`` with ``src``'s (a global rank); every rank passes a list of the
+    same length (the non-source entries are placeholders). ``device``: where the bytes travel (default: CPU,
+    or the current GPU under NCCL)."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
+    if not isinstance(object_list, list) or not object_list:
+        raise ValueError(f"broadcast_object_list: object_list must be a non-empty list, got {object_list!r}")
+    c10d.get_group_rank(group, src)
+    device, mine = torch.device(device) if device is not None else _device(group), c10d.get_rank() == src
+    payloads = [_to_bytes(o) for o in object_list] if mine else []
+    sizes = torch.tensor([p.numel() for p in payloads] if mine else [0] * len(object_list), dtype=torch.int64,
+                         device=device)
+    c10d.broadcast(sizes, src=src, group=group)
+    data = torch.cat(payloads).to(device) if mine else torch.empty(int(sizes.sum()), dtype=torch.uint8,
+                                                                    device=device)
+    c10d.broadcast(data, src=src, group=group)
+    if not mine:
+        data, at = data.cpu(), 0
+        for i, size in enumerate(sizes.tolist()):
+            object_list[i] = _to_object(data[at:at + size], size)
+            at += size
+
+
+def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
+                        src: int = 0, group=None) -> None:
+    """``scatter_object_input_list[i]`` on ``src`` (a global rank) into ``scatter_object_output_list[0]`` on the
+    group's rank i."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
+    world, mine = c10d.get_world_size(group), c10d.get_rank() == src
+    if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
+        raise ValueError("scatter_object_list: scatter_object_output_list must be a non-empty list (its first "
+                         f"entry receives the object), got {scatter_object_output_list!r}")
+    if mine and (not isinstance(scatter_object_input_list, list) or len(scatter_object_input_list) != world):
+        raise ValueError(f"scatter_object_list: scatter_object_input_list on src rank {src} must list group "
+                         f"size={world} objects, got {scatter_object_input_list!r}")
+    if not mine and scatter_object_input_list:
+        raise ValueError(f"scatter_object_list: scatter_object_input_list must NOT be given on rank "
+                         f"{c10d.get_rank()}, only on src rank {src}")
+    c10d.get_group_rank(group, src)
+    device = _device(group)
+    payloads = [_to_bytes(o) for o in scatter_object_input_list] if mine else []
+    head = torch.tensor([p.numel() for p in payloads] if mine else [0] * world, dtype=torch.int64, device=device)
+    c10d.broadcast(head, src=src, group=group)  # every rank learns every size, so the padding agrees
+    sizes = head.tolist()
+    width = max(sizes)
+    out = torch.empty(width, dtype=torch.uint8, device=device)
+    ins = list(_padded(payloads, width, device).view(world, width)) if mine else None
+    c10d.scatter(out, ins, src=src, group=group)
+    scatter_object_output_list[0] = _to_object(out, sizes[c10d.get_rank(group)])

@@ -1,0 +1,289 @@
+"""gather / scatter, batch_isend_irecv, and the object collectives, on tcp, shm and torch's own gloo.
+
+Values are checked against what the ranks built locally; on the gloo adapter (torch's real group) the
+object collectives are also run through ``torch.distributed``'s own functions in the same ranks and
+must give the same objects. Bad arguments raise before any communication; ranks that disagree on a
+gather's shape all raise.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pt_dist
+import pytest
+import torch
+from pt_dist import DistError
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ptdist_testutil as util  # noqa: E402
+from ptdist_testutil import close  # noqa: E402
+from test_collectives import shaped  # noqa: E402
+
+NATIVE_DTYPES = [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.complex64]
+SIZES = [0, 1, 1031, "nc"]
+
+
+def _rooted(rank, world_size, backend, dtypes):
+    from pt_dist.backends import cma, shm, tcp
+
+    saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, cma.MIN_BYTES
+    # 1031 elements cross many tcp chunks and shm rounds; on shm, buffers from 4 KiB (1031 elements of 4 or 8
+    # bytes, or 2 bytes from 2 ranks) take the single-copy path, smaller ones the all-to-all through staging
+    tcp.CHUNK_BYTES, shm.SLOT_BYTES, cma.MIN_BYTES = 512, 4096, 4096
+    try:
+        util.join(rank, world_size, backend, key=f"rooted-{backend}-{world_size}")
+        fails, checks = [], 0
+
+        def check(name, got, want):
+            nonlocal checks
+            checks += 1
+            if not close(got, want):
+                fails.append(f"{backend} ws={world_size} rank={rank} {name}: got {got.flatten()[:6]} "
+                             f"want {want.flatten()[:6]}")
+
+        ws, me = world_size, rank
+        for dtype in dtypes:
+            for salt, size in enumerate(SIZES):
+                for root in range(ws):
+                    tag = f"{dtype} size={size} root={root}"
+                    everyone = [shaped(r, size, dtype, salt) for r in range(ws)]
+                    outs = [torch.zeros_like(everyone[0]) for _ in range(ws)] if me == root else None
+                    pt_dist.gather(shaped(me, size, dtype, salt), outs, dst=root)
+                    for r in range(ws if me == root else 0):
+                        check(f"gather[{r}] {tag}", outs[r], everyone[r])
+                    pieces = [shaped(r, size, dtype, salt + 1) for r in range(ws)]
+                    got = torch.zeros_like(pieces[me])  # non-contiguous when size is "nc"
+                    pt_dist.scatter(got, pieces if me == root else None, src=root)
+                    check(f"scatter {tag}", got, pieces[me])
+        # async forms overlap the caller and complete in order; a sub-group takes global ranks
+        got = torch.zeros(3)
+        work = pt_dist.scatter(got, [torch.full((3,), r + 0.5) for r in range(ws)] if me == 0 else None, src=0,
+                               async_op=True)
+        work.wait()
+        check("async scatter", got, torch.full((3,), me + 0.5))
+        if ws >= 3:
+            sub = pt_dist.new_group([0, ws - 1])
+            if me in (0, ws - 1):
+                outs = [torch.zeros(2) for _ in range(2)] if me == ws - 1 else None
+                pt_dist.gather(torch.full((2,), float(me)), outs, dst=ws - 1, group=sub)
+                if me == ws - 1:
+                    check("sub-group gather", torch.stack(outs), torch.tensor([[0.0, 0.0], [ws - 1.0] * 2]))
+        util.leave()
+        return fails, checks
+    finally:
+        tcp.CHUNK_BYTES, shm.SLOT_BYTES, cma.MIN_BYTES = saved
+        if pt_dist.is_initialized():
+            pt_dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_gather_and_scatter_on_native_backends(backend):
+    for ws in (4, 3, 1):
+        for rank, (fails, checks) in enumerate(run_ranks(_rooted, ws, backend, NATIVE_DTYPES, backend=None,
+                                                         timeout=240)):
+            assert fails == []
+            per_case = len(NATIVE_DTYPES) * len(SIZES)
+            # every root: one scatter check; as the root, ws gather checks; plus the async scatter and sub-group
+            assert checks == per_case * (ws + ws) + 1 + (ws >= 3 and rank == ws - 1), (ws, rank, checks)
+
+
+def test_gather_and_scatter_on_gloo_adapter():
+    for rank, (fails, checks) in enumerate(run_ranks(_rooted, 3, "gloo", [torch.float32, torch.int64],
+                                                     backend=None, timeout=240)):
+        assert fails == []
+        assert checks == 2 * len(SIZES) * 6 + 1 + (rank == 2)
+
+
+def _canonical(x):
+    """Objects with tensors inside, made comparable with ==."""
+    if isinstance(x, torch.Tensor):
+        return ("tensor", str(x.dtype), x.tolist())
+    if isinstance(x, (list, tuple)):
+        return type(x)(_canonical(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _canonical(v) for k, v in x.items()}
+    return x
+
+
+def _obj(r: int):
+    # rank 2's object is ~80 KB, far longer than the others, so the padding to the longest is exercised
+    return {"rank": r, "t": torch.arange(r + 1.0), "blob": "x" * (40_000 * r), "nested": [r, None, (r, "a")]}
+
+
+def _objects(rank, world_size, backend):
+    util.join(rank, world_size, backend, key=f"objects-{backend}")
+    impls = {"ours": pt_dist}
+    if backend == "gloo":
+        import torch.distributed as dist
+
+        impls["torch"] = dist  # the adapter runs torch's real default group: call torch's own functions on it
+    out = {}
+    for name, lib in impls.items():
+        got = [None] * world_size
+        lib.all_gather_object(got, _obj(rank))
+        out[(name, "all_gather_object")] = got
+        got = [None] * world_size if rank == 1 else None
+        lib.gather_object(_obj(rank), got, dst=1)
+        out[(name, "gather_object")] = got
+        got = [_obj(2), "second", 3] if rank == 2 else [None] * 3
+        lib.broadcast_object_list(got, src=2)
+        out[(name, "broadcast_object_list")] = got
+        got = [None]
+        lib.scatter_object_list(got, [_obj(r + 10) for r in range(world_size)] if rank == 0 else None, src=0)
+        out[(name, "scatter_object_list")] = got[0]
+    util.leave()
+    return {k: _canonical(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
+def test_object_collectives(backend):
+    ws = 3
+    everyone = [_canonical(_obj(r)) for r in range(ws)]
+    for rank, res in enumerate(run_ranks(_objects, ws, backend, backend=None, timeout=120)):
+        assert res[("ours", "all_gather_object")] == everyone
+        assert res[("ours", "gather_object")] == (everyone if rank == 1 else None)
+        assert res[("ours", "broadcast_object_list")] == [everyone[2], "second", 3]
+        assert res[("ours", "scatter_object_list")] == _canonical(_obj(rank + 10))
+        for (impl, op), value in res.items():  # torch.distributed's own functions agree, call for call
+            if impl == "torch":
+                assert value == res[("ours", op)], (rank, op)
+
+
+def _batch(rank, world_size, backend):
+    util.join(rank, world_size, backend, key=f"batch-{backend}")
+    ws, me = world_size, rank
+    right, left = (me + 1) % ws, (me - 1) % ws
+    n = 1 << 20  # 4 MiB per message: far more than a socket buffer, so a send blocks until the peer reads
+    out = {}
+    # a ring shift, the receive listed first on even ranks and second on odd ones
+    a, b = torch.full((n,), float(me)), torch.empty(n)
+    ops = [pt_dist.P2POp(pt_dist.isend, a, right), pt_dist.P2POp(pt_dist.irecv, b, left)]
+    for w in pt_dist.batch_isend_irecv(ops if me % 2 else ops[::-1]):
+        w.wait()
+    out["ring"] = (b[0].item(), b[-1].item(), bool((b == left).all()))
+    # pipeline stages: each neighbour pair sends both ways at once (activations forward, gradients back),
+    # two messages to the same peer in a row, received in the same order
+    ops, got = [], {}
+    for peer in (me - 1, me + 1):
+        if 0 <= peer < ws:
+            got[peer] = [torch.empty(n), torch.empty(3, 5).t()]  # the second receive is non-contiguous
+            ops += [pt_dist.P2POp(pt_dist.isend, torch.full((n,), me * 10.0 + peer), peer),
+                    pt_dist.P2POp(pt_dist.isend, torch.arange(15.0).view(5, 3) + me, peer),
+                    pt_dist.P2POp(pt_dist.irecv, got[peer][0], peer),
+                    pt_dist.P2POp(pt_dist.irecv, got[peer][1], peer)]
+    for w in pt_dist.batch_isend_irecv(ops):
+        w.wait()
+    out["pipeline"] = {peer: (bool((x == peer * 10.0 + me).all()), torch.equal(y, torch.arange(15.0).view(5, 3) + peer))
+                       for peer, (x, y) in got.items()}
+    util.leave()
+    return out
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
+def test_batch_isend_irecv(backend):
+    ws = 3
+    for rank, res in enumerate(run_ranks(_batch, ws, backend, backend=None, timeout=120)):
+        left = (rank - 1) % ws
+        assert res["ring"] == (left, left, True)
+        assert res["pipeline"] == {p: (True, True) for p in (rank - 1, rank + 1) if 0 <= p < ws}
+
+
+def _bad_arguments(rank, world_size, backend):
+    """Each call raises on this rank alone, before communicating: the group is still in step afterwards."""
+    util.join(rank, world_size, backend, key=f"bad-{backend}")
+    ws, x = world_size, torch.ones(4)
+    other = pt_dist.new_group([0, 1])
+    cases = {
+        "gather_list on a non-dst rank": lambda: pt_dist.gather(x, [torch.ones(4)] * ws, dst=(rank + 1) % ws),
+        "gather_list too short": lambda: pt_dist.gather(x, [torch.ones(4)], dst=rank),
+        "gather_list dtype": lambda: pt_dist.gather(x, [torch.ones(4, dtype=torch.int64)] * ws, dst=rank),
+        "gather dst outside": lambda: pt_dist.gather(x, None, dst=ws),
+        "scatter_list missing on src": lambda: pt_dist.scatter(x, None, src=rank),
+        "scatter_list sizes": lambda: pt_dist.scatter(x, [torch.ones(5)] * ws, src=rank),
+        "P2POp op": lambda: pt_dist.P2POp(pt_dist.all_reduce, x, 1),
+        "empty batch": lambda: pt_dist.batch_isend_irecv([]),
+        "mixed groups": lambda: pt_dist.batch_isend_irecv([pt_dist.P2POp(pt_dist.isend, x, 1 - rank % 2),
+                                                           pt_dist.P2POp(pt_dist.irecv, x, 1 - rank % 2, other)]),
+        "peer is this rank": lambda: pt_dist.batch_isend_irecv([pt_dist.P2POp(pt_dist.isend, x, rank)]),
+        "peer outside": lambda: pt_dist.batch_isend_irecv([pt_dist.P2POp(pt_dist.isend, x, ws + 3)]),
+        "all_gather_object slots": lambda: pt_dist.all_gather_object([None], "a"),
+        "gather_object list on non-dst": lambda: pt_dist.gather_object("a", [None] * ws, dst=(rank + 1) % ws),
+        "broadcast_object_list empty": lambda: pt_dist.broadcast_object_list([], src=0),
+        "scatter_object_list input on non-src": lambda: pt_dist.scatter_object_list([None], ["a"] * ws,
+                                                                                   src=(rank + 1) % ws),
+    }
+    seen = {}
+    for name, call in cases.items():
+        try:
+            call()
+            seen[name] = "no error"
+        except (ValueError, TypeError) as e:
+            seen[name] = type(e).__name__
+    # ranks that disagree on a gather's shape all raise (native backends compare headers first)
+    try:
+        outs = [torch.zeros(4) for _ in range(ws)] if rank == 0 else None
+        pt_dist.gather(torch.ones(5 if rank == 2 else 4), outs, dst=0)
+        seen["shape mismatch"] = "no error"
+    except DistError as e:
+        seen["shape mismatch"] = "mismatched" in str(e)
+    t = torch.ones(2)
+    pt_dist.all_reduce(t)
+    seen["still in step"] = t.tolist()
+    util.leave()
+    return seen
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_bad_arguments_raise_before_communicating(backend):
+    for seen in run_ranks(_bad_arguments, 3, backend, backend=None, timeout=120):
+        assert seen.pop("shape mismatch") is True
+        assert seen.pop("still in step") == [3.0, 3.0]
+        assert all(v in ("ValueError", "TypeError") for v in seen.values()), seen
+
+
+def test_native_backends_run_without_numpy(tmp_path):
+    """torch does not depend on numpy, so pt-dist must not either: tcp collectives and p2p with numpy blocked."""
+    script = textwrap.dedent("""
+        import sys, threading
+        sys.modules["numpy"] = None  # any `import numpy` (and Tensor.numpy()) now fails
+        import torch
+        from pt_dist import TCPStore
+        from pt_dist.store import PrefixStore
+        from pt_dist.backends.tcp import ProcessGroupTCP
+
+        master = TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=30)
+        stores = [master, TCPStore("127.0.0.1", master.port, 2, is_master=False, timeout=30)]
+        results = [None, None]
+
+        def rank(r):
+            try:
+                run(r)
+            except Exception as e:
+                results[r] = repr(e)
+
+        def run(r):
+            pg = ProcessGroupTCP(PrefixStore("g", stores[r]), r, 2, 30.0, "g", b"secret")
+            t = torch.full((300_000,), r + 1.0)
+            pg.all_reduce(t)
+            got = torch.empty(3)
+            w = pg.send(torch.full((3,), 7.0 + r), 1 - r)
+            pg.recv(got, 1 - r).wait()
+            w.wait()
+            results[r] = (t[0].item(), t[-1].item(), got.tolist())
+            pg.barrier()
+            pg.shutdown()
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+        [th.start() for th in threads]
+        [th.join(60) for th in threads]
+        print(results)
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "[(3.0, 3.0, [8.0, 8.0, 8.0]), (3.0, 3.0, [7.0, 7.0, 7.0])]"
