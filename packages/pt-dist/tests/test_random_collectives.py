@@ -2,8 +2,8 @@
 
 The matrix in ``test_collectives.py`` is exhaustive over a few sizes; this draws sizes, dtypes, ops, roots,
 the in-place forms and the shm backend's thresholds at random (fixed seeds, so a failure replays), which is
-how boundary bugs in chunked and multi-round loops show up. ``symmetric`` puts every shm input on the
-group's symmetric heap.
+how boundary bugs in chunked and multi-round loops show up (gather and scatter among them). ``symmetric``
+puts every shm input on the group's symmetric heap.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from ptdist_testutil import close, reference  # noqa: E402
 
 SIZES = [0, 1, 2, 3, 5, 17, 255, 256, 1000, 4097, 20000]
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16]
-KINDS = ["all_reduce", "reduce_scatter", "reduce_scatter in place", "all_gather", "all_gather in place", "broadcast"]
+KINDS = ["all_reduce", "reduce_scatter", "reduce_scatter in place", "all_gather", "all_gather in place", "broadcast",
+         "gather", "scatter"]
 
 
 def _one(rng, rank, world, xs, op, place):
@@ -53,10 +54,18 @@ def _one(rng, rank, world, xs, op, place):
             out = torch.empty(world * n, dtype=dtype)
             pt_dist.all_gather_into_tensor(out, place(xs[rank]))
         return out, want
-    src = rng.randrange(world)
+    root = rng.randrange(world)
+    if kind == "gather":
+        outs = [torch.empty(n, dtype=dtype) for _ in range(world)] if rank == root else None
+        pt_dist.gather(place(xs[rank]), outs, dst=root)
+        return (torch.cat(outs), torch.cat(xs)) if rank == root else (xs[rank], xs[rank])
+    if kind == "scatter":
+        out = place(torch.zeros(n, dtype=dtype))
+        pt_dist.scatter(out, [x.clone() for x in xs] if rank == root else None, src=root)
+        return out, xs[rank]
     t = place(xs[rank])
-    pt_dist.broadcast(t, src=src)
-    return t, xs[src]
+    pt_dist.broadcast(t, src=root)
+    return t, xs[root]
 
 
 def _random_run(rank, world, seed, backend, symmetric):

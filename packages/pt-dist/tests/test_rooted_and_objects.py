@@ -29,13 +29,13 @@ NATIVE_DTYPES = [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.c
 SIZES = [0, 1, 1031, "nc"]
 
 
-def _rooted(rank, world_size, backend, dtypes):
+def _rooted(rank, world_size, backend, dtypes, staged=False):
     from pt_dist.backends import cma, shm, tcp
 
     saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, cma.MIN_BYTES
-    # 1031 elements cross many tcp chunks and shm rounds; on shm, buffers from 4 KiB (1031 elements of 4 or 8
-    # bytes, or 2 bytes from 2 ranks) take the single-copy path, smaller ones the all-to-all through staging
-    tcp.CHUNK_BYTES, shm.SLOT_BYTES, cma.MIN_BYTES = 512, 4096, 4096
+    # 1031 elements cross many tcp chunks and shm staging rounds (256 elements of 4 bytes per round);
+    # on shm, buffers from 4 KiB take the single-copy path unless ``staged``
+    tcp.CHUNK_BYTES, shm.SLOT_BYTES, cma.MIN_BYTES = 512, 2048, 1 << 40 if staged else 4096
     try:
         util.join(rank, world_size, backend, key=f"rooted-{backend}-{world_size}")
         fails, checks = [], 0
@@ -82,10 +82,10 @@ def _rooted(rank, world_size, backend, dtypes):
             pt_dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_gather_and_scatter_on_native_backends(backend):
+@pytest.mark.parametrize("backend,staged", [("tcp", False), ("shm", False), ("shm", True)])
+def test_gather_and_scatter_on_native_backends(backend, staged):
     for ws in (4, 3, 1):
-        for rank, (fails, checks) in enumerate(run_ranks(_rooted, ws, backend, NATIVE_DTYPES, backend=None,
+        for rank, (fails, checks) in enumerate(run_ranks(_rooted, ws, backend, NATIVE_DTYPES, staged, backend=None,
                                                          timeout=240)):
             assert fails == []
             per_case = len(NATIVE_DTYPES) * len(SIZES)
