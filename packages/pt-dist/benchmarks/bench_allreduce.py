@@ -130,8 +130,9 @@ def main() -> None:
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
     sizes = [s for s in SIZES if s <= args.max_mib * (1 << 20)]
     ctx = mp.get_context("spawn")
-    ours = BACKENDS[1:]
-    head = ["world", "size"] + [f"{b} us" for b in BACKENDS] + [f"{b} GB/s" for b in BACKENDS] + \
+    cols = [b for b in BACKENDS if not (args.op in ROOTED and b == "shm-symm")]
+    ours = cols[1:]
+    head = ["world", "size"] + [f"{b} us" for b in cols] + [f"{b} GB/s" for b in cols] + \
         [f"{b} / gloo" for b in ours]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -147,14 +148,14 @@ def main() -> None:
         for p in procs:
             p.join(60)
         for nbytes, med in rows:
-            med = {b: med.get(b, float("nan")) for b in BACKENDS}
-            cells = [str(world), _fmt_size(nbytes)] + [f"{med[b] * 1e6:.0f}" for b in BACKENDS] + \
-                [f"{nbytes / med[b] / 1e9:.2f}" for b in BACKENDS] + [f"{med['gloo'] / med[b]:.2f}x" for b in ours]
+            med = {b: med.get(b, float("nan")) for b in cols}
+            cells = [str(world), _fmt_size(nbytes)] + [f"{med[b] * 1e6:.0f}" for b in cols] + \
+                [f"{nbytes / med[b] / 1e9:.2f}" for b in cols] + [f"{med['gloo'] / med[b]:.2f}x" for b in ours]
             print("| " + " | ".join(cells) + " |", flush=True)
     if args.svg:
         from bandwidth_chart import write_svg  # beside this script
 
-        write_svg(args.svg, args.op, panels, [b for b in BACKENDS if b in args.backends])
+        write_svg(args.svg, args.op, panels, [b for b in cols if b in args.backends])
         print(f"chart: {args.svg}")
 
 
