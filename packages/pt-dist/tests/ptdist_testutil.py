@@ -65,3 +65,16 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
         rtol = 2e-2 if a.dtype == torch.bfloat16 else 1e-5
         return torch.allclose(a.to(wide), b.to(wide), rtol=rtol, atol=rtol)
     return torch.equal(a, b)
+
+
+class Checks:
+    """``check(name, got, want)`` counts every comparison and keeps the mismatches, so a rank reports both and a
+    test that silently compared nothing fails too."""
+
+    def __init__(self, label: str):
+        self.label, self.fails, self.count = label, [], 0
+
+    def __call__(self, name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        self.count += 1
+        if not close(got, want):
+            self.fails.append(f"{self.label} {name}: got {got.flatten()[:6]} want {want.flatten()[:6]}")

@@ -63,14 +63,7 @@ def _matrix(rank, world_size, backend, dtypes):
     tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, cma.CHUNK_BYTES = 512, 4096, 1024, 4096, 512
     try:
         util.join(rank, world_size, backend)
-        fails, checks = [], 0
-
-        def check(name, got, want):
-            nonlocal checks
-            checks += 1
-            if not close(got, want):
-                fails.append(f"{backend} ws={world_size} rank={rank} {name}: got {got.flatten()[:6]} "
-                             f"want {want.flatten()[:6]}")
+        check = util.Checks(f"{backend} ws={world_size} rank={rank}")
 
         ws, me = world_size, rank
         for dtype in dtypes:
@@ -133,10 +126,10 @@ def _matrix(rank, world_size, backend, dtypes):
             w.wait()
             assert w.is_completed() and w.is_success()
             check(f"async all_reduce {k}", ts[k], torch.full((1000,), float(sum(range(ws)) + ws * k)))
-            checks += f.wait() == 1000 * float(sum(range(ws)) + ws * k)
+            check.count += f.wait() == 1000 * float(sum(range(ws)) + ws * k)
         pt_dist.barrier()
         util.leave()
-        return fails, checks
+        return check.fails, check.count
     finally:
         tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, cma.CHUNK_BYTES = saved
         if pt_dist.is_initialized():

@@ -22,7 +22,6 @@ from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ptdist_testutil as util  # noqa: E402
-from ptdist_testutil import close  # noqa: E402
 from test_collectives import shaped  # noqa: E402
 
 NATIVE_DTYPES = [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.complex64]
@@ -38,14 +37,7 @@ def _rooted(rank, world_size, backend, dtypes, staged=False):
     tcp.CHUNK_BYTES, shm.SLOT_BYTES, cma.MIN_BYTES = 512, 2048, 1 << 40 if staged else 4096
     try:
         util.join(rank, world_size, backend, key=f"rooted-{backend}-{world_size}")
-        fails, checks = [], 0
-
-        def check(name, got, want):
-            nonlocal checks
-            checks += 1
-            if not close(got, want):
-                fails.append(f"{backend} ws={world_size} rank={rank} {name}: got {got.flatten()[:6]} "
-                             f"want {want.flatten()[:6]}")
+        check = util.Checks(f"{backend} ws={world_size} rank={rank}")
 
         ws, me = world_size, rank
         for dtype in dtypes:
@@ -75,7 +67,7 @@ def _rooted(rank, world_size, backend, dtypes, staged=False):
                 if me == ws - 1:
                     check("sub-group gather", torch.stack(outs), torch.tensor([[0.0, 0.0], [ws - 1.0] * 2]))
         util.leave()
-        return fails, checks
+        return check.fails, check.count
     finally:
         tcp.CHUNK_BYTES, shm.SLOT_BYTES, cma.MIN_BYTES = saved
         if pt_dist.is_initialized():

@@ -50,6 +50,22 @@ def _sizes(group, mine: int, device) -> list[int]:
     return sizes.tolist()
 
 
+def _brief(x) -> str:
+    return f"a {type(x).__name__} of {len(x)}" if isinstance(x, (list, tuple)) else repr(x)[:80]
+
+
+def _root_only(op: str, what: str, objects, root: int, group) -> tuple[int, bool]:
+    """Check, as torch does, that only the root passes ``objects``, one per rank; (group size, am I the root)."""
+    c10d.get_group_rank(group, root)  # the root must be in the group, before any communication
+    world, mine = c10d.get_world_size(group), c10d.get_rank() == root
+    if mine and (not isinstance(objects, list) or len(objects) != world):
+        raise ValueError(f"{op}: {what} on rank {root} must be a list of group size={world} entries, got "
+                         f"{_brief(objects)}")
+    if not mine and objects:
+        raise ValueError(f"{op}: {what} must NOT be given on rank {c10d.get_rank()}, only on rank {root}")
+    return world, mine
+
+
 def all_gather_object(object_list: list, obj, group=None) -> None:
     """``object_list[i]`` = rank i's ``obj`` on every rank; ``object_list`` has one slot per rank of the group."""
     if group is GroupMember.NON_GROUP_MEMBER:
@@ -57,7 +73,7 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
     world = c10d.get_world_size(group)
     if not isinstance(object_list, list) or len(object_list) != world:
         raise ValueError(f"all_gather_object: object_list must be a list of group size={world} slots, got "
-                         f"{object_list!r}")
+                         f"{_brief(object_list)}")
     device = _device(group)
     payload = _to_bytes(obj)
     sizes = _sizes(group, payload.numel(), device)
@@ -72,14 +88,7 @@ def gather_object(obj, object_gather_list: list | None = None, dst: int = 0, gro
     """Every rank's ``obj`` into ``object_gather_list`` on ``dst`` (a global rank); other ranks pass ``None``."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return
-    world, mine = c10d.get_world_size(group), c10d.get_rank() == dst
-    if mine and (not isinstance(object_gather_list, list) or len(object_gather_list) != world):
-        raise ValueError(f"gather_object: object_gather_list on dst rank {dst} must be a list of group size={world} "
-                         f"slots, got {object_gather_list!r}")
-    if not mine and object_gather_list:
-        raise ValueError(f"gather_object: object_gather_list must NOT be given on rank {c10d.get_rank()}, only on "
-                         f"dst rank {dst}")
-    c10d.get_group_rank(group, dst)  # dst must be in the group, before any communication
+    world, mine = _root_only("gather_object", "object_gather_list", object_gather_list, dst, group)
     device = _device(group)
     payload = _to_bytes(obj)
     sizes = _sizes(group, payload.numel(), device)
@@ -97,7 +106,7 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None, device=No
     if group is GroupMember.NON_GROUP_MEMBER:
         return
     if not isinstance(object_list, list) or not object_list:
-        raise ValueError(f"broadcast_object_list: object_list must be a non-empty list, got {object_list!r}")
+        raise ValueError(f"broadcast_object_list: object_list must be a non-empty list, got {_brief(object_list)}")
     c10d.get_group_rank(group, src)
     device, mine = torch.device(device) if device is not None else _device(group), c10d.get_rank() == src
     payloads = [_to_bytes(o) for o in object_list] if mine else []
@@ -120,17 +129,11 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     group's rank i."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return
-    world, mine = c10d.get_world_size(group), c10d.get_rank() == src
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise ValueError("scatter_object_list: scatter_object_output_list must be a non-empty list (its first "
-                         f"entry receives the object), got {scatter_object_output_list!r}")
-    if mine and (not isinstance(scatter_object_input_list, list) or len(scatter_object_input_list) != world):
-        raise ValueError(f"scatter_object_list: scatter_object_input_list on src rank {src} must list group "
-                         f"size={world} objects, got {scatter_object_input_list!r}")
-    if not mine and scatter_object_input_list:
-        raise ValueError(f"scatter_object_list: scatter_object_input_list must NOT be given on rank "
-                         f"{c10d.get_rank()}, only on src rank {src}")
-    c10d.get_group_rank(group, src)
+                         f"entry receives the object), got {_brief(scatter_object_output_list)}")
+    world, mine = _root_only("scatter_object_list", "scatter_object_input_list", scatter_object_input_list, src,
+                             group)
     device = _device(group)
     payloads = [_to_bytes(o) for o in scatter_object_input_list] if mine else []
     head = torch.tensor([p.numel() for p in payloads] if mine else [0] * world, dtype=torch.int64, device=device)
