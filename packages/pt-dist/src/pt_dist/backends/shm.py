@@ -6,8 +6,8 @@ rank reduces only its 1/N slice of the chunk, reading the N slots and writing a 
 buffer; after a second flag round every rank copies the whole result out. Each rank touches
 N x 1/N of the data in the reduction, so the work is spread like a ring but with no hops. Small
 all-reduces skip the slicing (one barrier, every rank folds all N copies), and from ``cma.MIN_BYTES`` up
-all-reduce, all-gather, reduce-scatter and broadcast skip the staging too where the kernel allows
-cross-memory attach: ranks copy straight between each other's tensors, one copy per byte (``cma.py``);
+all-reduce, all-gather, reduce-scatter, broadcast, gather and scatter skip the staging too where the kernel
+allows cross-memory attach: ranks copy straight between each other's tensors, one copy per byte (``cma.py``);
 all-reduces on tensors from the group's symmetric heap load and store peers' buffers directly
 (``symmetric_memory.py``).
 
