@@ -160,3 +160,40 @@ def test_two_multi_rank_tests_in_parallel_under_xdist(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout
+
+
+def test_a_gloo_connect_flake_on_one_rank_is_retried_by_all_ranks_together():
+    """Rank 0's first connect fails as gloo's flaky connectFullMesh does, while ranks 1 and 2 connect: all three
+    agree through the store, the connected ones tear down, and everyone connects again under a new prefix."""
+    import threading
+
+    from harness.worker import init_gloo_together
+
+    master = dist.TCPStore("127.0.0.1", 0, 4, is_master=True, wait_for_workers=False)
+    seen, out = {r: [] for r in range(3)}, {}
+
+    def rank(r, flaky):
+        st = dist.TCPStore("127.0.0.1", master.port, 4, is_master=False)
+
+        def connect(prefix):
+            seen[r].append(prefix)
+            if (r, len(seen[r])) in flaky:
+                raise RuntimeError(flaky[(r, len(seen[r]))])
+
+        try:
+            out[r] = init_gloo_together(st, r, 3, connect, lambda: seen[r].append("destroy"))
+        except RuntimeError as e:
+            out[r] = str(e)
+
+    def run(flaky):
+        threads = [threading.Thread(target=rank, args=(r, flaky)) for r in range(3)]
+        [t.start() for t in threads]
+        [t.join(30) for t in threads]
+
+    run({(0, 1): "Gloo connectFullMesh failed with [pair.cc:561] Connection closed by peer"})
+    assert out == {0: 2, 1: 2, 2: 2}
+    assert seen == {0: ["pg", "pg1"], 1: ["pg", "destroy", "pg1"], 2: ["pg", "destroy", "pg1"]}
+    # any other error propagates at once, before the rank even reports to the store
+    seen[0], out[0] = [], None
+    rank(0, {(0, 1): "some other RuntimeError"})
+    assert out[0] == "some other RuntimeError" and seen[0] == ["pg"]
