@@ -6,9 +6,11 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"pt-dist": "pt_dist", "ds-zero": "ds_zero", "mega-par": "mega_par",
@@ -64,6 +66,34 @@ def test_each_wheel_installs_alone_and_imports(tmp_path):
         proc = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert proc.returncode == 0, f"import {mod} alone failed:\n{proc.stderr}"
         assert str(tmp_path) in proc.stdout
+
+
+def test_packages_declare_what_they_import():
+    """Every third-party module a package's source imports (at any depth, lazily too) comes from one of its declared
+    dependencies, and so does ``Tensor.numpy()`` (torch does not depend on numpy). The wheel test above cannot see
+    this: its venv sees every third-party package of the workspace."""
+    def norm(name: str) -> str:
+        return name.lower().replace("_", "-")
+
+    providers = packages_distributions()
+    missing = {}
+    for dist, mod in PACKAGES.items():
+        root = ROOT / "packages" / dist
+        deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+        declared = {norm(re.split(r"[<>=!~;\[ ]", d)[0]) for d in deps}
+        for path in sorted((root / "src").rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            used = {"numpy" for node in ast.walk(tree) if isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute) and node.func.attr == "numpy" and not node.args}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    used |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    used.add(node.module.split(".")[0])
+            for name in used - set(sys.stdlib_module_names) - {mod}:
+                if not {norm(d) for d in providers.get(name, [name])} & declared:
+                    missing.setdefault(dist, set()).add(f"{name} ({path.relative_to(root)})")
+    assert not missing, missing
 
 
 def _venv_seeing_third_party_only(venv: Path) -> Path:
