@@ -279,3 +279,56 @@ def test_native_backends_run_without_numpy(tmp_path):
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip() == "[(3.0, 3.0, [8.0, 8.0, 8.0]), (3.0, 3.0, [7.0, 7.0, 7.0])]"
+
+
+def _group_ranks(rank, world_size, backend):
+    """torch's second spelling of roots and peers: group_src / group_dst / group_peer, in the group's numbering."""
+    util.join(rank, world_size, backend, key=f"group-ranks-{backend}")
+    sub, out = pt_dist.new_group([1, 3]), {}
+    if rank in (1, 3):
+        me = pt_dist.get_rank(sub)
+        t = torch.full((4,), float(rank))
+        pt_dist.broadcast(t, group_src=1, group=sub)  # the group's rank 1 is global rank 3
+        out["broadcast"] = t[0].item()
+        outs = [torch.zeros(2) for _ in range(2)] if me == 0 else None
+        pt_dist.gather(torch.full((2,), float(rank)), outs, group_dst=0, group=sub)
+        out["gather"] = [o[0].item() for o in outs] if outs else None
+        got = torch.zeros(2)
+        pt_dist.scatter(got, [torch.full((2,), 10.0), torch.full((2,), 11.0)] if me == 1 else None, group_src=1,
+                        group=sub)
+        out["scatter"] = got[0].item()
+        x = torch.full((3,), float(rank))
+        if me == 0:
+            pt_dist.send(x, group_dst=1, group=sub)
+        else:
+            out["recv from"] = pt_dist.recv(x, group_src=0, group=sub)  # the sender's global rank, as torch
+        back = torch.zeros(3)
+        works = pt_dist.batch_isend_irecv([pt_dist.P2POp(pt_dist.isend, torch.full((3,), float(rank)), group=sub,
+                                                         group_peer=1 - me),
+                                           pt_dist.P2POp(pt_dist.irecv, back, group=sub, group_peer=1 - me)])
+        [w.wait() for w in works]
+        out["batch"] = back[0].item()
+        errors = []
+        for call in (lambda: pt_dist.broadcast(t, src=1, group=sub, group_src=0),
+                     lambda: pt_dist.gather(t, None, group=sub, group_dst=2),
+                     lambda: pt_dist.isend(t, group=sub),
+                     lambda: pt_dist.batch_isend_irecv([pt_dist.P2POp(pt_dist.isend, t, group=sub)])):
+            try:
+                call()
+                errors.append("no error")
+            except ValueError as e:
+                errors.append(str(e).split(" ")[0])
+        out["errors"] = errors
+        pt_dist.barrier(group=sub)
+    util.leave()
+    return out
+
+
+@pytest.mark.parametrize("backend", ["tcp", "gloo"])
+def test_group_src_and_group_dst_name_ranks_in_the_group(backend):
+    res = run_ranks(_group_ranks, 4, backend, backend=None, timeout=120)
+    assert res[0] == res[2] == {}
+    errors = ["pass", "group_dst=2", "name", "name"]
+    assert res[1] == {"broadcast": 3.0, "gather": [1.0, 3.0], "scatter": 10.0, "batch": 3.0, "errors": errors}
+    assert res[3] == {"broadcast": 3.0, "gather": None, "scatter": 11.0, "recv from": 1, "batch": 1.0,
+                      "errors": errors}

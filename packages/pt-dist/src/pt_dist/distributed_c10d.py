@@ -189,11 +189,28 @@ def _ret(work, async_op):
     return work if async_op else None
 
 
-# module-level collectives: global ranks in, group-local ranks to the ProcessGroup ---------------------
-def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
+def _peer(group, rank, group_rank, what: str, default: int | None = 0) -> int:
+    """The group-local rank from torch's two spellings: ``src``/``dst`` (a global rank) or ``group_src``/
+    ``group_dst`` (the group's own numbering), never both; neither means ``default`` (global rank 0)."""
+    if group_rank is not None:
+        if rank is not None:
+            raise ValueError(f"pass {what}={rank} or group_{what}={group_rank}, not both")
+        size = _group(group).size()
+        if not isinstance(group_rank, int) or not 0 <= group_rank < size:
+            raise ValueError(f"group_{what}={group_rank!r} is not a rank of a group of size {size}")
+        return group_rank
+    if rank is None:
+        if default is None:
+            raise ValueError(f"name the peer: {what}= (a global rank) or group_{what}= (the group's rank)")
+        rank = default
+    return get_group_rank(group, rank)
+
+
+# module-level collectives: global ranks in (or group_src/group_dst), group-local ranks to the ProcessGroup -----
+def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False, group_src: int | None = None):
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
-    return _ret(_group(group).broadcast(tensor, get_group_rank(group, src), async_op=async_op), async_op)
+    return _ret(_group(group).broadcast(tensor, _peer(group, src, group_src, "src"), async_op=async_op), async_op)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
@@ -202,10 +219,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     return _ret(_group(group).all_reduce(tensor, op, async_op=async_op), async_op)
 
 
-def reduce(tensor, dst: int = 0, op=ReduceOp.SUM, group=None, async_op: bool = False):
+def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
+           group_dst: int | None = None):
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
-    return _ret(_group(group).reduce(tensor, get_group_rank(group, dst), op, async_op=async_op), async_op)
+    return _ret(_group(group).reduce(tensor, _peer(group, dst, group_dst, "dst"), op, async_op=async_op), async_op)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
@@ -234,18 +252,22 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                                                 async_op=async_op), async_op)
 
 
-def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False):
+def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_op: bool = False,
+           group_dst: int | None = None):
     """``tensor`` of every rank into ``gather_list`` on ``dst`` (a global rank); other ranks pass no list."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
-    return _ret(_group(group).gather(tensor, gather_list, get_group_rank(group, dst), async_op=async_op), async_op)
+    root = _peer(group, dst, group_dst, "dst")
+    return _ret(_group(group).gather(tensor, gather_list, root, async_op=async_op), async_op)
 
 
-def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False):
+def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async_op: bool = False,
+            group_src: int | None = None):
     """``scatter_list[i]`` on ``src`` (a global rank) into ``tensor`` on the group's rank i."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
-    return _ret(_group(group).scatter(tensor, scatter_list, get_group_rank(group, src), async_op=async_op), async_op)
+    root = _peer(group, src, group_src, "src")
+    return _ret(_group(group).scatter(tensor, scatter_list, root, async_op=async_op), async_op)
 
 
 def symmetric_empty(*size, dtype=torch.float32, group=None) -> torch.Tensor:
@@ -263,46 +285,50 @@ def barrier(group=None, async_op: bool = False):
     return _ret(_group(group).barrier(async_op=async_op), async_op)
 
 
-def isend(tensor, dst: int, group=None, tag: int = 0):
+def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None):
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
-    return _group(group).send(tensor, get_group_rank(group, dst), tag)
+    return _group(group).send(tensor, _peer(group, dst, group_dst, "dst", default=None), tag)
 
 
-def irecv(tensor, src: int, group=None, tag: int = 0):
+def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None):
+    """Receive from ``src``; unlike gloo's, there is no receive-from-any-rank (``src=None``)."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
-    if src is None:
-        raise ValueError("irecv: src=None (receive from any rank) is not supported; name the sender")
-    return _group(group).recv(tensor, get_group_rank(group, src), tag)
+    return _group(group).recv(tensor, _peer(group, src, group_src, "src", default=None), tag)
 
 
-def send(tensor, dst: int, group=None, tag: int = 0) -> None:
-    work = isend(tensor, dst, group, tag)
+def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> None:
+    work = isend(tensor, dst, group, tag, group_dst)
     if work is not None:
         work.wait()
 
 
-def recv(tensor, src: int, group=None, tag: int = 0) -> int:
+def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> int:
     """Blocking receive; returns the sender's global rank (as torch does)."""
-    work = irecv(tensor, src, group, tag)
-    if work is not None:
-        work.wait()
-    return src
+    work = irecv(tensor, src, group, tag, group_src)
+    if work is None:
+        return -1
+    work.wait()
+    return src if group_src is None else get_global_rank(group, group_src)
 
 
 class P2POp:
-    """One send or receive of a ``batch_isend_irecv`` batch: ``op`` is ``isend`` or ``irecv``; ``peer`` is global."""
+    """One send or receive of a ``batch_isend_irecv`` batch: ``op`` is ``isend`` or ``irecv``; ``peer`` is a global
+    rank, ``group_peer`` the group's own."""
 
-    def __init__(self, op, tensor: torch.Tensor, peer: int, group=None, tag: int = 0):
+    def __init__(self, op, tensor: torch.Tensor, peer: int | None = None, group=None, tag: int = 0,
+                 group_peer: int | None = None):
         if op not in (isend, irecv):
             raise ValueError(f"P2POp: op must be pt_dist.isend or pt_dist.irecv, got {op!r}")
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"P2POp: tensor must be a torch.Tensor, got {type(tensor).__name__}")
-        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+        self.op, self.tensor, self.group, self.tag = op, tensor, group, tag
+        self.peer, self.group_peer = peer, group_peer
 
     def __repr__(self) -> str:
-        return f"P2POp({self.op.__name__}, {self.tensor.dtype}{list(self.tensor.shape)}, peer={self.peer})"
+        peer = f"peer={self.peer}" if self.group_peer is None else f"group_peer={self.group_peer}"
+        return f"P2POp({self.op.__name__}, {self.tensor.dtype}{list(self.tensor.shape)}, {peer})"
 
 
 def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list:
@@ -316,7 +342,7 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list:
     if group is GroupMember.NON_GROUP_MEMBER:
         return []
     pg = _group(group)  # check every peer before the first op starts
-    peers = [get_group_rank(group, p.peer) for p in p2p_op_list]
+    peers = [_peer(group, p.peer, p.group_peer, "peer", default=None) for p in p2p_op_list]
     for p, peer in zip(p2p_op_list, peers):
         if peer == pg.rank():
             raise ValueError(f"batch_isend_irecv: {p!r} names this rank as its peer")
