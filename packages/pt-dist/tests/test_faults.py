@@ -238,3 +238,40 @@ def test_wildcard_listen_address_for_the_torch_adapters_store(monkeypatch):
     assert (host, int(port)) == ("127.0.0.1", real.port)
     real.set("k", "v")
     assert real.get("k") == b"v"
+
+
+def test_p2p_survives_an_unexpected_error_and_checks_tags_first(monkeypatch):
+    """An error inside a p2p thread reaches the caller's Work (it once killed the thread, leaving that Work and every
+    later send to the peer pending forever); a tag c10d could not carry is refused before anything is queued."""
+    from pt_dist.backends import mesh
+
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
+    groups = [None, None]
+
+    def make(rank):
+        store = PrefixStore("p2p", TCPStore("127.0.0.1", master.port, timeout=10, secret=b"s"))
+        groups[rank] = ProcessGroupTCP(store, rank, 2, 10.0, "p2p", secret=b"mesh")
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    with pytest.raises(ValueError, match="tag must be an int"):
+        groups[0].send(torch.ones(2), 1, tag=2**63)
+    real, calls = mesh.byte_view, []
+
+    def flaky(t):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("planted failure")
+        return real(t)
+
+    monkeypatch.setattr(mesh, "byte_view", flaky)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        groups[0].send(torch.ones(2), 1).wait(timeout=10)
+    got = torch.zeros(2)
+    work = groups[1].recv(got, 0, tag=7)
+    groups[0].send(torch.full((2,), 5.0), 1, tag=7).wait(timeout=10)  # the same send thread, still serving
+    work.wait(timeout=10)
+    assert got.tolist() == [5.0, 5.0]
+    for g in groups:
+        g.shutdown()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import math
+import operator
 
 import torch
 
@@ -363,21 +364,33 @@ class NativeProcessGroup(ProcessGroup):
     def barrier(self, async_op=False):
         return self._launch("barrier", lambda _: self._barrier(), async_op)
 
+    @staticmethod
+    def _check_tag(tag, op_name: str) -> int:
+        try:
+            value = operator.index(tag)
+        except TypeError:
+            value = None
+        if value is None or not -(2 ** 31) <= value < 2 ** 31:  # c10d's tags are C ints
+            raise ValueError(f"{op_name}: tag must be an int in [-2**31, 2**31), got {tag!r}")
+        return value
+
     def send(self, tensor, dst, tag=0):
         _check_tensor(tensor, "tensor", "send")
         self._check_root(dst, "dst", "send")
+        tag = self._check_tag(tag, "send")
         if dst == self._rank:
             raise ValueError(f"send: dst={dst} is this rank")
-        return self._p2p("send", _contig(tensor.detach()), dst, int(tag))
+        return self._p2p("send", _contig(tensor.detach()), dst, tag)
 
     def recv(self, tensor, src, tag=0):
         _check_tensor(tensor, "tensor", "recv")
         self._check_root(src, "src", "recv")
+        tag = self._check_tag(tag, "recv")
         if src == self._rank:
             raise ValueError(f"recv: src={src} is this rank")
         tensor = tensor.detach()
         buf = _contig(tensor)
-        return self._p2p("recv", buf, src, int(tag), None if buf is tensor else tensor)
+        return self._p2p("recv", buf, src, tag, None if buf is tensor else tensor)
 
     def shutdown(self) -> None:
         self._queue.shutdown()

@@ -298,4 +298,6 @@ class PeerMesh:
                 work._finish(exc=e)
             except (OSError, ConnectionError) as e:
                 work._finish(exc=self._fail(kind, f"peer rank {peer} failed or timed out ({e!r})", [peer]))
+            except Exception as e:  # noqa: BLE001 - anything else goes to the caller; the thread must live on
+                work._finish(exc=e)
             item = work = t = view = copy_back = None  # hold no caller's tensor while idle
