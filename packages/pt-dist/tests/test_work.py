@@ -33,6 +33,30 @@ def test_async_ops_run_in_submission_order_and_sync_ops_wait_behind_them():
     q.shutdown()
 
 
+def test_a_blocking_call_from_a_callback_runs_right_after_its_op():
+    """A ``then`` callback runs on the queue's thread; a blocking collective in it once waited on that very
+    thread forever. Now it runs inline, before ops queued later (the same order on every rank)."""
+    q, order = OpQueue("t"), []
+    gate = threading.Event()
+
+    def op(i, block=False):
+        def run():
+            if block:
+                gate.wait(5)
+            order.append(i)
+            return [torch.tensor(i)]
+        return run
+
+    first = q.submit("a", op(0, block=True), async_op=True)
+    chained = first.get_future().then(lambda f: q.submit("hook", op(1), async_op=False).result()[0].item())
+    later = q.submit("b", op(2), async_op=True)  # queued before the first op finishes
+    gate.set()
+    later.wait(timeout=10)  # raises instead of hanging the suite if the hook deadlocks the queue
+    assert chained.wait() == 1 and later.result()[0].item() == 2
+    assert order == [0, 1, 2]
+    q.shutdown()
+
+
 def test_errors_surface_through_wait_and_the_future():
     q = OpQueue("t")
 

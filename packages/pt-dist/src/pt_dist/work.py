@@ -72,7 +72,10 @@ class OpQueue:
     """Runs a group's collectives one at a time, in submission order, on one daemon thread.
 
     A blocking call made while nothing is queued runs inline on the caller's thread (no thread hop,
-    which matters for small-message latency); otherwise it queues behind the pending async work.
+    which matters for small-message latency); otherwise it queues behind the pending async work. A
+    blocking call from the queue's own thread (a ``get_future().then`` callback, as DDP's comm hooks
+    chain them) also runs inline, right after the op whose callback it is, the same point on every rank;
+    queued behind the rest it would wait on the very thread that must run it.
     """
 
     def __init__(self, name: str):
@@ -85,7 +88,7 @@ class OpQueue:
 
     def submit(self, op_name: str, fn: Callable[[], object], async_op: bool) -> Work:
         with self._lock:
-            inline = not async_op and self._pending == 0
+            inline = not async_op and (self._pending == 0 or threading.current_thread() is self._thread)
             if not inline:
                 self._pending += 1
         if inline:
