@@ -44,11 +44,12 @@ def _subgroups(rank, world_size, backend, env_port, tcp_port, file_path):
     pt_dist.barrier()
     pt_dist.destroy_process_group()
     assert not pt_dist.is_initialized()
-    for url in (f"tcp://127.0.0.1:{tcp_port}", f"file://{file_path}"):
+    # file:// three times over the same file: each init must not read the last one's keys (they once did)
+    for url in (f"tcp://127.0.0.1:{tcp_port}", *[f"file://{file_path}"] * 3):
         pt_dist.init_process_group(backend, init_method=url, rank=rank, world_size=world_size, timeout=30)
         t = torch.ones(3)
         pt_dist.all_reduce(t)
-        out[url.split(":")[0]] = t.tolist()
+        out.setdefault(url.split(":")[0], []).append(t.tolist())
         pt_dist.barrier()
         pt_dist.destroy_process_group()
     return out
@@ -60,7 +61,8 @@ def test_init_methods_and_subgroups(backend, tmp_path):
                     backend=None, timeout=120)
     for r, out in enumerate(res):
         assert out["world"] == (r, 4, backend)
-        assert out["tcp"] == out["file"] == [4.0] * 3
+        assert out["tcp"] == [[4.0] * 3] and out["file"] == [[4.0] * 3] * 3
+    assert not (tmp_path / "rdzv").exists()  # removed by its last user, as c10d's FileStore does
     assert res[0]["odd"] == (-1, None) and res[2]["odd"] == (-1, None)
     assert res[1]["odd"] == (0, 2, 4.0, 3.0, 1, [1, 3]) and res[3]["odd"] == (1, 2, 4.0, 3.0, 1, [1, 3])
     other = "shm" if backend == "tcp" else "tcp"

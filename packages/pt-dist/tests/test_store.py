@@ -179,3 +179,20 @@ def test_file_store_is_shared_through_the_file(tmp_path):
     a.set("x", "1")
     assert b.get("x") == b"1" and b.add("x", 4) == 5 and a.get("x") == b"5"
     assert a.num_keys() == b.num_keys() == 1
+
+
+def test_file_store_is_removed_by_its_last_user_and_starts_empty_again(tmp_path):
+    """c10d's FileStore contract: the last of world_size users to close removes the file, so a rerun of the same
+    job (same path) does not read the previous run's keys."""
+    path = str(tmp_path / "rdzv")
+    a, b = FileStore(path, 2, timeout=0.5), FileStore(path, 2, timeout=0.5)
+    assert (a.opened_as, b.opened_as) == (1, 2)
+    a.set("addr", "old")
+    a.close()
+    assert os.path.exists(path) and b.get("addr") == b"old"  # b still uses it
+    b.close()
+    assert not os.path.exists(path)
+    c = FileStore(path, 2, timeout=0.5)
+    assert c.opened_as == 1 and c.num_keys() == 0
+    with pytest.raises(DistStoreError, match="timed out"):
+        c.get("addr")

@@ -3,6 +3,8 @@
 Every mutation appends a length-prefixed record (the same binary encoding as the TCPStore wire
 format) under an exclusive ``flock``; readers replay new records since their last offset. A blocking
 ``get`` polls the log with exponential backoff until the key appears or the timeout expires.
+As c10d's FileStore does, every instance counts itself in the file and the last of ``world_size`` users to
+``close`` removes it, so the next job (a rerun of the same command) starts from an empty file.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from pt_dist import wire
 from pt_dist.errors import DistStoreError
 from pt_dist.store import _ARITY, ADD, CAS, DEFAULT_TIMEOUT, DELETE, SET, Store, _apply, _b, _seconds
 
+_INTERNAL = b"\x00pt_dist/"  # bookkeeping keys, invisible to num_keys
+_USERS, _DONE, _OPENS = _INTERNAL + b"users", _INTERNAL + b"done", _INTERNAL + b"opens"
+
 
 class FileStore(Store):
     """c10d's FileStore: an append-only log of store commands in a file, locked with ``flock``.
@@ -26,16 +31,34 @@ class FileStore(Store):
 
     def __init__(self, file_name: str, world_size: int = -1, timeout=DEFAULT_TIMEOUT):
         super().__init__(timeout)
-        self.path = file_name
+        self.path, self.world_size = file_name, world_size
         self._data: dict[bytes, bytes] = {}
-        self._pos = 0
+        self._pos, self._inode = 0, None
         self._lock = threading.Lock()
-        open(file_name, "ab").close()
+        self._closed = False
+        self._locked(ADD, (_USERS, struct.pack("<q", 1)))
+        # the how-manieth user of this file this instance is (1, 2, ...): ``world_size`` ranks opening it for
+        # one init take consecutive numbers, since no rank can re-init before all have opened it for this one
+        self.opened_as = struct.unpack("<q", self._locked(ADD, (_OPENS, struct.pack("<q", 1))))[0]
 
-    def _locked(self, cmd: int | None, fields=()) -> bytes:
-        with self._lock, open(self.path, "r+b") as f:
+    def _open_locked(self):
+        """The file at ``path`` (created if absent), flocked; retried if a closing user removed it meanwhile."""
+        while True:
+            f = open(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600), "r+b")
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
+                if os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
+                    return f
+            except FileNotFoundError:
+                pass
+            f.close()  # we locked a file that was unlinked before we got the lock
+
+    def _locked(self, cmd: int | None, fields=(), remove_if=None) -> bytes:
+        with self._lock, self._open_locked() as f:
+            try:
+                inode = os.fstat(f.fileno()).st_ino
+                if inode != self._inode:  # a new file: the previous one was removed by its last user
+                    self._inode, self._pos, self._data = inode, 0, {}
                 f.seek(self._pos)
                 log_bytes = f.read()
                 self._replay(log_bytes)
@@ -47,9 +70,25 @@ class FileStore(Store):
                 f.write(struct.pack("<I", len(record)) + record)
                 f.flush()
                 self._pos = f.tell()
+                if remove_if is not None and remove_if(self._data):
+                    os.unlink(self.path)
                 return out
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Sign off; the last of ``world_size`` users removes the file (as c10d's FileStore destructor does)."""
+        if self._closed:
+            return
+        self._closed = True
+        one, minus_one = struct.pack("<q", 1), struct.pack("<q", -1)
+        self._locked(ADD, (_DONE, one))
+
+        def last(data) -> bool:
+            users, done = (int(data.get(k, b"0")) for k in (_USERS, _DONE))  # ADD keeps decimal text
+            return users == 0 and 0 < self.world_size <= done
+
+        self._locked(ADD, (_USERS, minus_one), remove_if=last)
 
     def _replay(self, buf: bytes) -> None:
         pos = 0
@@ -101,4 +140,4 @@ class FileStore(Store):
 
     def num_keys(self):
         self._locked(None)
-        return len(self._data)
+        return sum(not k.startswith(_INTERNAL) for k in self._data)

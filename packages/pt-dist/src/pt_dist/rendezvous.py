@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlparse
 
 from pt_dist import wire
 from pt_dist.file_store import FileStore
-from pt_dist.store import Store, TCPStore
+from pt_dist.store import PrefixStore, Store, TCPStore
 
 
 @dataclass
@@ -32,6 +32,13 @@ class Rendezvous:
 
 
 _GENERATION = itertools.count()  # every rank calls init_process_group the same number of times
+
+
+class _OwnedPrefixStore(PrefixStore):
+    """A key space of a store this rendezvous opened: closing it closes (signs off from) that store."""
+
+    def close(self) -> None:
+        self.underlying_store.close()
 
 
 def _int(value, what: str) -> int:
@@ -78,7 +85,11 @@ def rendezvous(init_method: str, rank: int = -1, world_size: int = -1, timeout: 
         raise ValueError(f"rendezvous: rank {rank} is outside world_size {world_size}")
     if url.scheme == "file":
         key = wire.resolve_secret(secret, f"file:{path}")
-        return Rendezvous(FileStore(path, world_size, timeout=timeout), rank, world_size, key)
+        # unlike a TCPStore the file outlives the group: each init gets its own key space (the k-th group of
+        # world_size users of the file is init k), so a re-init never reads the last one's keys
+        fs = FileStore(path, world_size, timeout=timeout)
+        store = _OwnedPrefixStore(f"init{(fs.opened_as - 1) // world_size}", fs)
+        return Rendezvous(store, rank, world_size, key)
     key = wire.resolve_secret(secret, f"{host}:{port}")
     if url.scheme == "env" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true"):
         return Rendezvous(_beside_agent_store(host, port, rank, world_size, timeout, key), rank, world_size, key)
