@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pt_dist
@@ -44,8 +45,9 @@ def _subgroups(rank, world_size, backend, env_port, tcp_port, file_path):
     pt_dist.barrier()
     pt_dist.destroy_process_group()
     assert not pt_dist.is_initialized()
-    # file:// three times over the same file: each init must not read the last one's keys (they once did)
-    for url in (f"tcp://127.0.0.1:{tcp_port}", *[f"file://{file_path}"] * 3):
+    # three inits in a row on one port and on one file: none may reach the last one's store server (a fast rank
+    # once did, before rank 0 had closed it) or read its keys from the file (they once did)
+    for url in (*[f"tcp://127.0.0.1:{tcp_port}"] * 3, *[f"file://{file_path}"] * 3):
         pt_dist.init_process_group(backend, init_method=url, rank=rank, world_size=world_size, timeout=30)
         t = torch.ones(3)
         pt_dist.all_reduce(t)
@@ -61,13 +63,34 @@ def test_init_methods_and_subgroups(backend, tmp_path):
                     backend=None, timeout=120)
     for r, out in enumerate(res):
         assert out["world"] == (r, 4, backend)
-        assert out["tcp"] == [[4.0] * 3] and out["file"] == [[4.0] * 3] * 3
+        assert out["tcp"] == out["file"] == [[4.0] * 3] * 3
     assert not (tmp_path / "rdzv").exists()  # removed by its last user, as c10d's FileStore does
     assert res[0]["odd"] == (-1, None) and res[2]["odd"] == (-1, None)
     assert res[1]["odd"] == (0, 2, 4.0, 3.0, 1, [1, 3]) and res[3]["odd"] == (1, 2, 4.0, 3.0, 1, [1, 3])
     other = "shm" if backend == "tcp" else "tcp"
     assert [res[r]["rest"] for r in (0, 2, 3)] == [(0, other, 3.0), (1, other, 3.0), (2, other, 3.0)]
     assert "rest" not in res[1]
+
+
+def _reinit_same_port(rank, world_size, port):
+    """Rank 0 (the store's master) lingers before destroying; the others destroy at once and init again on the
+    same port. They must not reach the old store server, which is about to vanish."""
+    sums = []
+    for _ in range(2):
+        pt_dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                                   timeout=20)
+        t = torch.ones(2)
+        pt_dist.all_reduce(t)
+        sums.append(t[0].item())
+        pt_dist.barrier()
+        if rank == 0:
+            time.sleep(1.0)
+        pt_dist.destroy_process_group()
+    return sums
+
+
+def test_destroy_then_init_on_the_same_port_while_the_master_lingers():
+    assert run_ranks(_reinit_same_port, 3, util.free_port(), backend=None, timeout=120) == [[3.0, 3.0]] * 3
 
 
 def _gloo_groups(rank, world_size):

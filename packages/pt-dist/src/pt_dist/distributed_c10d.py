@@ -20,7 +20,7 @@ from pt_dist.backends import Backend
 from pt_dist.errors import DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp
 from pt_dist.rendezvous import rendezvous
-from pt_dist.store import PrefixStore, Store
+from pt_dist.store import PrefixStore, Store, TCPStore
 
 log = logging.getLogger(__name__)
 default_pg_timeout = datetime.timedelta(minutes=10)
@@ -142,12 +142,18 @@ def destroy_process_group(group=None) -> None:
     if group is GroupMember.NON_GROUP_MEMBER:
         return
     if group is None:
+        store, _world.store = _world.store, None
+        if isinstance(store, TCPStore) and store.is_master:
+            store.close()  # first, since the other ranks wait for it below
         for pg in sorted(_world.ranks, key=lambda g: g is GroupMember.WORLD):
             pg.shutdown()
         _world.ranks.clear()
         GroupMember.WORLD = None
-        store, _world.store = _world.store, None
-        if hasattr(store, "close"):
+        if isinstance(store, TCPStore):
+            # return only once the master's server is down: a re-init on the same port (tcp://, env://) could
+            # otherwise reach the old server, which then vanishes under it
+            store.close(wait_for_master=min(10.0, _world.timeout))
+        elif hasattr(store, "close"):
             store.close()
         return
     _group(group).shutdown()

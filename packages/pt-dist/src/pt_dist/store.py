@@ -162,6 +162,10 @@ class _StoreServer:
             pass
         self._sock.close()
         for conn in list(self._conns):
+            try:  # shutdown, not just close: it wakes the thread reading it and tells the client at once
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             conn.close()
 
     def _accept_loop(self) -> None:
@@ -320,9 +324,22 @@ class TCPStore(Store):
     def num_keys(self):
         return struct.unpack("<q", self._call(NUM_KEYS))[0]
 
-    def close(self) -> None:
+    @property
+    def is_master(self) -> bool:
+        return self._server is not None
+
+    def close(self, wait_for_master: float = 0.0) -> None:
+        """Close this client (and the server, on the master). With ``wait_for_master``, a client first waits (up to
+        that many seconds) for the master to close the server, so that nothing, such as a re-init on the same
+        port, can reach the old server afterwards."""
         with self._lock:
             idle, self._idle = self._idle, []
+        if wait_for_master > 0 and self._server is None and idle:
+            idle[0].settimeout(wait_for_master)
+            try:
+                idle[0].recv(1)  # the server never speaks unasked: this returns at its close
+            except OSError:
+                pass
         for sock in idle:
             sock.close()
         if self._server is not None:
