@@ -149,6 +149,12 @@ def test_invalid_collective_arguments_fail_locally():
             GroupMember.WORLD.broadcast(torch.ones(1), src=3)
         with pytest.raises(ValueError, match="AVG needs a floating"):
             pt_dist.all_reduce(torch.ones(2, dtype=torch.int64), op=ReduceOp.AVG)
+        for dtype in (torch.float8_e4m3fn, torch.uint16):  # torch has no CPU add for them: refuse before sending
+            with pytest.raises(ValueError, match=f"cannot compute ReduceOp.SUM on {dtype}"):
+                pt_dist.all_reduce(torch.ones(2).to(dtype))
+        moved = torch.arange(4.0).to(torch.float8_e4m3fn)
+        pt_dist.broadcast(moved, src=0)  # moving their bytes is fine
+        assert moved.float().tolist() == [0.0, 1.0, 2.0, 3.0]
         with pytest.raises(ValueError, match="must hold world_size=1"):
             pt_dist.all_gather_into_tensor(torch.empty(3), torch.empty(2))
         buf = torch.zeros(5)  # overlapping, but not as the in-place form

@@ -275,3 +275,42 @@ def test_p2p_survives_an_unexpected_error_and_checks_tags_first(monkeypatch):
     assert got.tolist() == [5.0, 5.0]
     for g in groups:
         g.shutdown()
+
+
+def test_an_unexpected_error_mid_collective_aborts_the_group_so_peers_fail_fast():
+    """Any error inside a collective (here a planted RuntimeError, as torch raising half-way would be) leaves the
+    peers mid-transfer: the failing rank aborts the group, so the peer raises at once instead of waiting out the
+    timeout, and the failing rank refuses further collectives instead of running them out of step."""
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
+    groups = [None, None]
+
+    def make(rank):
+        store = PrefixStore("mid", TCPStore("127.0.0.1", master.port, timeout=10, secret=b"s"))
+        groups[rank] = ProcessGroupTCP(store, rank, 2, 20.0, "mid", secret=b"mesh")
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+
+    def planted(t, op):
+        raise RuntimeError("planted failure inside the ring")
+
+    groups[0]._all_reduce = planted
+    seen = {}
+
+    def run(rank):
+        t0 = time.monotonic()
+        try:
+            groups[rank].all_reduce(torch.ones(1 << 20))
+        except Exception as e:  # noqa: BLE001
+            seen[rank] = (type(e).__name__, time.monotonic() - t0)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert seen[0][0] == "RuntimeError"
+    assert seen[1][0] == "DistError" and seen[1][1] < 5, seen  # not the 20 s timeout
+    with pytest.raises(DistError, match="unusable"):
+        groups[0].all_reduce(torch.ones(4))
+    for g in groups:
+        g.shutdown()

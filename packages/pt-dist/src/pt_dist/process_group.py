@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 
 import torch
 
@@ -44,6 +45,22 @@ def check_reduce_dtype(op: ReduceOp, dtype: torch.dtype, op_name: str) -> None:
         raise ValueError(f"{op_name}: ReduceOp.AVG needs a floating or complex dtype, got {dtype}")
     if op in (ReduceOp.MIN, ReduceOp.MAX) and dtype.is_complex:
         raise ValueError(f"{op_name}: ReduceOp.{op.name} is undefined for complex dtype {dtype}")
+    why = _cannot_fold(op, dtype)
+    if why:
+        raise ValueError(f"{op_name}: torch cannot compute ReduceOp.{op.name} on {dtype} ({why}); only data-moving "
+                         f"collectives (broadcast, all-gather, scatter, all-to-all, p2p) take it")
+
+
+@functools.cache
+def _cannot_fold(op: ReduceOp, dtype: torch.dtype) -> str:
+    """Why torch's CPU kernels cannot fold (and average) ``dtype``: float8 and uint16/32/64 have no add, say."""
+    try:
+        a = torch.zeros(2, dtype=dtype)
+        combiner(op, dtype)(a, torch.zeros(2, dtype=dtype), out=a)
+        finish_avg_(a, op, 2)
+    except (RuntimeError, NotImplementedError, TypeError) as e:
+        return str(e).splitlines()[0][:120]
+    return ""
 
 
 _FOLDS = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PRODUCT: torch.mul,

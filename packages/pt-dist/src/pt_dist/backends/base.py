@@ -126,6 +126,10 @@ class NativeProcessGroup(ProcessGroup):
                 self._abort()
                 raise DistError(f"{op_name} on group {self.group_name!r} (rank {self._rank}): transport "
                                 f"failure {e!r}") from e
+            except Exception as e:  # e.g. torch failing mid-way: peers may be mid-transfer, so stop here too
+                self._broken = f"{op_name}: {e!r}"
+                self._abort()
+                raise
         return self._queue.submit(op_name, run, async_op)
 
     def _agree(self, op_name: str, header: str, per_rank: str) -> list[str]:
