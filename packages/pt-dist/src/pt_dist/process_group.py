@@ -39,13 +39,14 @@ class ReduceOp(enum.Enum):
             raise ValueError(f"unsupported reduce op {op!r}; expected one of {[m.name for m in cls]}") from None
 
 
-def check_reduce_dtype(op: ReduceOp, dtype: torch.dtype, op_name: str) -> None:
-    """Reject (op, dtype) pairs torch itself cannot reduce, before any communication."""
+def check_reduce_dtype(op: ReduceOp, dtype: torch.dtype, op_name: str, cpu_fold: bool = True) -> None:
+    """Reject (op, dtype) pairs torch itself cannot reduce, before any communication. ``cpu_fold``: the reduction
+    runs in torch's CPU kernels (native backends), not in a library that may support more (NCCL's fp8)."""
     if op is ReduceOp.AVG and not (dtype.is_floating_point or dtype.is_complex):
         raise ValueError(f"{op_name}: ReduceOp.AVG needs a floating or complex dtype, got {dtype}")
     if op in (ReduceOp.MIN, ReduceOp.MAX) and dtype.is_complex:
         raise ValueError(f"{op_name}: ReduceOp.{op.name} is undefined for complex dtype {dtype}")
-    why = _cannot_fold(op, dtype)
+    why = _cannot_fold(op, dtype) if cpu_fold else ""
     if why:
         raise ValueError(f"{op_name}: torch cannot compute ReduceOp.{op.name} on {dtype} ({why}); only data-moving "
                          f"collectives (broadcast, all-gather, scatter, all-to-all, p2p) take it")
