@@ -314,3 +314,38 @@ def test_an_unexpected_error_mid_collective_aborts_the_group_so_peers_fail_fast(
         groups[0].all_reduce(torch.ones(4))
     for g in groups:
         g.shutdown()
+
+
+def _interrupted(rank, world_size, backend):
+    import signal
+
+    util.join(rank, world_size, backend, timeout=20, key=f"interrupt-{backend}")
+    out = {}
+    if rank == 0:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            pt_dist.all_reduce(torch.ones(1 << 18))  # rank 1 is not there yet: Ctrl-C lands mid-collective
+        except KeyboardInterrupt:
+            out["interrupted"] = True
+        try:
+            pt_dist.all_reduce(torch.ones(4))
+        except DistError as e:
+            out["next"] = "unusable" in str(e)
+        harness.store().set("interrupted", "1")
+    else:
+        harness.store().get("interrupted")
+        t0 = time.monotonic()
+        try:
+            pt_dist.all_reduce(torch.ones(1 << 18))
+        except DistError:
+            out["peer fails fast"] = time.monotonic() - t0 < 5
+    pt_dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ctrl_c_mid_collective_aborts_the_group(backend):
+    """KeyboardInterrupt inside a collective (a notebook user stopping a hung cell) aborts the group like any other
+    failure: the next collective says the group is unusable instead of running out of step, and peers fail fast."""
+    assert run_ranks(_interrupted, 2, backend, backend=None, timeout=90) == [
+        {"interrupted": True, "next": True}, {"peer fails fast": True}]

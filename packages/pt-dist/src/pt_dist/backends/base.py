@@ -126,7 +126,9 @@ class NativeProcessGroup(ProcessGroup):
                 self._abort()
                 raise DistError(f"{op_name} on group {self.group_name!r} (rank {self._rank}): transport "
                                 f"failure {e!r}") from e
-            except Exception as e:  # e.g. torch failing mid-way: peers may be mid-transfer, so stop here too
+            except (Exception, KeyboardInterrupt) as e:  # torch failing, or Ctrl-C, mid-way: peers may be
+                # mid-transfer, so stop here too (a notebook user who interrupts a hung collective must not
+                # run the next one out of step)
                 self._broken = f"{op_name}: {e!r}"
                 self._abort()
                 raise
