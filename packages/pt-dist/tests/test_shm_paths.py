@@ -214,3 +214,17 @@ def test_many_shm_groups_overrunning_a_small_dev_shm_raise_instead_of_sigbus(tmp
     assert out.returncode == 0, f"rc={out.returncode} (SIGBUS is -7/135)\n{out.stdout}\n{out.stderr[-3000:]}"
     count = int(out.stdout.split("ERRORS ")[1].split()[0])
     assert count >= 2 and "no room in /dev/shm" in out.stdout and "shm-size" in out.stdout, out.stdout
+
+
+def test_a_segment_no_peer_attaches_to_is_still_removed(tmp_path):
+    """Rank 0 gives up on a peer that never maps the segment: it raises, and leaves no file in /dev/shm."""
+    import glob
+
+    from pt_dist import DistError, FileStore
+    from pt_dist.backends import segment
+
+    pattern = os.path.join(segment.shm_dir(), f"pt_dist_{os.getpid()}_*")
+    store = FileStore(str(tmp_path / "store"), 1, timeout=5)
+    with pytest.raises(DistError, match="peers did not attach"):
+        segment.map_shared_segment(store, 0, 2, 1 << 16, "seg", 0.3, "lonely")
+    assert glob.glob(pattern) == []

@@ -72,11 +72,13 @@ def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeo
     store.add(f"{key}/attached", 1)
     if rank == 0:
         deadline = time.monotonic() + timeout
-        while int(store.get(f"{key}/attached")) < size:
-            if time.monotonic() > deadline:
-                raise DistError(f"shm group {group_name!r}: peers did not attach {path} within {timeout:.1f}s")
-            time.sleep(0.001)
-        os.unlink(path)
+        try:
+            while int(store.get(f"{key}/attached")) < size:
+                if time.monotonic() > deadline:
+                    raise DistError(f"shm group {group_name!r}: peers did not attach {path} within {timeout:.1f}s")
+                time.sleep(0.001)
+        finally:
+            os.unlink(path)  # attached or given up on: the name is not needed any more either way
     return (mm, fd) if keep_fd else mm
 
 
