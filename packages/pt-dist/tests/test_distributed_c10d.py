@@ -238,3 +238,40 @@ def test_register_backend_plugs_a_new_name_into_init_process_group():
         Backend._plugins.pop("ring-plugin")
     with pytest.raises(ValueError, match="unknown backend 'ring-plugin'"):
         Backend("ring-plugin")
+
+
+def _ipv6(rank, world_size, backend, port):
+    os.environ["PT_DIST_LISTEN_ADDR"] = "::1"  # the backends' sockets too, not only the store
+    try:
+        pt_dist.init_process_group(backend, init_method=f"tcp://[::1]:{port}", rank=rank, world_size=world_size,
+                                   timeout=20)
+        t = torch.full((3,), float(rank + 1))
+        pt_dist.all_reduce(t)
+        got = torch.zeros(2)
+        if rank == 0:
+            pt_dist.send(torch.full((2,), 7.0), dst=1)
+        else:
+            pt_dist.recv(got, src=0)
+        pt_dist.barrier()
+        pt_dist.destroy_process_group()
+        return t.tolist(), got.tolist()
+    finally:
+        del os.environ["PT_DIST_LISTEN_ADDR"]
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine")
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_ipv6_rendezvous_and_backend_sockets(backend):
+    """c10d takes IPv6 addresses (tcp://[::1]:port, MASTER_ADDR=::1): so do our store and backend listeners."""
+    res = run_ranks(_ipv6, 2, backend, util.free_port(), backend=None, timeout=60)
+    assert res == [([3.0] * 3, [0.0, 0.0]), ([3.0] * 3, [7.0, 7.0])]

@@ -142,7 +142,7 @@ class _StoreServer:
     """The master's server: accept thread + one thread per authenticated client."""
 
     def __init__(self, host: str, port: int):
-        self._sock = socket.create_server((host, port), backlog=128)
+        self._sock = wire.listen(host, port, backlog=128)
         self.port = self._sock.getsockname()[1]
         self._data: dict[bytes, bytes] = {}
         self._cond = threading.Condition()

@@ -117,6 +117,14 @@ def recv_frame(sock: socket.socket, max_bytes: int) -> bytes:
     return recv_exact(sock, n)
 
 
+def listen(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening TCP socket on ``host`` (an IPv4 or IPv6 address or a name; ``::`` also takes IPv4 where the
+    system allows), as c10d's TCPStore takes either family."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    dual = family == socket.AF_INET6 and host in ("::", "") and socket.has_dualstack_ipv6()
+    return socket.create_server((host, port), family=family, backlog=backlog, dualstack_ipv6=dual)
+
+
 def tune(sock: socket.socket, bufsize: int = 4 << 20) -> None:
     """No Nagle delay on small control frames; big kernel buffers so large chunks stream."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -74,7 +74,7 @@ class PeerMesh:
         self._closed = False
         if size == 1:
             return
-        listener = socket.create_server((host, 0), backlog=4 * size)
+        listener = wire.listen(host, 0, backlog=4 * size)
         try:
             store.set(f"mesh/{rank}", f"{advertised_address(host, store)}:{listener.getsockname()[1]}")
             expected = 2 * (size - 1 - rank)
