@@ -240,21 +240,29 @@ def test_wildcard_listen_address_for_the_torch_adapters_store(monkeypatch):
     assert real.get("k") == b"v"
 
 
+def _two_tcp_groups(name: str, timeout: float = 10.0, **kwargs) -> list:
+    """Two tcp groups of one process, ranks 0 and 1, built concurrently (each waits for the other's mesh)."""
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
+    groups = [None, None]
+
+    def make(rank):
+        store = PrefixStore(name, TCPStore("127.0.0.1", master.port, timeout=10, secret=b"s"))
+        groups[rank] = ProcessGroupTCP(store, rank, 2, timeout, name, secret=b"mesh", **kwargs)
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    assert all(groups)
+    groups[0].test_store = master  # keep the store (its server) alive as long as the groups
+    return groups
+
+
 def test_p2p_survives_an_unexpected_error_and_checks_tags_first(monkeypatch):
     """An error inside a p2p thread reaches the caller's Work (it once killed the thread, leaving that Work and every
     later send to the peer pending forever); a tag c10d could not carry is refused before anything is queued."""
     from pt_dist.backends import mesh
 
-    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
-    groups = [None, None]
-
-    def make(rank):
-        store = PrefixStore("p2p", TCPStore("127.0.0.1", master.port, timeout=10, secret=b"s"))
-        groups[rank] = ProcessGroupTCP(store, rank, 2, 10.0, "p2p", secret=b"mesh")
-
-    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
-    [t.start() for t in threads]
-    [t.join(20) for t in threads]
+    groups = _two_tcp_groups("p2p")
     with pytest.raises(ValueError, match="tag must be an int"):
         groups[0].send(torch.ones(2), 1, tag=2**63)
     real, calls = mesh.byte_view, []
@@ -281,16 +289,7 @@ def test_an_unexpected_error_mid_collective_aborts_the_group_so_peers_fail_fast(
     """Any error inside a collective (here a planted RuntimeError, as torch raising half-way would be) leaves the
     peers mid-transfer: the failing rank aborts the group, so the peer raises at once instead of waiting out the
     timeout, and the failing rank refuses further collectives instead of running them out of step."""
-    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
-    groups = [None, None]
-
-    def make(rank):
-        store = PrefixStore("mid", TCPStore("127.0.0.1", master.port, timeout=10, secret=b"s"))
-        groups[rank] = ProcessGroupTCP(store, rank, 2, 20.0, "mid", secret=b"mesh")
-
-    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
-    [t.start() for t in threads]
-    [t.join(20) for t in threads]
+    groups = _two_tcp_groups("mid", timeout=20.0)
 
     def planted(t, op):
         raise RuntimeError("planted failure inside the ring")

@@ -11,10 +11,8 @@ from pt_dist import DistError
 from pt_dist.work import OpQueue, Work
 
 
-def test_async_ops_run_in_submission_order_and_sync_ops_wait_behind_them():
-    q, order = OpQueue("t"), []
-    gate = threading.Event()
-
+def _recorder(order: list, gate: threading.Event):
+    """``op(i, block)``: an op body that appends ``i`` to ``order`` (after ``gate`` opens, if ``block``)."""
     def op(i, block=False):
         def run():
             if block:
@@ -22,6 +20,12 @@ def test_async_ops_run_in_submission_order_and_sync_ops_wait_behind_them():
             order.append(i)
             return [torch.tensor(i)]
         return run
+    return op
+
+
+def test_async_ops_run_in_submission_order_and_sync_ops_wait_behind_them():
+    q, order, gate = OpQueue("t"), [], threading.Event()
+    op = _recorder(order, gate)
 
     works = [q.submit("a", op(0, block=True), async_op=True), q.submit("b", op(1), async_op=True)]
     assert not works[0].is_completed()  # the caller is free while the first op is stuck
@@ -36,16 +40,8 @@ def test_async_ops_run_in_submission_order_and_sync_ops_wait_behind_them():
 def test_a_blocking_call_from_a_callback_runs_right_after_its_op():
     """A ``then`` callback runs on the queue's thread; a blocking collective in it once waited on that very
     thread forever. Now it runs inline, before ops queued later (the same order on every rank)."""
-    q, order = OpQueue("t"), []
-    gate = threading.Event()
-
-    def op(i, block=False):
-        def run():
-            if block:
-                gate.wait(5)
-            order.append(i)
-            return [torch.tensor(i)]
-        return run
+    q, order, gate = OpQueue("t"), [], threading.Event()
+    op = _recorder(order, gate)
 
     first = q.submit("a", op(0, block=True), async_op=True)
     chained = first.get_future().then(lambda f: q.submit("hook", op(1), async_op=False).result()[0].item())
