@@ -348,3 +348,17 @@ def test_ctrl_c_mid_collective_aborts_the_group(backend):
     failure: the next collective says the group is unusable instead of running out of step, and peers fail fast."""
     assert run_ranks(_interrupted, 2, backend, backend=None, timeout=90) == [
         {"interrupted": True, "next": True}, {"peer fails fast": True}]
+
+
+def test_a_p2p_channel_cut_mid_message_refuses_what_follows():
+    """A send that times out half-way leaves part of a message in the stream: later sends on that channel must fail
+    (they once went out after the fragment, and the receiver would read them as its tail)."""
+    groups = _two_tcp_groups("cut", timeout=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(DistError, match="timed out|failed"):
+        groups[0].send(torch.ones(16 << 20), 1).wait(timeout=20)  # 64 MiB, and rank 1 never receives
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(DistError, match="unusable after an earlier failure"):
+        groups[0].send(torch.ones(2), 1).wait(timeout=5)
+    for g in groups:
+        g.shutdown()

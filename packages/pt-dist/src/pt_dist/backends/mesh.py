@@ -272,12 +272,16 @@ class PeerMesh:
     def _p2p_loop(self, key) -> None:
         kind, peer = key
         sock = self.socks[(peer, P2P)]
+        broken = None  # set by a transport failure: the byte stream may be cut mid-message, so refuse what follows
         while True:
             item = self._p2p_queues[key].get()
             if item is None:
                 return
             work, t, tag, copy_back = item
             try:
+                if broken:
+                    raise DistError(f"{kind} on group {self.group_name!r}: the channel with rank {peer} is unusable "
+                                    f"after an earlier failure ({broken})")
                 view = byte_view(t)
                 dtype = str(t.dtype).encode()[:16]
                 if kind == "send":
@@ -297,6 +301,7 @@ class PeerMesh:
             except DistError as e:
                 work._finish(exc=e)
             except (OSError, ConnectionError) as e:
+                broken = repr(e)
                 work._finish(exc=self._fail(kind, f"peer rank {peer} failed or timed out ({e!r})", [peer]))
             except Exception as e:  # noqa: BLE001 - anything else goes to the caller; the thread must live on
                 work._finish(exc=e)
