@@ -198,3 +198,35 @@ def test_collectives_on_parameters_that_require_grad():
     for rank, res in enumerate(run_ranks(_parameters, 2, backend=None, timeout=120)):
         for key, got in res.items():
             assert got == want[rank], (rank, key, got)
+
+
+def _inference_tensors(rank, world_size):
+    """Tensors made under torch.inference_mode(), used outside it (a model's outputs gathered for metrics): c10d
+    writes them below autograd; ours once raised "Inplace update to inference tensor" half-way through."""
+    out = {}
+    for backend in ("tcp", "shm", "gloo"):
+        util.join(rank, world_size, backend, key=f"inference-{backend}")
+        got = []
+        for n in (10, 1 << 17):  # shm: the one-barrier path and the single-copy one
+            with torch.inference_mode():
+                t = torch.full((n,), rank + 1.0)
+                nc = torch.full((3, 4), rank + 1.0).t()  # non-contiguous: staged and copied back
+            pt_dist.all_reduce(t, op=ReduceOp.AVG)  # gloo: the adapter divides afterwards
+            pt_dist.broadcast(nc, src=1)
+            got += [t[0].item(), nc[0, 0].item()]
+        with torch.inference_mode():
+            box = torch.zeros(4, 3).t()
+        if rank == 0:
+            pt_dist.send(torch.full((3, 4), 5.0), dst=1)
+        else:
+            pt_dist.recv(box, src=0)  # received into a copy, then copied back into the inference tensor
+        got.append(box[0, 0].item())
+        out[backend] = got
+        util.leave()
+    return out
+
+
+def test_collectives_on_inference_tensors():
+    for rank, res in enumerate(run_ranks(_inference_tensors, 2, backend=None, timeout=120)):
+        for backend, got in res.items():
+            assert got == [1.5, 2.0, 1.5, 2.0, 5.0 if rank else 0.0], (rank, backend, got)

@@ -114,7 +114,8 @@ class NativeProcessGroup(ProcessGroup):
             try:
                 self._seq += 1
                 self._placed = self._agree(op_name, header, per_rank) if agree else None
-                return body(self._placed)
+                with torch.inference_mode():  # c10d writes below autograd: inference tensors too
+                    return body(self._placed)
             except HeaderMismatch:
                 raise
             except DistError as e:

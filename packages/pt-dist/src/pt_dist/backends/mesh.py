@@ -296,7 +296,8 @@ class PeerMesh:
                                         f"{t.dtype} x {len(view)} bytes")
                     wire.recv_into_exact(sock, view)
                     if copy_back is not None:
-                        copy_back.copy_(t)
+                        with torch.inference_mode():  # the caller's tensor may be an inference tensor
+                            copy_back.copy_(t)
                 work._finish([copy_back if copy_back is not None else t])
             except DistError as e:
                 work._finish(exc=e)

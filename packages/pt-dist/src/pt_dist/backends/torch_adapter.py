@@ -64,7 +64,8 @@ class _TorchWork(Work):
         with self._post_lock:
             if self._post is not None:
                 post, self._post = self._post, None
-                post()
+                with torch.inference_mode():  # copy-backs and AVG on inference tensors, as c10d's own writes
+                    post()
         return self._result
 
     def wait(self, timeout=None):
