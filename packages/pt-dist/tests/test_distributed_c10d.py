@@ -152,6 +152,9 @@ def test_invalid_collective_arguments_fail_locally():
         for dtype in (torch.float8_e4m3fn, torch.uint16):  # torch has no CPU add for them: refuse before sending
             with pytest.raises(ValueError, match=f"cannot compute ReduceOp.SUM on {dtype}"):
                 pt_dist.all_reduce(torch.ones(2).to(dtype))
+        with pytest.raises(ValueError, match="share memory .expanded"):  # would fail half-way when written
+            pt_dist.all_reduce(torch.ones(1).expand(4))
+        pt_dist.all_gather_into_tensor(torch.empty(4), torch.ones(1).expand(4))  # an expanded input is only read
         moved = torch.arange(4.0).to(torch.float8_e4m3fn)
         pt_dist.broadcast(moved, src=0)  # moving their bytes is fine
         assert moved.float().tolist() == [0.0, 1.0, 2.0, 3.0]

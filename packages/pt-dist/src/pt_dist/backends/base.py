@@ -1,4 +1,4 @@
-"""What the native backends share: argument checks, the per-collective header agreement, and failure policy.
+"""What the native backends share: the collectives' front ends, the per-collective header agreement, failure policy.
 
 Before every collective each rank publishes a short header (op, sequence number, dtype, shape, reduce
 op, root) and checks everyone else's, so ranks that call different collectives, or the same one with
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import abc
 import math
-import operator
 
 import torch
 
+from pt_dist.backends.arguments import check_in_place, check_tag, check_tensor, contig, overlap
 from pt_dist.errors import DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
 from pt_dist.work import OpQueue, Work
@@ -23,35 +23,6 @@ from pt_dist.work import OpQueue, Work
 
 class HeaderMismatch(DistError):
     """Ranks disagreed on a collective's arguments; the transport is still in step."""
-
-
-def _check_tensor(t, what: str, op_name: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{op_name}: {what} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise ValueError(f"{op_name}: native backends take CPU tensors, {what} is on {t.device}")
-    if t.is_sparse:
-        raise ValueError(f"{op_name}: {what} is sparse; only dense tensors are supported")
-
-
-def _contig(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors the collective works on directly share bytes (non-contiguous ones become copies)."""
-    if not (a.is_contiguous() and b.is_contiguous()) or a.numel() == 0 or b.numel() == 0:
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
-
-
-def _check_in_place(whole: torch.Tensor, block: torch.Tensor, rank: int, op_name: str, what: str) -> None:
-    """``block`` may lie apart from ``whole`` or be exactly its block ``rank`` (NCCL's in-place form); any other
-    overlap would read bytes the collective is overwriting."""
-    if _overlap(whole, block) and block.data_ptr() != whole.data_ptr() + rank * block.numel() * block.element_size():
-        raise ValueError(f"{op_name}: {what} overlaps the other tensor but is not its block {rank} (the in-place "
-                         f"form); pass separate tensors or that block")
 
 
 class NativeProcessGroup(ProcessGroup):
@@ -174,14 +145,14 @@ class NativeProcessGroup(ProcessGroup):
 
     # collectives -------------------------------------------------------------------------------
     def broadcast(self, tensor, src=0, async_op=False):
-        _check_tensor(tensor, "tensor", "broadcast")
+        check_tensor(tensor, "tensor", "broadcast", written=True)
         self._check_root(src, "src", "broadcast")
         tensor = tensor.detach()
 
         common, mine = self._placement(tensor)
 
         def body(_):
-            buf = _contig(tensor)
+            buf = contig(tensor)
             self._broadcast(buf.view(-1), src)
             if buf is not tensor:
                 tensor.copy_(buf)
@@ -189,7 +160,7 @@ class NativeProcessGroup(ProcessGroup):
         return self._launch("broadcast", body, async_op, f"{self._desc(tensor)}|src={src}{common}", mine)
 
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
-        _check_tensor(tensor, "tensor", "all_reduce")
+        check_tensor(tensor, "tensor", "all_reduce", written=True)
         op, tensor = ReduceOp.of(op), tensor.detach()
         check_reduce_dtype(op, tensor.dtype, "all_reduce")
         header = f"{self._desc(tensor)}|{op.name}"
@@ -198,7 +169,7 @@ class NativeProcessGroup(ProcessGroup):
             return self._launch("all_reduce", fused, async_op, agree=False)
 
         def body(_):
-            buf = _contig(tensor)
+            buf = contig(tensor)
             self._all_reduce(buf.view(-1), op)
             if buf is not tensor:
                 tensor.copy_(buf)
@@ -206,13 +177,13 @@ class NativeProcessGroup(ProcessGroup):
         return self._launch("all_reduce", body, async_op, header)
 
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
-        _check_tensor(tensor, "tensor", "reduce")
+        check_tensor(tensor, "tensor", "reduce", written=True)
         self._check_root(dst, "dst", "reduce")
         op, tensor = ReduceOp.of(op), tensor.detach()
         check_reduce_dtype(op, tensor.dtype, "reduce")
 
         def body(_):
-            buf = _contig(tensor)
+            buf = contig(tensor)
             self._reduce(buf.view(-1), dst, op)
             if buf is not tensor and self._rank == dst:
                 tensor.copy_(buf)
@@ -221,29 +192,29 @@ class NativeProcessGroup(ProcessGroup):
 
     def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
         for what, t in (("output_tensor", output_tensor), ("input_tensor", input_tensor)):
-            _check_tensor(t, what, "all_gather_into_tensor")
+            check_tensor(t, what, "all_gather_into_tensor", written=what == "output_tensor")
         if output_tensor.dtype != input_tensor.dtype or output_tensor.numel() != input_tensor.numel() * self._size:
             raise ValueError(f"all_gather_into_tensor: output {self._desc(output_tensor)} must hold world_size="
                              f"{self._size} x input {self._desc(input_tensor)} of the same dtype")
-        _check_in_place(output_tensor, input_tensor, self._rank, "all_gather_into_tensor", "input_tensor")
+        check_in_place(output_tensor, input_tensor, self._rank, "all_gather_into_tensor", "input_tensor")
         output_tensor, input_tensor = output_tensor.detach(), input_tensor.detach()
 
         common, mine = self._placement(input_tensor)
 
         def body(_):
-            out = _contig(output_tensor)
-            self._all_gather(out.view(-1), _contig(input_tensor).view(-1))
+            out = contig(output_tensor)
+            self._all_gather(out.view(-1), contig(input_tensor).view(-1))
             if out is not output_tensor:
                 output_tensor.copy_(out)
             return [output_tensor]
         return self._launch("all_gather_into_tensor", body, async_op, self._desc(input_tensor) + common, mine)
 
     def all_gather(self, tensor_list, tensor, async_op=False):
-        _check_tensor(tensor, "tensor", "all_gather")
+        check_tensor(tensor, "tensor", "all_gather")
         if len(tensor_list) != self._size:
             raise ValueError(f"all_gather: tensor_list has {len(tensor_list)} entries, group size is {self._size}")
         for i, t in enumerate(tensor_list):
-            _check_tensor(t, f"tensor_list[{i}]", "all_gather")
+            check_tensor(t, f"tensor_list[{i}]", "all_gather", written=True)
             if t.dtype != tensor.dtype or t.numel() != tensor.numel():
                 raise ValueError(f"all_gather: tensor_list[{i}] is {self._desc(t)}, input is {self._desc(tensor)}")
         tensor, tensor_list = tensor.detach(), [t.detach() for t in tensor_list]
@@ -251,7 +222,7 @@ class NativeProcessGroup(ProcessGroup):
 
         def body(_):
             flat = torch.empty(self._size * tensor.numel(), dtype=tensor.dtype)
-            self._all_gather(flat, _contig(tensor).view(-1))
+            self._all_gather(flat, contig(tensor).view(-1))
             for t, piece in zip(tensor_list, flat.chunk(self._size) if tensor.numel() else [flat] * self._size):
                 t.copy_(piece.view(t.shape))
             return tensor_list
@@ -259,20 +230,20 @@ class NativeProcessGroup(ProcessGroup):
 
     def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, async_op=False):
         for what, t in (("output", output), ("input", input)):
-            _check_tensor(t, what, "reduce_scatter_tensor")
+            check_tensor(t, what, "reduce_scatter_tensor", written=what == "output")
         op = ReduceOp.of(op)
         check_reduce_dtype(op, input.dtype, "reduce_scatter_tensor")
         if output.dtype != input.dtype or input.numel() != output.numel() * self._size:
             raise ValueError(f"reduce_scatter_tensor: input {self._desc(input)} must hold world_size={self._size} "
                              f"x output {self._desc(output)} of the same dtype")
-        _check_in_place(input, output, self._rank, "reduce_scatter_tensor", "output")
+        check_in_place(input, output, self._rank, "reduce_scatter_tensor", "output")
         output, input = output.detach(), input.detach()
 
         common, mine = self._placement(input)
 
         def body(_):
-            out = _contig(output)
-            self._reduce_scatter(out.view(-1), _contig(input).view(-1), op)
+            out = contig(output)
+            self._reduce_scatter(out.view(-1), contig(input).view(-1), op)
             if out is not output:
                 output.copy_(out)
             return [output]
@@ -280,10 +251,10 @@ class NativeProcessGroup(ProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
         for what, t in (("output", output), ("input", input)):
-            _check_tensor(t, what, "all_to_all_single")
+            check_tensor(t, what, "all_to_all_single", written=what == "output")
         if output.dtype != input.dtype:
             raise ValueError(f"all_to_all_single: output dtype {output.dtype} != input dtype {input.dtype}")
-        if _overlap(output, input):  # torch's backends do not support it either (gloo returns garbage)
+        if overlap(output, input):  # torch's backends do not support it either (gloo returns garbage)
             raise ValueError("all_to_all_single: output and input share memory; all-to-all cannot run in place")
         output, input = output.detach(), input.detach()
         if input.dim() == 0 or output.dim() == 0:
@@ -299,8 +270,8 @@ class NativeProcessGroup(ProcessGroup):
                 r, j = bad[0]
                 raise HeaderMismatch(f"all_to_all_single on group {self.group_name!r}: rank {r} sends {ins[r][j]} "
                                      f"rows to rank {j}, which expects {outs[j][r]}")
-            out = _contig(output)
-            self._all_to_all(out.view(-1), _contig(input).view(-1), [s * row_out for s in out_splits],
+            out = contig(output)
+            self._all_to_all(out.view(-1), contig(input).view(-1), [s * row_out for s in out_splits],
                              [s * row_in for s in in_splits], max(max(row) for row in ins) * row_in)
             if out is not output:
                 output.copy_(out)
@@ -321,21 +292,21 @@ class NativeProcessGroup(ProcessGroup):
             raise ValueError(f"{op_name}: {what} on {root_arg} rank {root} must list group size={self._size} "
                              f"tensors, got {None if tensors is None else len(tensors)}")
         for i, t in enumerate(tensors):
-            _check_tensor(t, f"{what}[{i}]", op_name)
+            check_tensor(t, f"{what}[{i}]", op_name, written=op_name == "gather")
             if t.dtype != tensor.dtype or t.numel() != tensor.numel():
                 raise ValueError(f"{op_name}: {what}[{i}] is {self._desc(t)}, tensor is {self._desc(tensor)}")
-            if _overlap(t, tensor):
+            if overlap(t, tensor):
                 raise ValueError(f"{op_name}: {what}[{i}] shares memory with tensor; pass separate tensors")
         return [t.detach() for t in tensors]
 
     def gather(self, tensor, gather_list=None, dst=0, async_op=False):
-        _check_tensor(tensor, "tensor", "gather")
+        check_tensor(tensor, "tensor", "gather")
         self._check_root(dst, "dst", "gather")
         gather_list, tensor = self._rooted_list(gather_list, tensor, dst, "gather", "gather_list"), tensor.detach()
 
         def body(_):
-            outs = [_contig(t) for t in gather_list]
-            self._gather([o.view(-1) for o in outs], _contig(tensor).view(-1), dst)
+            outs = [contig(t) for t in gather_list]
+            self._gather([o.view(-1) for o in outs], contig(tensor).view(-1), dst)
             for t, o in zip(gather_list, outs):
                 if o is not t:
                     t.copy_(o)
@@ -343,13 +314,13 @@ class NativeProcessGroup(ProcessGroup):
         return self._launch("gather", body, async_op, f"{self._desc(tensor)}|dst={dst}")
 
     def scatter(self, tensor, scatter_list=None, src=0, async_op=False):
-        _check_tensor(tensor, "tensor", "scatter")
+        check_tensor(tensor, "tensor", "scatter", written=True)
         self._check_root(src, "src", "scatter")
         scatter_list, tensor = self._rooted_list(scatter_list, tensor, src, "scatter", "scatter_list"), tensor.detach()
 
         def body(_):
-            out = _contig(tensor)
-            self._scatter(out.view(-1), [_contig(t).view(-1) for t in scatter_list], src)
+            out = contig(tensor)
+            self._scatter(out.view(-1), [contig(t).view(-1) for t in scatter_list], src)
             if out is not tensor:
                 tensor.copy_(out)
             return [tensor]
@@ -371,32 +342,22 @@ class NativeProcessGroup(ProcessGroup):
     def barrier(self, async_op=False):
         return self._launch("barrier", lambda _: self._barrier(), async_op)
 
-    @staticmethod
-    def _check_tag(tag, op_name: str) -> int:
-        try:
-            value = operator.index(tag)
-        except TypeError:
-            value = None
-        if value is None or not -(2 ** 31) <= value < 2 ** 31:  # c10d's tags are C ints
-            raise ValueError(f"{op_name}: tag must be an int in [-2**31, 2**31), got {tag!r}")
-        return value
-
     def send(self, tensor, dst, tag=0):
-        _check_tensor(tensor, "tensor", "send")
+        check_tensor(tensor, "tensor", "send")
         self._check_root(dst, "dst", "send")
-        tag = self._check_tag(tag, "send")
+        tag = check_tag(tag, "send")
         if dst == self._rank:
             raise ValueError(f"send: dst={dst} is this rank")
-        return self._p2p("send", _contig(tensor.detach()), dst, tag)
+        return self._p2p("send", contig(tensor.detach()), dst, tag)
 
     def recv(self, tensor, src, tag=0):
-        _check_tensor(tensor, "tensor", "recv")
+        check_tensor(tensor, "tensor", "recv", written=True)
         self._check_root(src, "src", "recv")
-        tag = self._check_tag(tag, "recv")
+        tag = check_tag(tag, "recv")
         if src == self._rank:
             raise ValueError(f"recv: src={src} is this rank")
         tensor = tensor.detach()
-        buf = _contig(tensor)
+        buf = contig(tensor)
         return self._p2p("recv", buf, src, tag, None if buf is tensor else tensor)
 
     def shutdown(self) -> None:

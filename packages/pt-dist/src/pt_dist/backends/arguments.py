@@ -1,0 +1,53 @@
+"""Argument checks the native backends make on the calling rank, before any communication.
+
+Each raises ``TypeError``/``ValueError`` naming the argument, as torch.distributed's own front end does: a bad
+call must not reach the wire, where it would leave the ranks out of step.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+
+def check_tensor(t, what: str, op_name: str, written: bool = False) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op_name}: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{op_name}: native backends take CPU tensors, {what} is on {t.device}")
+    if t.is_sparse:
+        raise ValueError(f"{op_name}: {what} is sparse; only dense tensors are supported")
+    if written and torch._debug_has_internal_overlap(t) == 1:  # 1: elements share memory (an expand())
+        raise ValueError(f"{op_name}: {what} has elements that share memory (expanded, stride 0) and cannot be "
+                         f"written; pass a .clone() or .contiguous() of it")
+
+
+def contig(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors the collective works on directly share bytes (non-contiguous ones become copies)."""
+    if not (a.is_contiguous() and b.is_contiguous()) or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def check_in_place(whole: torch.Tensor, block: torch.Tensor, rank: int, op_name: str, what: str) -> None:
+    """``block`` may lie apart from ``whole`` or be exactly its block ``rank`` (NCCL's in-place form); any other
+    overlap would read bytes the collective is overwriting."""
+    if overlap(whole, block) and block.data_ptr() != whole.data_ptr() + rank * block.numel() * block.element_size():
+        raise ValueError(f"{op_name}: {what} overlaps the other tensor but is not its block {rank} (the in-place "
+                         f"form); pass separate tensors or that block")
+
+
+def check_tag(tag, op_name: str) -> int:
+    try:
+        value = operator.index(tag)
+    except TypeError:
+        value = None
+    if value is None or not -(2 ** 31) <= value < 2 ** 31:  # c10d's tags are C ints
+        raise ValueError(f"{op_name}: tag must be an int in [-2**31, 2**31), got {tag!r}")
+    return value
