@@ -196,3 +196,10 @@ def test_file_store_is_removed_by_its_last_user_and_starts_empty_again(tmp_path)
     assert c.opened_as == 1 and c.num_keys() == 0
     with pytest.raises(DistStoreError, match="timed out"):
         c.get("addr")
+
+
+def test_a_port_already_taken_is_a_clear_store_error():
+    first = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=2, secret=SECRET)
+    with pytest.raises(DistStoreError, match=f"cannot listen on 127.0.0.1:{first.port}.*another job"):
+        TCPStore("127.0.0.1", first.port, 1, is_master=True, timeout=2, secret=SECRET)
+    first.close()

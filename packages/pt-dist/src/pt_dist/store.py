@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import datetime
+import errno
 import logging
 import socket
 import struct
@@ -142,7 +143,12 @@ class _StoreServer:
     """The master's server: accept thread + one thread per authenticated client."""
 
     def __init__(self, host: str, port: int):
-        self._sock = wire.listen(host, port, backlog=128)
+        try:
+            self._sock = wire.listen(host, port, backlog=128)
+        except OSError as e:
+            hint = (" (another job, or an earlier run still exiting, holds it: choose another MASTER_PORT / tcp:// "
+                    "port, or 0 for a free one)" if e.errno == errno.EADDRINUSE else "")
+            raise DistStoreError(f"TCPStore: cannot listen on {host}:{port}: {e.strerror or e}{hint}") from e
         self.port = self._sock.getsockname()[1]
         self._data: dict[bytes, bytes] = {}
         self._cond = threading.Condition()
