@@ -228,3 +228,38 @@ def test_a_segment_no_peer_attaches_to_is_still_removed(tmp_path):
     with pytest.raises(DistError, match="peers did not attach"):
         segment.map_shared_segment(store, 0, 2, 1 << 16, "seg", 0.3, "lonely")
     assert glob.glob(pattern) == []
+
+
+def test_a_rank_on_another_host_fails_fast_and_says_why(monkeypatch):
+    """A rank that cannot open rank 0's segment (it runs on another host: shm is one host's backend) raises a
+    DistError saying so, and rank 0 stops waiting for it at once instead of at the timeout."""
+    import threading
+    import time
+
+    from pt_dist import DistError, TCPStore
+    from pt_dist.backends import segment
+
+    master = TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=10)
+    stores = [master, TCPStore("127.0.0.1", master.port, 2, is_master=False, timeout=10)]
+    real_open = os.open
+
+    def elsewhere(path, flags, *args):  # "rank 1's host" has no such file in its /dev/shm
+        if threading.current_thread().name == "rank1" and "pt_dist_" in str(path):
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(segment.os, "open", elsewhere)
+    seen = {}
+
+    def run(rank):
+        t0 = time.monotonic()
+        try:
+            segment.map_shared_segment(stores[rank], rank, 2, 1 << 16, "seg", 20.0, "far")
+        except DistError as e:
+            seen[rank] = (str(e), time.monotonic() - t0)
+
+    threads = [threading.Thread(target=run, args=(r,), name=f"rank{r}") for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert "needs every rank on one host" in seen[1][0] and "'tcp'" in seen[1][0]
+    assert "rank 1 cannot see" in seen[0][0] and seen[0][1] < 5, seen[0]  # not the 20 s timeout

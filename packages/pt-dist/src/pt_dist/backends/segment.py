@@ -63,7 +63,13 @@ def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeo
         store.set(f"{key}/path", path)
     else:
         path = store.get(f"{key}/path").decode()
-        fd = os.open(path, os.O_RDWR)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            store.set(f"{key}/missing", str(rank))  # rank 0 stops waiting for us at once
+            raise DistError(f"shm group {group_name!r}: rank {rank} cannot see rank 0's segment {path}; the 'shm' "
+                            f"backend needs every rank on one host (and one /dev/shm): use 'tcp', 'gloo' or "
+                            f"'nccl' across hosts") from None
     try:
         mm = mmap.mmap(fd, nbytes)
     finally:
@@ -74,6 +80,9 @@ def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeo
         deadline = time.monotonic() + timeout
         try:
             while int(store.get(f"{key}/attached")) < size:
+                if store.check([f"{key}/missing"]):
+                    raise DistError(f"shm group {group_name!r}: rank {store.get(f'{key}/missing').decode()} cannot "
+                                    f"see this host's {path}; the 'shm' backend needs every rank on one host")
                 if time.monotonic() > deadline:
                     raise DistError(f"shm group {group_name!r}: peers did not attach {path} within {timeout:.1f}s")
                 time.sleep(0.001)
