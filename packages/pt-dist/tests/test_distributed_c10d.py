@@ -278,3 +278,44 @@ def test_ipv6_rendezvous_and_backend_sockets(backend):
     """c10d takes IPv6 addresses (tcp://[::1]:port, MASTER_ADDR=::1): so do our store and backend listeners."""
     res = run_ranks(_ipv6, 2, backend, util.free_port(), backend=None, timeout=60)
     assert res == [([3.0] * 3, [0.0, 0.0]), ([3.0] * 3, [7.0, 7.0])]
+
+
+def test_a_failed_init_frees_its_port_for_the_retry():
+    """The first init fails (rank 1 joins the store but never builds its group); a retry on the same port must get
+    the port back (the failed init once kept its store server listening: 'address already in use')."""
+    import threading
+
+    from pt_dist import TCPStore, wire
+    from pt_dist.backends.tcp import ProcessGroupTCP
+    from pt_dist.store import PrefixStore
+
+    port = util.free_port()
+    secret = wire.resolve_secret(None, f"127.0.0.1:{port}")  # what tcp:// derives without ?secret=
+    peer = {}
+
+    def rank1(build: bool):
+        store = TCPStore("127.0.0.1", port, 2, timeout=10, secret=secret)
+        if build:
+            mesh_secret = store.get("pt_dist/mesh_secret")
+            peer["pg"] = ProcessGroupTCP(PrefixStore("default_pg", store), 1, 2, 10.0, "default_pg", mesh_secret)
+            t = torch.full((2,), 5.0)
+            peer["pg"].all_reduce(t)
+            peer["sum"] = t.tolist()
+        else:
+            time.sleep(3)  # joined, never builds its group
+
+    url = f"tcp://127.0.0.1:{port}"
+    first = threading.Thread(target=rank1, args=(False,))
+    first.start()
+    with pytest.raises(DistError, match="mesh setup timed out"):
+        pt_dist.init_process_group("tcp", init_method=url, rank=0, world_size=2, timeout=1.5)
+    first.join()
+    second = threading.Thread(target=rank1, args=(True,))
+    second.start()
+    pt_dist.init_process_group("tcp", init_method=url, rank=0, world_size=2, timeout=10)
+    t = torch.full((2,), 1.0)
+    pt_dist.all_reduce(t)
+    second.join(10)
+    assert t.tolist() == peer["sum"] == [6.0, 6.0]
+    peer["pg"].shutdown()
+    pt_dist.destroy_process_group()

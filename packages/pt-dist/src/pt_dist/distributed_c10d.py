@@ -68,6 +68,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         from pt_dist.backends.torch_adapter import check_available
 
         check_available(name)  # before we bind or connect anything
+    owned = store is None  # a store we open here is ours to close if the init fails
     if store is not None:
         if init_method is not None:
             raise ValueError("init_process_group: pass either init_method or store, not both")
@@ -77,10 +78,15 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     else:
         rdzv = rendezvous(init_method or "env://", rank, world_size, t)
         store, rank, world_size = rdzv.store, rdzv.rank, rdzv.world_size
-    secret = _mesh_secret(store, rank)
+    try:
+        secret = _mesh_secret(store, rank)
+        pg = Backend.creator(name)(PrefixStore("default_pg", store), rank, world_size, t, group_name or "default_pg",
+                                   secret, None)
+    except BaseException:
+        if owned and hasattr(store, "close"):
+            store.close()  # a failed init must not keep the port (or file) from the next attempt
+        raise
     _world.store, _world.secret, _world.timeout, _world.group_count = store, secret, t, 0
-    pg = Backend.creator(name)(PrefixStore("default_pg", store), rank, world_size, t, group_name or "default_pg",
-                               secret, None)
     GroupMember.WORLD = pg
     _world.ranks[pg] = list(range(world_size))
     log.info("pt_dist: rank %d/%d joined with backend %s", rank, world_size, name)

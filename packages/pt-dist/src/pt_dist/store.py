@@ -249,7 +249,11 @@ class TCPStore(Store):
         self._idle: list[socket.socket] = [self._connect()]
         self.add(_WORKERS_KEY, 1)
         if is_master and wait_for_workers and world_size:
-            self._wait_workers(world_size)
+            try:
+                self._wait_workers(world_size)
+            except DistStoreError:
+                self.close()  # free the port now, not whenever the half-built object is collected
+                raise
 
     def local_address(self) -> str:
         """This host's address on the route to the store: what peers elsewhere can dial to reach us."""
