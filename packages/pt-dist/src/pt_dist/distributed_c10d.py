@@ -156,9 +156,10 @@ def destroy_process_group(group=None) -> None:
         _world.ranks.clear()
         GroupMember.WORLD = None
         if isinstance(store, TCPStore):
-            # return only once the master's server is down: a re-init on the same port (tcp://, env://) could
-            # otherwise reach the old server, which then vanishes under it
-            store.close(wait_for_master=min(10.0, _world.timeout))
+            if not store.is_master:
+                # return only once the master's server is down: a re-init on the same port (tcp://, env://) could
+                # otherwise reach the old server, which then vanishes under it
+                store.close(wait_for_master=min(10.0, _world.timeout))
         elif hasattr(store, "close"):
             store.close()
         return
