@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 import random
 import socket
 
@@ -48,6 +50,9 @@ def leave() -> None:
 def reference(xs: list[torch.Tensor], op: ReduceOp) -> torch.Tensor:
     """Reduce in float64/complex128 (or any/all for bool), independent of the backends' combine code."""
     s = torch.stack([x.contiguous() for x in xs])
+    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
+        fold = {ReduceOp.BAND: operator.and_, ReduceOp.BOR: operator.or_, ReduceOp.BXOR: operator.xor}[op]
+        return functools.reduce(fold, [x.to(torch.int64) for x in s]).to(s.dtype)
     if s.dtype == torch.bool:
         return s.any(0) if op in (ReduceOp.SUM, ReduceOp.MAX) else s.all(0)
     wide = s.to(torch.complex128 if s.dtype.is_complex else torch.float64)

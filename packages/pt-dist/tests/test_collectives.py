@@ -48,8 +48,8 @@ def ops_for(dtype):
     if dtype.is_complex:
         return [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT]
     if dtype.is_floating_point:
-        return list(ReduceOp)
-    return [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
+        return [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
+    return [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
 
 
 def _matrix(rank, world_size, backend, dtypes):

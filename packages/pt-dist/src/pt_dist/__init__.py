@@ -33,6 +33,7 @@ from pt_dist.distributed_c10d import (
 )
 from pt_dist.errors import DistError, DistStoreError
 from pt_dist.file_store import FileStore
+from pt_dist.list_collectives import all_to_all, reduce_scatter
 from pt_dist.object_collectives import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from pt_dist.process_group import ProcessGroup, ReduceOp
 from pt_dist.store import PrefixStore, Store, TCPStore
@@ -41,11 +42,11 @@ from pt_dist.work import Work
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "DistError", "DistStoreError", "FileStore", "GroupMember", "P2POp", "PrefixStore", "ProcessGroup",
-    "ReduceOp", "Store", "TCPStore", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object",
-    "all_reduce", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
-    "destroy_process_group", "gather", "gather_object", "get_backend", "get_global_rank", "get_group_rank",
-    "get_process_group_ranks", "get_rank", "get_world_size", "init_process_group", "irecv", "is_initialized",
-    "isend", "new_group", "recv", "reduce", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
-    "symmetric_empty",
+    "Backend", "DistError", "DistStoreError", "FileStore", "GroupMember", "P2POp", "PrefixStore",
+    "ProcessGroup", "ReduceOp", "Store", "TCPStore", "Work", "all_gather", "all_gather_into_tensor",
+    "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv",
+    "broadcast", "broadcast_object_list", "destroy_process_group", "gather", "gather_object", "get_backend",
+    "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank", "get_world_size",
+    "init_process_group", "irecv", "is_initialized", "isend", "new_group", "recv", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "symmetric_empty",
 ]

@@ -25,6 +25,9 @@ class ReduceOp(enum.Enum):
     PRODUCT = "product"
     MIN = "min"
     MAX = "max"
+    BAND = "band"  # bitwise and/or/xor: integer and bool dtypes (a "found_inf" flag, a visited-set)
+    BOR = "bor"
+    BXOR = "bxor"
 
     @classmethod
     def of(cls, op) -> ReduceOp:
@@ -32,7 +35,7 @@ class ReduceOp(enum.Enum):
         if isinstance(op, cls):
             return op
         name = str(op).rsplit(".", 1)[-1].upper()
-        name = {"PREMUL_SUM": "", "BAND": "", "BOR": "", "BXOR": ""}.get(name, name)
+        name = {"PREMUL_SUM": ""}.get(name, name)
         try:
             return cls[name]
         except KeyError:
@@ -44,6 +47,8 @@ def check_reduce_dtype(op: ReduceOp, dtype: torch.dtype, op_name: str, cpu_fold:
     runs in torch's CPU kernels (native backends), not in a library that may support more (NCCL's fp8)."""
     if op is ReduceOp.AVG and not (dtype.is_floating_point or dtype.is_complex):
         raise ValueError(f"{op_name}: ReduceOp.AVG needs a floating or complex dtype, got {dtype}")
+    if op in _BITWISE and (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(f"{op_name}: ReduceOp.{op.name} needs an integer or bool dtype, got {dtype}")
     if op in (ReduceOp.MIN, ReduceOp.MAX) and dtype.is_complex:
         raise ValueError(f"{op_name}: ReduceOp.{op.name} is undefined for complex dtype {dtype}")
     why = _cannot_fold(op, dtype) if cpu_fold else ""
@@ -65,14 +70,16 @@ def _cannot_fold(op: ReduceOp, dtype: torch.dtype) -> str:
 
 
 _FOLDS = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PRODUCT: torch.mul,
-          ReduceOp.MAX: torch.maximum, ReduceOp.MIN: torch.minimum}
+          ReduceOp.MAX: torch.maximum, ReduceOp.MIN: torch.minimum, ReduceOp.BAND: torch.bitwise_and,
+          ReduceOp.BOR: torch.bitwise_or, ReduceOp.BXOR: torch.bitwise_xor}
+_BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
 def combiner(op: ReduceOp, dtype: torch.dtype):
     """The binary torch function that folds ``op`` (called as ``fn(a, b, out=...)``); look it up once per loop.
 
     Bool follows torch: SUM/MAX are OR, PRODUCT/MIN are AND."""
-    if dtype == torch.bool:
+    if dtype == torch.bool and op not in _BITWISE:
         return torch.logical_or if op in (ReduceOp.SUM, ReduceOp.MAX) else torch.logical_and
     return _FOLDS[op]
 

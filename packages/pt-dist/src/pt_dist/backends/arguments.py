@@ -16,14 +16,25 @@ def check_tensor(t, what: str, op_name: str, written: bool = False) -> None:
         raise TypeError(f"{op_name}: {what} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
         raise ValueError(f"{op_name}: native backends take CPU tensors, {what} is on {t.device}")
-    if t.is_sparse:
-        raise ValueError(f"{op_name}: {what} is sparse; only dense tensors are supported")
+    if t.layout != torch.strided:
+        raise ValueError(f"{op_name}: {what} has layout {t.layout}; only dense tensors are supported (all_reduce "
+                         f"also takes sparse COO ones)")
     if written and torch._debug_has_internal_overlap(t) == 1:  # 1: elements share memory (an expand())
         raise ValueError(f"{op_name}: {what} has elements that share memory (expanded, stride 0) and cannot be "
                          f"written; pass a .clone() or .contiguous() of it")
 
 
+def lazy_view(t: torch.Tensor) -> bool:
+    """A ``.conj()`` (complex) or negative view (``.conj().imag``) keeps the original bytes and a bit saying how to
+    read them; transports that move raw bytes must not see one."""
+    return t.is_conj() or t.is_neg()
+
+
 def contig(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when the transports may read and write its raw bytes (dense, no lazy view bit), else a plain
+    copy with its values (callers write outputs back with ``copy_``, which honours the bits)."""
+    if lazy_view(t):
+        t = t.resolve_conj().resolve_neg()
     return t if t.is_contiguous() else t.contiguous()
 
 

@@ -16,6 +16,7 @@ import math
 import torch
 
 from pt_dist.backends.arguments import check_in_place, check_tag, check_tensor, contig, overlap
+from pt_dist.backends.sparse import check_sparse_all_reduce, sparse_all_reduce, sparse_header
 from pt_dist.errors import DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
 from pt_dist.work import OpQueue, Work
@@ -70,6 +71,10 @@ class NativeProcessGroup(ProcessGroup):
 
     @abc.abstractmethod
     def _barrier(self) -> None: ...
+
+    def _fence(self) -> None:
+        """A full barrier between two transport steps of one collective's body."""
+        self._barrier()
 
     @abc.abstractmethod
     def _p2p(self, kind: str, t: torch.Tensor, peer: int, tag: int, copy_back=None) -> Work:
@@ -160,6 +165,10 @@ class NativeProcessGroup(ProcessGroup):
         return self._launch("broadcast", body, async_op, f"{self._desc(tensor)}|src={src}{common}", mine)
 
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
+        if isinstance(tensor, torch.Tensor) and tensor.is_sparse and tensor.device.type == "cpu":
+            check_sparse_all_reduce(tensor, ReduceOp.of(op))  # written in place: not through a detached alias
+            return self._launch("all_reduce", lambda _: sparse_all_reduce(self, tensor), async_op,
+                                sparse_header(tensor))
         check_tensor(tensor, "tensor", "all_reduce", written=True)
         op, tensor = ReduceOp.of(op), tensor.detach()
         check_reduce_dtype(op, tensor.dtype, "all_reduce")

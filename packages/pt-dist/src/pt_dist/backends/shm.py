@@ -29,6 +29,7 @@ import time
 import torch
 
 from pt_dist.backends import cma, segment
+from pt_dist.backends.arguments import contig
 from pt_dist.backends.base import NativeProcessGroup
 from pt_dist.backends.futex import Futex, pid_dead
 from pt_dist.backends.mesh import PeerMesh
@@ -203,7 +204,7 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
         def body(_):
             mine = self._mine("all_reduce", header)
             self._write_header(f"{mine}#".encode(), "all_reduce")
-            buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+            buf = contig(tensor)
             check: str | None = mine
             if self._slots_read_late:  # a peer may still read our slot for the last collective: own round
                 self._arrive_and_wait("all_reduce")
@@ -387,6 +388,9 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
 
     def _barrier(self):
         """The header round every collective starts with is already a full barrier."""
+
+    def _fence(self):
+        self._arrive_and_wait("fence")
 
     def _p2p(self, kind, t, peer, tag, copy_back=None):
         return self.mesh.p2p(kind, t, peer, tag, copy_back)

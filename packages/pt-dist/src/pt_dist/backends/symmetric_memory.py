@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from pt_dist.backends.arguments import lazy_view
 from pt_dist.backends.segment import map_shared_segment
 from pt_dist.process_group import combiner, finish_avg_
 
@@ -58,7 +59,7 @@ class SymmetricHeap:
     def offset_of(self, t: torch.Tensor) -> int | None:
         """Where ``t`` starts in this rank's region, if it is a contiguous tensor living there."""
         nbytes = t.numel() * t.element_size()
-        if t.device.type != "cpu" or not t.is_contiguous() or nbytes == 0:
+        if t.device.type != "cpu" or not t.is_contiguous() or nbytes == 0 or lazy_view(t):
             return None
         offset = t.data_ptr() - self._mine
         return offset if 0 <= offset and offset + nbytes <= self.per_rank else None

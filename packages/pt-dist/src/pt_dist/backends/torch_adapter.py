@@ -15,13 +15,14 @@ import threading
 import torch
 import torch.distributed as dist
 
+from pt_dist.backends.arguments import contig
 from pt_dist.backends.mesh import advertised_address
+from pt_dist.backends.sparse import check_sparse_all_reduce
 from pt_dist.errors import DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
 from pt_dist.work import Work
 
-_TORCH_OPS = {ReduceOp.SUM: "SUM", ReduceOp.PRODUCT: "PRODUCT", ReduceOp.MIN: "MIN", ReduceOp.MAX: "MAX",
-              ReduceOp.AVG: "AVG"}
+_TORCH_OPS = {op: op.name for op in ReduceOp}
 
 
 def torch_store(store, rank: int, size: int, timeout: datetime.timedelta) -> dist.TCPStore:
@@ -153,7 +154,9 @@ class TorchProcessGroup(ProcessGroup):
 
     @staticmethod
     def _stage(t):
-        return t if t.is_contiguous() else t.contiguous()
+        """What the library gets: a dense, plain copy where ``t`` is strided or a lazy ``.conj()`` / negative view
+        (torch's own collectives refuse those); sparse tensors as they are (gloo all-reduces them)."""
+        return t if t.is_sparse else contig(t)
 
     def _posts(self, *steps):
         steps = [s for s in steps if s is not None]
@@ -169,6 +172,10 @@ class TorchProcessGroup(ProcessGroup):
                          [tensor], async_op, back)
 
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
+        if tensor.layout != torch.strided:  # the library replaces a COO tensor's indices and values: no alias
+            check_sparse_all_reduce(tensor, ReduceOp.of(op))
+            return self._run("all_reduce", lambda: dist.all_reduce(tensor, group=self.pg, async_op=True), [tensor],
+                             async_op)
         op, top, emulate_avg = self._op(op, tensor.dtype, "all_reduce")
         tensor = tensor.detach()
         buf = self._stage(tensor)

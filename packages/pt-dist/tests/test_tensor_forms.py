@@ -1,0 +1,166 @@
+"""Tensors in the forms users hand to collectives, and torch's list and sparse forms of the collectives.
+
+Lazy ``.conj()`` and negative views (their bytes are not their values), 0-dim tensors, the bitwise
+reduce ops, ``all_to_all`` / ``reduce_scatter`` with lists (unequal shapes in all-to-all), and sparse
+COO all-reduce (DDP's sparse embedding gradients), on tcp, shm and the gloo adapter, against results
+computed locally.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pt_dist
+import pytest
+import torch
+from pt_dist import DistError, ReduceOp
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ptdist_testutil as util  # noqa: E402
+from ptdist_testutil import reference  # noqa: E402
+
+BACKENDS = ["tcp", "shm", "gloo"]
+
+
+def _values(rank: int, n: int, salt: int = 0) -> torch.Tensor:
+    return ((torch.arange(n) * (rank + 3) + salt) % 7 - 3).to(torch.float32) * 0.5
+
+
+def _complex(rank: int, n: int) -> torch.Tensor:
+    return torch.complex(_values(rank, n, 1), _values(rank, n, 2))
+
+
+def _neg_view(x: torch.Tensor) -> torch.Tensor:
+    """A view whose values are ``x`` while its memory holds ``-x`` (what ``.conj().imag`` returns)."""
+    v = torch.complex(torch.zeros_like(x), -x).conj().imag
+    assert v.is_neg() and torch.equal(v, x)
+    return v
+
+
+def _lazy_views(rank, ws, backend):
+    util.join(rank, ws, backend, key=f"lazy-{backend}")
+    check = util.Checks(f"{backend} rank={rank}")
+    try:
+        for n in (7, 70_000):  # shm: the one-barrier small path; the single-copy (complex) and staged paths
+            zs = [_complex(r, n) for r in range(ws)]
+            for op in [ReduceOp.SUM] + ([ReduceOp.PRODUCT] if backend != "gloo" else []):
+                t = zs[rank].clone().conj()
+                pt_dist.all_reduce(t, op=op)
+                check(f"all_reduce {op.name} conj n={n}", t, reference([z.conj() for z in zs], op))
+                assert t.is_conj()
+            xs = [_values(r, n, 3) for r in range(ws)]
+            for op in (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MAX, ReduceOp.MIN):
+                t = _neg_view(xs[rank].clone())
+                pt_dist.all_reduce(t, op=op)
+                check(f"all_reduce {op.name} neg n={n}", t, reference(xs, op))
+            out = torch.zeros(ws * n, dtype=torch.complex64).conj()
+            pt_dist.all_gather_into_tensor(out, zs[rank].clone().conj())
+            check(f"all_gather conj n={n}", out, torch.cat([z.conj() for z in zs]))
+            t = torch.zeros(n, dtype=torch.complex64).conj()
+            pt_dist.broadcast(t.copy_(zs[rank].conj()) if rank == 1 else t, src=1)
+            check(f"broadcast into conj n={n}", t, zs[1].conj())
+            wide = [_values(r, ws * n, 4) for r in range(ws)]
+            out = _neg_view(torch.zeros(n))
+            pt_dist.reduce_scatter_tensor(out, _neg_view(wide[rank].clone()), op=ReduceOp.MAX)
+            check(f"reduce_scatter neg n={n}", out, reference([w.view(ws, n)[rank] for w in wide], ReduceOp.MAX))
+            if rank == 0:
+                pt_dist.send(zs[0].clone().conj(), dst=1)
+            elif rank == 1:
+                t = torch.zeros(n, dtype=torch.complex64).conj()
+                pt_dist.recv(t, src=0)
+                check(f"recv into conj n={n}", t, zs[0].conj())
+        t = torch.tensor(float(rank + 1))
+        pt_dist.all_reduce(t)
+        check("all_reduce 0-dim", t, torch.tensor(ws * (ws + 1) / 2))
+        assert check.count and not check.fails, "\n".join(check.fails)
+    finally:
+        util.leave()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lazy_views_and_scalars(backend):
+    """A ``.conj()`` view all-reduced in place on tcp mixed the view's values with peers' raw bytes; shm's
+    MAX/MIN/PRODUCT on a negative view compared raw bytes. Both now move the values, and write them back."""
+    run_ranks(_lazy_views, 3, backend, backend=None, timeout=120)
+
+
+def _lists(rank, ws, backend):
+    util.join(rank, ws, backend, key=f"lists-{backend}")
+    try:
+        rows = lambda i, j: (i + 2 * j) % 3  # noqa: E731 - rows rank i sends rank j (some zero)
+        block = lambda i, j: torch.arange(rows(i, j) * 2, dtype=torch.float64).view(-1, 2) + 100 * i + 10 * j  # noqa: E731
+        for async_op in (False, True):
+            outs = [torch.full((rows(j, rank), 2), -1.0, dtype=torch.float64) for j in range(ws)]
+            outs[0] = torch.full((2, rows(0, rank)), -1.0, dtype=torch.float64).t()  # a non-contiguous output
+            work = pt_dist.all_to_all(outs, [block(rank, j) for j in range(ws)], async_op=async_op)
+            if async_op:
+                work.wait()
+                assert work.result() == outs
+            for j in range(ws):
+                assert torch.equal(outs[j], block(j, rank)), (backend, rank, j, outs[j])
+            ins = [torch.full((2, 3), float(rank * 10 + i)) for i in range(ws)]
+            out = torch.empty(2, 3)
+            work = pt_dist.reduce_scatter(out, ins, op=ReduceOp.MAX, async_op=async_op)
+            if async_op:
+                work.wait()
+            assert torch.equal(out, torch.full((2, 3), float((ws - 1) * 10 + rank))), (backend, rank, out)
+        with pytest.raises(ValueError, match="input_tensor_list must be a list of group size"):
+            pt_dist.all_to_all([torch.zeros(1)] * ws, [torch.zeros(1)] * (ws + 1))
+        with pytest.raises(ValueError, match=r"input_list\[1\] has shape"):
+            pt_dist.reduce_scatter(torch.zeros(2), [torch.zeros(2), torch.zeros(3)] + [torch.zeros(2)] * (ws - 2))
+        if backend != "gloo":  # rank 0 expects one row too many from rank 1: every rank raises, the group goes on
+            outs = [torch.zeros(rows(j, rank) + (rank == 0 and j == 1), 2, dtype=torch.float64) for j in range(ws)]
+            with pytest.raises(DistError, match="rank 1 sends"):
+                pt_dist.all_to_all(outs, [block(rank, j) for j in range(ws)])
+            t = torch.ones(2)
+            pt_dist.all_reduce(t)
+            assert t.tolist() == [ws, ws]
+    finally:
+        util.leave()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_list_all_to_all_and_reduce_scatter(backend):
+    run_ranks(_lists, 3, backend, backend=None, timeout=120)
+
+
+def _sparse_local(rank: int, hybrid: bool) -> torch.Tensor:
+    """Rank 2 holds nothing; rank 1's indices repeat (uncoalesced); ranks overlap at index 4."""
+    idx = {0: [[1, 4]], 1: [[4, 7, 4]], 2: [[]]}[rank]
+    n = len(idx[0])
+    vals = torch.arange(1, n * 3 + 1, dtype=torch.float32).view(n, 3) * (rank + 1) if hybrid else \
+        torch.arange(1, n + 1, dtype=torch.float32) * (rank + 1)
+    return torch.sparse_coo_tensor(torch.tensor(idx, dtype=torch.int64).view(1, n), vals, (9, 3) if hybrid else (9,))
+
+
+def _sparse(rank, ws, backend):
+    util.join(rank, ws, backend, key=f"sparse-{backend}")
+    try:
+        for hybrid in (False, True):
+            for async_op in (False, True):
+                s = _sparse_local(rank, hybrid)
+                work = pt_dist.all_reduce(s, async_op=async_op)
+                if async_op:
+                    work.wait()
+                want = sum(_sparse_local(r, hybrid).to_dense() for r in range(ws))
+                assert s.is_sparse and s.is_coalesced(), (backend, s)
+                assert torch.equal(s.to_dense(), want), (backend, rank, hybrid, s.to_dense(), want)
+        with pytest.raises(ValueError, match="ReduceOp.SUM only"):
+            pt_dist.all_reduce(_sparse_local(rank, False), op=ReduceOp.MAX)
+        with pytest.raises(ValueError, match="sparse_csr"):
+            pt_dist.all_reduce(torch.eye(3).to_sparse_csr())
+        with pytest.raises(ValueError, match="needs an integer or bool dtype, got torch.float32"):
+            pt_dist.all_reduce(torch.ones(2), op=ReduceOp.BXOR)
+        t = torch.tensor([rank, 1])
+        pt_dist.all_reduce(t, op="bor")  # names work as for every op
+        assert t.tolist() == [3, 1]
+    finally:
+        util.leave()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sparse_all_reduce_sums_the_union_in_place(backend):
+    run_ranks(_sparse, 3, backend, backend=None, timeout=120)
