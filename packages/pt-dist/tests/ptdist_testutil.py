@@ -29,7 +29,7 @@ def free_port() -> int:
     raise RuntimeError("no free port found in 20000-32000")
 
 
-def join(rank: int, world_size: int, backend: str, timeout: float = 30.0, key: str = "ptd") -> None:
+def join(rank: int, world_size: int, backend: str, timeout: float = 30.0, key: str = "ptd", **init_kwargs) -> None:
     """init_process_group on a store rank 0 binds on port 0 (port published through the harness store)."""
     if rank == 0:
         store = TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False, timeout=timeout)
@@ -37,7 +37,7 @@ def join(rank: int, world_size: int, backend: str, timeout: float = 30.0, key: s
     else:
         port = int(harness.store().get(f"{key}_port"))
         store = TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
-    pt_dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    pt_dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **init_kwargs)
 
 
 def leave() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import time
@@ -123,7 +124,24 @@ def test_bad_arguments_raise_before_any_communication(monkeypatch):
         pt_dist.init_process_group("tcp", init_method="udp://x:1", rank=0, world_size=1)
     with pytest.raises(ValueError, match="not initialized"):
         pt_dist.all_reduce(torch.ones(1))
+    # torch's device_id / pg_options are for its own groups; the native backends refuse them by name
+    with pytest.raises(ValueError, match=r"backend 'tcp' moves CPU tensors; device_id=cuda:1 needs 'nccl'"):
+        pt_dist.init_process_group("tcp", init_method="tcp://127.0.0.1:1", rank=0, world_size=2, device_id=1)
+    with pytest.raises(ValueError, match="backend 'shm' takes no pg_options"):
+        pt_dist.init_process_group("shm", init_method="tcp://127.0.0.1:1", rank=0, world_size=2, pg_options=object())
+    with pytest.raises(ValueError, match=r"device_id=cpu needs an index for torch's groups \(cpu:0"):
+        pt_dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", rank=0, world_size=2,
+                                   device_id=torch.device("cpu"))
+    with pytest.raises(ValueError, match="device_id must be a torch.device or an int"):
+        pt_dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", rank=0, world_size=2, device_id="cpu")
     assert not pt_dist.is_initialized()
+    assert pt_dist.is_available()
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert pt_dist.get_node_local_rank(fallback_rank=3) == 3
+    with pytest.raises(RuntimeError, match="LOCAL_RANK is not in the environment"):
+        pt_dist.get_node_local_rank()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert pt_dist.get_node_local_rank(fallback_rank=3) == 1
 
 
 def test_mpi_backend_says_clearly_when_torch_lacks_it():
@@ -201,7 +219,7 @@ def test_nccl_adapter_on_gpus():
 
 def _nccl_alone(rank, world_size):
     """One GPU: a one-rank NCCL communicator still runs every call through the adapter and the library."""
-    util.join(rank, world_size, "nccl", key="nccl1")
+    util.join(rank, world_size, "nccl", key="nccl1", device_id=torch.device("cuda", 0))  # torch's eager-init form
     dev = torch.device("cuda", torch.cuda.current_device())
     t = torch.arange(6, dtype=torch.float32, device=dev).view(2, 3).t()  # non-contiguous: staged and copied back
     pt_dist.all_reduce(t, op=ReduceOp.AVG)
@@ -319,3 +337,41 @@ def test_a_failed_init_frees_its_port_for_the_retry():
     assert t.tolist() == peer["sum"] == [6.0, 6.0]
     peer["pg"].shutdown()
     pt_dist.destroy_process_group()
+
+
+def _monitored(rank, ws, backend):
+    # device_id=cpu:0 is accepted everywhere (and handed to torch's own group under gloo)
+    util.join(rank, ws, backend, key=f"monitored-{backend}", device_id=torch.device("cpu", 0))
+    try:
+        pt_dist.monitored_barrier(timeout=10)
+        pt_dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
+        results = {}
+        # rank 2 is stuck elsewhere (alive, not calling): the others name it, within the timeout
+        if rank != 2:
+            start = time.monotonic()
+            with pytest.raises(DistError, match=r"rank\(s\) \[2\] \(the first found"):
+                pt_dist.monitored_barrier(timeout=0.5)
+            results["took"] = time.monotonic() - start
+        # only rank 0 arrives: with wait_all_ranks it names everyone missing
+        if rank == 0:
+            with pytest.raises(DistError, match=r"rank\(s\) \[1, 2\] did not reach it within 0.5s"):
+                pt_dist.monitored_barrier(timeout=0.5, wait_all_ranks=True)
+        # in a sub-group, ranks are named globally; group rank 0 is global rank 1
+        sub = pt_dist.new_group([1, 2])
+        if rank == 1:
+            with pytest.raises(DistError, match=r"rank\(s\) \[2\]"):
+                pt_dist.monitored_barrier(sub, timeout=0.5)
+        t = torch.ones(2)
+        pt_dist.all_reduce(t)  # it never touched the transport: the group goes on
+        results["sum"] = t.tolist()
+        return results
+    finally:
+        util.leave()
+
+
+@pytest.mark.parametrize("backend", ["tcp", "gloo"])
+def test_monitored_barrier_names_the_ranks_that_did_not_arrive(backend):
+    res = run_ranks(_monitored, 3, backend, backend=None, timeout=90)
+    assert [r["sum"] for r in res] == [[3.0, 3.0]] * 3
+    for r in res[:2]:
+        assert r["took"] < 5, res

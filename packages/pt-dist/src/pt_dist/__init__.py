@@ -1,26 +1,27 @@
 """pt_dist: torch.distributed's c10d layer rebuilt small (stores, ProcessGroup, tcp/shm backends, adapters)."""
 
 from pt_dist.backends import Backend
+from pt_dist.batch_p2p import P2POp, batch_isend_irecv
 from pt_dist.distributed_c10d import (
     GroupMember,
-    P2POp,
     all_gather,
     all_gather_into_tensor,
     all_reduce,
     all_to_all_single,
     barrier,
-    batch_isend_irecv,
     broadcast,
     destroy_process_group,
     gather,
     get_backend,
     get_global_rank,
     get_group_rank,
+    get_node_local_rank,
     get_process_group_ranks,
     get_rank,
     get_world_size,
     init_process_group,
     irecv,
+    is_available,
     is_initialized,
     isend,
     new_group,
@@ -34,6 +35,7 @@ from pt_dist.distributed_c10d import (
 from pt_dist.errors import DistError, DistStoreError
 from pt_dist.file_store import FileStore
 from pt_dist.list_collectives import all_to_all, reduce_scatter
+from pt_dist.monitored_barrier import monitored_barrier
 from pt_dist.object_collectives import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from pt_dist.process_group import ProcessGroup, ReduceOp
 from pt_dist.store import PrefixStore, Store, TCPStore
@@ -46,7 +48,8 @@ __all__ = [
     "ProcessGroup", "ReduceOp", "Store", "TCPStore", "Work", "all_gather", "all_gather_into_tensor",
     "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv",
     "broadcast", "broadcast_object_list", "destroy_process_group", "gather", "gather_object", "get_backend",
-    "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank", "get_world_size",
-    "init_process_group", "irecv", "is_initialized", "isend", "new_group", "recv", "reduce", "reduce_scatter",
-    "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "symmetric_empty",
+    "get_global_rank", "get_group_rank", "get_node_local_rank", "get_process_group_ranks", "get_rank",
+    "get_world_size", "init_process_group", "irecv", "is_available", "is_initialized", "isend",
+    "monitored_barrier", "new_group", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+    "scatter_object_list", "send", "symmetric_empty",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import secrets
 
 import torch
@@ -55,8 +56,11 @@ def _seconds(timeout) -> float:
 
 def init_process_group(backend: str | None = None, init_method: str | None = None, timeout=None,
                        world_size: int = -1, rank: int = -1, store: Store | None = None,
-                       group_name: str = "") -> None:
-    """Join the job: rendezvous, then build the default group of ``backend`` ("tcp", "shm", "gloo", ...)."""
+                       group_name: str = "", pg_options=None, device_id: torch.device | int | None = None) -> None:
+    """Join the job: rendezvous, then build the default group of ``backend`` ("tcp", "shm", "gloo", ...).
+
+    ``device_id`` and ``pg_options`` go to torch's own group (``device_id`` picks the GPU under nccl); the native
+    backends move CPU tensors, so they take no options and ``device_id`` may only be the CPU."""
     if is_initialized():
         raise ValueError("init_process_group: the default process group is already initialized; call "
                          "destroy_process_group() first")
@@ -64,6 +68,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     t = _seconds(timeout if timeout is not None else default_pg_timeout)
     if t <= 0:
         raise ValueError(f"init_process_group: timeout must be positive, got {timeout!r}")
+    library_options = _library_options(name, pg_options, device_id)
     if Backend.is_torch_backed(name):
         from pt_dist.backends.torch_adapter import check_available
 
@@ -81,7 +86,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     try:
         secret = _mesh_secret(store, rank)
         pg = Backend.creator(name)(PrefixStore("default_pg", store), rank, world_size, t, group_name or "default_pg",
-                                   secret, None)
+                                   secret, None, **library_options)
     except BaseException:
         if owned and hasattr(store, "close"):
             store.close()  # a failed init must not keep the port (or file) from the next attempt
@@ -90,6 +95,39 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     GroupMember.WORLD = pg
     _world.ranks[pg] = list(range(world_size))
     log.info("pt_dist: rank %d/%d joined with backend %s", rank, world_size, name)
+
+
+def _library_options(name: str, pg_options, device_id) -> dict:
+    if isinstance(device_id, int):
+        device_id = torch.device("cuda", device_id)
+    if device_id is not None and not isinstance(device_id, torch.device):
+        raise ValueError(f"init_process_group: device_id must be a torch.device or an int, got {device_id!r}")
+    if Backend.is_torch_backed(name):
+        if device_id is not None and device_id.index is None:  # torch refuses it too, but only after rendezvous
+            raise ValueError(f"init_process_group: device_id={device_id} needs an index for torch's groups "
+                             f"(cpu:0, cuda:0)")
+        return {k: v for k, v in (("device_id", device_id), ("pg_options", pg_options)) if v is not None}
+    if device_id is not None and device_id.type != "cpu":
+        raise ValueError(f"init_process_group: backend {name!r} moves CPU tensors; device_id={device_id} needs "
+                         f"'nccl' (or leave device_id out)")
+    if pg_options is not None:
+        raise ValueError(f"init_process_group: backend {name!r} takes no pg_options, got {pg_options!r}")
+    return {}
+
+
+def is_available() -> bool:
+    """Always: pt_dist needs only sockets (torch's answers whether it was built with distributed support)."""
+    return True
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """This process's rank on its host: torchrun's ``LOCAL_RANK``, else ``fallback_rank``, as torch's."""
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError("LOCAL_RANK is not in the environment (torchrun sets it); pass fallback_rank= to run "
+                       "outside a multi-process launch")
 
 
 def _mesh_secret(store: Store, rank: int) -> bytes:
@@ -326,45 +364,9 @@ def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: in
     return src if group_src is None else get_global_rank(group, group_src)
 
 
-class P2POp:
-    """One send or receive of a ``batch_isend_irecv`` batch: ``op`` is ``isend`` or ``irecv``; ``peer`` is a global
-    rank, ``group_peer`` the group's own."""
-
-    def __init__(self, op, tensor: torch.Tensor, peer: int | None = None, group=None, tag: int = 0,
-                 group_peer: int | None = None):
-        if op not in (isend, irecv):
-            raise ValueError(f"P2POp: op must be pt_dist.isend or pt_dist.irecv, got {op!r}")
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"P2POp: tensor must be a torch.Tensor, got {type(tensor).__name__}")
-        self.op, self.tensor, self.group, self.tag = op, tensor, group, tag
-        self.peer, self.group_peer = peer, group_peer
-
-    def __repr__(self) -> str:
-        peer = f"peer={self.peer}" if self.group_peer is None else f"group_peer={self.group_peer}"
-        return f"P2POp({self.op.__name__}, {self.tensor.dtype}{list(self.tensor.shape)}, {peer})"
-
-
-def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list:
-    """Start every send and receive of the batch; returns their Works. Order between sends and receives does not
-    matter (each peer has its own send and receive channels), order between two sends to one peer does."""
-    if not isinstance(p2p_op_list, list) or not p2p_op_list or not all(isinstance(p, P2POp) for p in p2p_op_list):
-        raise ValueError(f"batch_isend_irecv: expected a non-empty list of P2POp, got {p2p_op_list!r}")
-    if any(p.group is not p2p_op_list[0].group for p in p2p_op_list):
-        raise ValueError("batch_isend_irecv: all ops of a batch must use the same group")
-    group = p2p_op_list[0].group
-    if group is GroupMember.NON_GROUP_MEMBER:
-        return []
-    pg = _group(group)  # check every peer before the first op starts
-    peers = [_peer(group, p.peer, p.group_peer, "peer", default=None) for p in p2p_op_list]
-    for p, peer in zip(p2p_op_list, peers):
-        if peer == pg.rank():
-            raise ValueError(f"batch_isend_irecv: {p!r} names this rank as its peer")
-    return [pg.send(p.tensor, peer, p.tag) if p.op is isend else pg.recv(p.tensor, peer, p.tag)
-            for p, peer in zip(p2p_op_list, peers)]
-
-
-__all__ = ["DistError", "GroupMember", "P2POp", "ReduceOp", "all_gather", "all_gather_into_tensor", "all_reduce",
-           "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "destroy_process_group", "gather",
-           "get_backend", "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
-           "get_world_size", "init_process_group", "irecv", "is_initialized", "isend", "new_group", "recv", "reduce",
-           "reduce_scatter_tensor", "scatter", "send"]
+__all__ = ["DistError", "GroupMember", "ReduceOp", "all_gather", "all_gather_into_tensor", "all_reduce",
+           "all_to_all_single", "barrier", "broadcast", "destroy_process_group", "gather", "get_backend",
+           "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
+           "get_node_local_rank", "get_world_size", "init_process_group", "irecv", "is_available",
+           "is_initialized", "isend", "new_group", "recv", "reduce", "reduce_scatter_tensor", "scatter",
+           "send"]

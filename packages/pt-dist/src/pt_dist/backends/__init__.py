@@ -53,10 +53,11 @@ def _shm(store, rank, size, timeout, group_name, secret, global_ranks):
 
 
 def _torch(name):
-    def create(store, rank, size, timeout, group_name, secret, global_ranks):
+    def create(store, rank, size, timeout, group_name, secret, global_ranks, **library_options):
+        """``library_options``: init_process_group's ``device_id`` and ``pg_options``, for torch's own group."""
         from pt_dist.backends.torch_adapter import TorchProcessGroup
 
-        return TorchProcessGroup.create(name, store, rank, size, timeout, group_name, global_ranks)
+        return TorchProcessGroup.create(name, store, rank, size, timeout, group_name, global_ranks, **library_options)
     return create
 
 

@@ -98,20 +98,25 @@ class TorchProcessGroup(ProcessGroup):
         self.backend, self.pg = backend, pg
 
     @classmethod
-    def create(cls, name, store, rank, size, timeout, group_name, global_ranks):
+    def create(cls, name, store, rank, size, timeout, group_name, global_ranks, device_id=None, pg_options=None):
         check_available(name)
         td = datetime.timedelta(seconds=timeout)
         if dist.is_initialized():
             raise DistError(f"backend {name!r}: torch.distributed already has a default group; call "
                             f"destroy_process_group first")
+        if name != "nccl":  # where it picks the GPU; bound to a gloo group, torch's new_group then calls a
+            device_id = None  # split gloo lacks (AttributeError: perform_nocolor_split, torch 2.15)
         if name == "mpi":
-            dist.init_process_group("mpi", timeout=td)
+            dist.init_process_group("mpi", timeout=td, pg_options=pg_options)
         else:
             if name == "nccl":
-                local = int(os.environ.get("LOCAL_RANK", rank))  # torchrun's; else ranks fill hosts in order
-                torch.cuda.set_device(local % torch.cuda.device_count())
+                if device_id is None:
+                    local = int(os.environ.get("LOCAL_RANK", rank))  # torchrun's; else ranks fill hosts in order
+                    torch.cuda.set_device(local % torch.cuda.device_count())
+                else:
+                    torch.cuda.set_device(device_id)
             dist.init_process_group(name, store=torch_store(store, rank, size, td), rank=rank, world_size=size,
-                                    timeout=td)
+                                    timeout=td, pg_options=pg_options, device_id=device_id)
         return cls(name, dist.group.WORLD, dist.get_rank(), dist.get_world_size(), group_name)
 
     @classmethod
