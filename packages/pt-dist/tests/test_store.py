@@ -203,3 +203,24 @@ def test_a_port_already_taken_is_a_clear_store_error():
     with pytest.raises(DistStoreError, match=f"cannot listen on 127.0.0.1:{first.port}.*another job"):
         TCPStore("127.0.0.1", first.port, 1, is_master=True, timeout=2, secret=SECRET)
     first.close()
+
+
+def test_a_forked_child_collecting_its_copy_leaves_the_parents_store_serving():
+    """DataLoader workers and ``os.fork()`` children inherit the master's server sockets. A child that exits through
+    ``sys.exit`` collects its copy of the store; shutting the shared sockets down there cut the parent's own
+    clients (every rank's next store call failed with "connection reset": new_group, destroy)."""
+    master = TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=5)
+    client = TCPStore("127.0.0.1", master.port, 2, timeout=5)
+    client.set("before", "1")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            client.close()
+            master.close()  # what garbage-collecting them in the child does (TCPStore.__del__)
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    client.set("after", "2")
+    assert master.get("before") == b"1" and client.get("after") == b"2"
+    client.close()
+    master.close()

@@ -12,6 +12,7 @@ import abc
 import datetime
 import errno
 import logging
+import os
 import socket
 import struct
 import threading
@@ -154,6 +155,7 @@ class _StoreServer:
         self._cond = threading.Condition()
         self._closed = False
         self._conns: set[socket.socket] = set()
+        self._pid = os.getpid()
 
     def start(self, secret: bytes) -> None:
         """Serve once the secret is known (a derived secret depends on the port just bound)."""
@@ -161,6 +163,10 @@ class _StoreServer:
         threading.Thread(target=self._accept_loop, name="pt_dist-store-accept", daemon=True).start()
 
     def close(self) -> None:
+        if os.getpid() != self._pid:  # a forked child (a DataLoader worker) collecting its copy: shutdown() would
+            for sock in [self._sock, *self._conns]:  # cut the parent's sockets too, so only drop our descriptors
+                sock.close()
+            return
         self._closed = True
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
