@@ -375,3 +375,35 @@ def test_monitored_barrier_names_the_ranks_that_did_not_arrive(backend):
     assert [r["sum"] for r in res] == [[3.0, 3.0]] * 3
     for r in res[:2]:
         assert r["took"] < 5, res
+
+
+def _misordered(rank, ws, backend):
+    import harness
+
+    util.join(rank, ws, backend, key=f"misordered-{backend}", timeout=3)
+    order = {0: [[0, 1], [1, 2]], 1: [[1, 2], [0, 1]], 2: [[0, 1], [1, 2]]}[rank]
+    got = None
+    try:
+        for ranks in order:
+            pt_dist.new_group(ranks)
+    except DistError as e:
+        got = str(e)
+    hs = harness.store()  # rank 2 gives up on the second group last
+    hs.add(f"misordered-{backend}", 1)
+    while hs.add(f"misordered-{backend}", 0) < ws:
+        time.sleep(0.01)
+    t = torch.ones(1)
+    pt_dist.all_reduce(t)  # the default group is untouched
+    util.leave()
+    return got, t.item()
+
+
+@pytest.mark.parametrize("backend", ["tcp", "gloo"])
+def test_new_group_called_in_different_orders_says_so(backend):
+    """Ranks that create the same groups in different orders used to meet the wrong peers in one store namespace
+    and time out on a mesh or store key, with a hint about loopback addresses; now members compare the rank lists."""
+    got = run_ranks(_misordered, 3, backend, backend=None, timeout=60)
+    assert [g[1] for g in got] == [3.0] * 3
+    assert "call 1 is ranks [0, 1] on rank 0 but [1,2] on rank 1" in got[0][0], got
+    assert "call 1 is ranks [1, 2] on rank 1 but [0,1] on rank 2" in got[1][0], got
+    assert "rank(s) [1] did not create 'group2' (ranks [1, 2]) within 3.0s" in got[2][0], got

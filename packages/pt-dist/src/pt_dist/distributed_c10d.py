@@ -14,11 +14,12 @@ import datetime
 import logging
 import os
 import secrets
+import time
 
 import torch
 
 from pt_dist.backends import Backend
-from pt_dist.errors import DistError
+from pt_dist.errors import DistError, DistStoreError
 from pt_dist.process_group import ProcessGroup, ReduceOp
 from pt_dist.rendezvous import rendezvous
 from pt_dist.store import PrefixStore, Store, TCPStore
@@ -163,6 +164,7 @@ def new_group(ranks=None, timeout=None, backend: str | None = None):
     group_name = f"group{_world.group_count}"
     me = world.rank()
     t = _seconds(timeout)
+    _check_same_call(group_name, ranks, me, t)
     if Backend.is_torch_backed(name):
         if not Backend.is_torch_backed(world.name()):
             raise ValueError(f"new_group: a {name!r} sub-group needs a torch-backed default group, the default is "
@@ -179,6 +181,30 @@ def new_group(ranks=None, timeout=None, backend: str | None = None):
                                    group_name, _world.secret, ranks)
     _world.ranks[pg] = ranks
     return pg
+
+
+def _check_same_call(group_name: str, ranks: list[int], me: int, timeout: float) -> None:
+    """Every rank posts which ranks its n-th new_group names; members compare, so ranks that create groups in
+    different orders raise at once, saying so, instead of meeting the wrong peers (or none) in one namespace."""
+    store, mine = PrefixStore(f"pt_dist/new_group/{group_name}", _world.store), ",".join(map(str, ranks))
+    store.set(str(me), mine)
+    if me not in ranks:
+        return
+    deadline = time.monotonic() + timeout
+    try:
+        store.wait([str(r) for r in ranks], timeout)
+    except DistStoreError:
+        if time.monotonic() < deadline:
+            raise  # the store itself failed, not a late rank
+        missing = [r for r in ranks if not store.check([str(r)])]
+        raise DistError(f"new_group: rank(s) {missing} did not create {group_name!r} (ranks {ranks}) within "
+                        f"{timeout:.1f}s; every rank must call new_group, in the same order") from None
+    for r in ranks:
+        theirs = store.get(str(r)).decode()
+        if theirs != mine:
+            raise DistError(f"new_group: ranks called new_group in different orders: call {group_name[5:]} is "
+                            f"ranks {ranks} on rank {me} but [{theirs}] on rank {r}; every rank must create the same "
+                            f"groups in the same order")
 
 
 def destroy_process_group(group=None) -> None:
