@@ -78,7 +78,8 @@ class PeerMesh:
         try:
             store.set(f"mesh/{rank}", f"{advertised_address(host, store)}:{listener.getsockname()[1]}")
             expected = 2 * (size - 1 - rank)
-            acceptor = threading.Thread(target=self._accept, args=(listener, secret, expected), daemon=True)
+            acceptor = threading.Thread(target=self._accept, args=(listener, secret, expected), daemon=True,
+                                        name=f"pt_dist-mesh-accept-{group_name}")
             acceptor.start()
             for peer in range(rank):
                 peer_host, port = store.get(f"mesh/{peer}").decode().rsplit(":", 1)
@@ -89,7 +90,15 @@ class PeerMesh:
             if missing:
                 raise DistError(f"group {group_name!r}: mesh setup timed out after {timeout:.1f}s; "
                                 f"{missing_text(missing)}{_loopback_hint(host)}")
+        except BaseException:  # a timeout, or Ctrl-C while waiting for a peer: release what is connected already
+            for sock in self.socks.values():
+                sock.close()
+            raise
         finally:
+            try:  # wakes the acceptor if setup failed half-way (a close alone leaves it blocked until the timeout)
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             listener.close()
         for (_, chan), sock in self.socks.items():
             wire.tune(sock)

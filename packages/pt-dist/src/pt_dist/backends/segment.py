@@ -59,8 +59,6 @@ def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeo
     if rank == 0:
         path = os.path.join(shm_dir(), f"pt_dist_{os.getpid()}_{secrets.token_hex(8)}")
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        os.ftruncate(fd, nbytes)
-        store.set(f"{key}/path", path)
     else:
         path = store.get(f"{key}/path").decode()
         try:
@@ -70,25 +68,38 @@ def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeo
             raise DistError(f"shm group {group_name!r}: rank {rank} cannot see rank 0's segment {path}; the 'shm' "
                             f"backend needs every rank on one host (and one /dev/shm): use 'tcp', 'gloo' or "
                             f"'nccl' across hosts") from None
+    mm = None
     try:
+        if rank == 0:
+            os.ftruncate(fd, nbytes)
+            store.set(f"{key}/path", path)
         mm = mmap.mmap(fd, nbytes)
+        store.add(f"{key}/attached", 1)
+        if rank == 0:
+            _wait_attached(store, size, key, path, timeout, group_name)
+    except BaseException:  # a peer missing, or Ctrl-C: the memory goes with the last descriptor and mapping
+        if mm is not None:
+            mm.close()
+        if keep_fd:
+            os.close(fd)
+        raise
     finally:
         if not keep_fd:
             os.close(fd)
-    store.add(f"{key}/attached", 1)
-    if rank == 0:
-        deadline = time.monotonic() + timeout
-        try:
-            while int(store.get(f"{key}/attached")) < size:
-                if store.check([f"{key}/missing"]):
-                    raise DistError(f"shm group {group_name!r}: rank {store.get(f'{key}/missing').decode()} cannot "
-                                    f"see this host's {path}; the 'shm' backend needs every rank on one host")
-                if time.monotonic() > deadline:
-                    raise DistError(f"shm group {group_name!r}: peers did not attach {path} within {timeout:.1f}s")
-                time.sleep(0.001)
-        finally:
+        if rank == 0:
             os.unlink(path)  # attached or given up on: the name is not needed any more either way
     return (mm, fd) if keep_fd else mm
+
+
+def _wait_attached(store, size: int, key: str, path: str, timeout: float, group_name: str) -> None:
+    deadline = time.monotonic() + timeout
+    while int(store.get(f"{key}/attached")) < size:
+        if store.check([f"{key}/missing"]):
+            raise DistError(f"shm group {group_name!r}: rank {store.get(f'{key}/missing').decode()} cannot "
+                            f"see this host's {path}; the 'shm' backend needs every rank on one host")
+        if time.monotonic() > deadline:
+            raise DistError(f"shm group {group_name!r}: peers did not attach {path} within {timeout:.1f}s")
+        time.sleep(0.001)
 
 
 class PageReservation:

@@ -78,13 +78,16 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
         self._epoch = 0
         self._store = store  # symmetric_empty maps its heap through it, on first use
         self._cma = cma.CrossMemory()
-        # every rank must pass the same single_copy: the probe is itself a rendezvous
-        self._use_cma = single_copy and cma.probe(self._cma, store, rank, size, "shm/cma")
+        try:  # two rendezvous (every rank passes the same single_copy): a peer missing, or Ctrl-C, frees the segment
+            self._use_cma = single_copy and cma.probe(self._cma, store, rank, size, "shm/cma")
+            self.mesh = PeerMesh(store, rank, size, secret, timeout, group_name)
+        except BaseException:
+            self._pages.close()
+            raise
         if single_copy and not self._use_cma and size > 1 and rank == 0:
             logger.info("shm group %r: a rank may not read its peers' memory (process_vm_readv); large "
                         "collectives stage through shared memory instead", group_name)
         self._scratch = torch.empty(0, dtype=torch.uint8)
-        self.mesh = PeerMesh(store, rank, size, secret, timeout, group_name)
         self._pids = None
         self._oversubscribed = size > len(os.sched_getaffinity(0))
         # True after a collective whose ranks read peers' slots after its last barrier: the next one that
