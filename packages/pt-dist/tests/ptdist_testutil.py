@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import os
 import random
 import socket
 
@@ -27,6 +28,16 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError("no free port found in 20000-32000")
+
+
+def open_segments() -> list[str]:
+    """This process's descriptors and mappings of pt_dist's shared-memory segments (an unlinked segment's memory
+    stays held while either is left)."""
+    fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+           if os.path.exists(f"/proc/self/fd/{fd}")]
+    with open("/proc/self/maps") as maps:
+        mapped = [line.split(None, 5)[-1].strip() for line in maps]
+    return [f"fd {f}" for f in fds if "pt_dist_" in f] + [f"mapped {m}" for m in mapped if "pt_dist_" in m]
 
 
 def join(rank: int, world_size: int, backend: str, timeout: float = 30.0, key: str = "ptd", **init_kwargs) -> None:

@@ -364,13 +364,6 @@ def test_a_p2p_channel_cut_mid_message_refuses_what_follows():
         g.shutdown()
 
 
-def _segments() -> list[str]:
-    """This process's descriptors on shared-memory segments (unlinked ones still hold their memory)."""
-    links = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
-             if os.path.exists(f"/proc/self/fd/{fd}")]
-    return [link for link in links if "pt_dist_" in link]
-
-
 def _interrupted_setup(rank, world_size, backend, path):
     import signal
 
@@ -383,7 +376,7 @@ def _interrupted_setup(rank, world_size, backend, path):
         pass
     timer.join()
     time.sleep(0.3)
-    left = [t.name for t in set(threading.enumerate()) - before] + _segments()
+    left = [t.name for t in set(threading.enumerate()) - before] + util.open_segments()
     pt_dist.init_process_group(backend, init_method=f"file://{path}.retry", rank=0, world_size=1, timeout=5)
     t = torch.ones(2)
     pt_dist.all_reduce(t)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -53,6 +54,9 @@ def _symmetric(rank, world_size):
     with pytest.raises(ValueError, match="needs an 'shm' group"):
         pt_dist.symmetric_empty(4, group=tcp)
     util.leave()
+    del t, m, sym
+    gc.collect()
+    out["segments left"] = util.open_segments()  # the heap's descriptor once stayed open: its pages stayed held
     return out
 
 
@@ -140,6 +144,7 @@ def test_symmetric_all_reduce_matches_reference_and_ranks_agree():
         for other in results[1:]:
             assert torch.equal(other[key], got), f"{key}: ranks disagree bitwise"
     for res in results:
+        assert res["segments left"] == [], res["segments left"]
         assert torch.equal(res["matrix"], torch.full((6, 7), 6.0))
         assert res["mismatch"] is not None and "symmetric@" in res["mismatch"], res["mismatch"]
         assert res["after"] == [3.0] * 5

@@ -52,6 +52,12 @@ class SymmetricHeap:
         self._next += padded
         return offset
 
+    def close(self) -> None:
+        """With the group: the mapping lives on while tensors view it; the descriptor would hold the pages after."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
     def view(self, rank: int, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         start = rank * self.per_rank + offset
         return self._bytes[start:start + numel * dtype.itemsize].view(dtype)
@@ -81,6 +87,11 @@ class SymmetricCollectives:
         numel = math.prod(shape)
         offset = self._heap.allocate(numel * dtype.itemsize)
         return self._heap.view(self._rank, offset, numel, dtype).view(shape)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self._heap is not None:
+            self._heap.close()
 
     def _symmetric_offset(self, t: torch.Tensor) -> int | None:
         return self._heap.offset_of(t) if self._heap is not None and self._size > 1 else None
