@@ -38,7 +38,23 @@ def _script(s) -> list:
     out += [s.compare_set("a", "1", "3"), s.get("a")]                       # unequal: current value back
     out += [s.set("b", b"\x00\xff"), s.get("b"), s.check(["a", "b"]), s.check(["a", "zz"])]
     out += [s.delete_key("b"), s.delete_key("b"), s.check(["b"])]
+    out += [s.append("ap", "x"), s.append("ap", b"\x00yz"), s.get("ap")]     # append creates, then extends
+    out += [s.multi_set(["m1", "m2"], ["1", b"2"]), s.multi_get(["m1", "m2", "a"])]
     return [x.encode() if isinstance(x, str) else x for x in out]
+
+
+def test_add_on_a_key_without_an_integer_is_an_error_and_the_store_goes_on(store):
+    """The server used to drop the connection ("connection reset"), as torch's own does."""
+    store.set("word", "hello")
+    with pytest.raises(ValueError, match="add\\('word'\\): the key holds b'hello', not an integer"):
+        store.add("word", 1)
+    assert store.get("word") == b"hello" and store.add("n", 2) == 2
+    with pytest.raises(ValueError, match="2 keys but 1 values"):
+        store.multi_set(["x", "y"], ["1"])
+    if isinstance(store, TCPStore):  # refused before sending (the server drops frames over its limit)
+        with pytest.raises(ValueError, match="exceeds the store's 67108864-byte frame limit"):
+            store.set("big", bytes(64 << 20))
+        assert store.get("word") == b"hello"
 
 
 def test_store_semantics_match_torch_tcpstore(store):

@@ -17,7 +17,8 @@ import time
 
 from pt_dist import wire
 from pt_dist.errors import DistStoreError
-from pt_dist.store import _ARITY, ADD, CAS, DEFAULT_TIMEOUT, DELETE, SET, Store, _apply, _b, _seconds
+from pt_dist.store import DEFAULT_TIMEOUT, Store, _b, _seconds
+from pt_dist.store_server import _ARITY, ADD, APPEND, CAS, DELETE, MULTI_SET, SET, _apply, check_pairs
 
 _INTERNAL = b"\x00pt_dist/"  # bookkeeping keys, invisible to num_keys
 _USERS, _DONE, _OPENS = _INTERNAL + b"users", _INTERNAL + b"done", _INTERNAL + b"opens"
@@ -137,6 +138,13 @@ class FileStore(Store):
 
     def delete_key(self, key):
         return self._locked(DELETE, (_b(key),)) == b"\x01"
+
+    def append(self, key, value):
+        self._locked(APPEND, (_b(key), _b(value)))
+
+    def multi_set(self, keys, values):
+        check_pairs(keys, values)
+        self._locked(MULTI_SET, (wire.pack_fields(*map(_b, keys)), wire.pack_fields(*map(_b, values))))
 
     def num_keys(self):
         self._locked(None)

@@ -2,7 +2,8 @@
 
 Mirrors c10d's Store API (torch/csrc/distributed/c10d/Store.hpp): ``set``/``get`` (blocking until the key
 exists), ``add`` (atomic counter stored as decimal text), ``compare_set``, ``wait``, ``delete_key``,
-``num_keys``. The TCPStore master runs a small threaded server; every connection must first pass the
+``num_keys``, ``append``, ``multi_set``/``multi_get``. The TCPStore master runs a small threaded server
+(``store_server.py``); every connection must first pass the
 shared-secret handshake in ``wire.py``, and a malformed frame closes only that connection.
 """
 
@@ -10,9 +11,7 @@ from __future__ import annotations
 
 import abc
 import datetime
-import errno
 import logging
-import os
 import socket
 import struct
 import threading
@@ -20,13 +19,27 @@ import time
 
 from pt_dist import wire
 from pt_dist.errors import DistStoreError
+from pt_dist.store_server import (
+    ADD,
+    APPEND,
+    CAS,
+    CHECK,
+    DELETE,
+    GET,
+    MAX_FRAME,
+    MULTI_SET,
+    NUM_KEYS,
+    SET,
+    WAIT,
+    StoreServer,
+    StoreValueError,
+    check_pairs,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
-MAX_FRAME = 64 << 20
 _WORKERS_KEY = "__pt_dist_store_workers__"
-SET, GET, ADD, CAS, WAIT, DELETE, NUM_KEYS, CHECK = range(1, 9)
 
 
 def _seconds(timeout) -> float:
@@ -77,6 +90,18 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def num_keys(self) -> int: ...
 
+    def append(self, key: str, value) -> None:
+        """Add ``value`` to the end of ``key``'s value (created if absent), atomically."""
+        raise NotImplementedError(f"{type(self).__name__} has no append")
+
+    def multi_set(self, keys: list[str], values: list) -> None:
+        """Set every key at once (one request, so no rank sees half of them)."""
+        raise NotImplementedError(f"{type(self).__name__} has no multi_set")
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        """Every key's value, each waited for as ``get`` does."""
+        return [self.get(k) for k in keys]
+
 
 class PrefixStore(Store):
     """Namespaces another store (c10d PrefixStore): each process group gets its own key space."""
@@ -112,122 +137,11 @@ class PrefixStore(Store):
     def num_keys(self):
         return self.underlying_store.num_keys()
 
+    def append(self, key, value):
+        self.underlying_store.append(self._k(key), value)
 
-def _apply(data: dict, cmd: int, fields: list[bytes]) -> bytes:
-    """The store semantics shared by the TCP server and the file log (all non-blocking commands)."""
-    if cmd == SET:
-        data[fields[0]] = fields[1]
-        return b""
-    if cmd == ADD:
-        value = int(data.get(fields[0], b"0")) + struct.unpack("<q", fields[1])[0]
-        data[fields[0]] = str(value).encode()
-        return struct.pack("<q", value)
-    if cmd == CAS:
-        key, expected, desired = fields
-        if key not in data:
-            if expected:
-                return expected
-            data[key] = desired
-            return desired
-        if data[key] == expected:
-            data[key] = desired
-        return data[key]
-    if cmd == DELETE:
-        return b"\x01" if data.pop(fields[0], None) is not None else b"\x00"
-    raise wire.ProtocolError(f"unknown store command {cmd}")
-
-
-_ARITY = {SET: 2, GET: 2, ADD: 2, CAS: 3, WAIT: 2, DELETE: 1, NUM_KEYS: 0, CHECK: 1}
-
-
-class _StoreServer:
-    """The master's server: accept thread + one thread per authenticated client."""
-
-    def __init__(self, host: str, port: int):
-        try:
-            self._sock = wire.listen(host, port, backlog=128)
-        except OSError as e:
-            hint = (" (another job, or an earlier run still exiting, holds it: choose another MASTER_PORT / tcp:// "
-                    "port, or 0 for a free one)" if e.errno == errno.EADDRINUSE else "")
-            raise DistStoreError(f"TCPStore: cannot listen on {host}:{port}: {e.strerror or e}{hint}") from e
-        self.port = self._sock.getsockname()[1]
-        self._data: dict[bytes, bytes] = {}
-        self._cond = threading.Condition()
-        self._closed = False
-        self._conns: set[socket.socket] = set()
-        self._pid = os.getpid()
-
-    def start(self, secret: bytes) -> None:
-        """Serve once the secret is known (a derived secret depends on the port just bound)."""
-        self._secret = secret
-        threading.Thread(target=self._accept_loop, name="pt_dist-store-accept", daemon=True).start()
-
-    def close(self) -> None:
-        if os.getpid() != self._pid:  # a forked child (a DataLoader worker) collecting its copy: shutdown() would
-            for sock in [self._sock, *self._conns]:  # cut the parent's sockets too, so only drop our descriptors
-                sock.close()
-            return
-        self._closed = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
-        for conn in list(self._conns):
-            try:  # shutdown, not just close: it wakes the thread reading it and tells the client at once
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            conn.close()
-
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), name="pt_dist-store-conn", daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        self._conns.add(conn)
-        try:
-            conn.settimeout(wire.HANDSHAKE_TIMEOUT)
-            wire.server_handshake(conn, self._secret)
-            conn.settimeout(None)
-            wire.tune(conn, 1 << 20)
-            while True:
-                frame = wire.recv_frame(conn, MAX_FRAME)
-                if not frame:
-                    raise wire.ProtocolError("empty frame")
-                cmd = frame[0]
-                if cmd not in _ARITY:
-                    raise wire.ProtocolError(f"unknown store command {cmd}")
-                wire.send_frame(conn, self._handle(cmd, wire.unpack_fields(frame[1:], _ARITY[cmd])))
-        except (wire.ProtocolError, struct.error, ValueError) as e:
-            log.warning("pt_dist store: dropping a connection: %s", e)
-        except OSError:
-            pass
-        finally:
-            self._conns.discard(conn)
-            conn.close()
-
-    def _handle(self, cmd: int, fields: list[bytes]) -> bytes:
-        with self._cond:
-            if cmd in (GET, WAIT):
-                keys = [fields[0]] if cmd == GET else wire.unpack_all(fields[0])
-                (timeout,) = struct.unpack("<d", fields[1])
-                ok = self._cond.wait_for(lambda: all(k in self._data for k in keys), timeout=timeout)
-                if not ok:
-                    return b"\x00"
-                return b"\x01" + (self._data[keys[0]] if cmd == GET else b"")
-            if cmd == NUM_KEYS:
-                return struct.pack("<q", len(self._data))
-            if cmd == CHECK:
-                keys = wire.unpack_all(fields[0])
-                return b"\x01" if all(k in self._data for k in keys) else b"\x00"
-            out = _apply(self._data, cmd, fields)
-            self._cond.notify_all()
-            return out
+    def multi_set(self, keys, values):
+        self.underlying_store.multi_set([self._k(k) for k in keys], values)
 
 
 class TCPStore(Store):
@@ -246,7 +160,7 @@ class TCPStore(Store):
         if world_size is not None and world_size < 1:
             raise ValueError(f"TCPStore: world_size must be >= 1, got {world_size}")
         self.host = host_name
-        self._server = _StoreServer(host_name, port) if is_master else None
+        self._server = StoreServer(host_name, port) if is_master else None
         self.port = self._server.port if is_master else port
         self._secret = wire.resolve_secret(secret, f"{host_name}:{self.port}")
         if self._server is not None:
@@ -287,20 +201,26 @@ class TCPStore(Store):
 
     def _call(self, cmd: int, *fields: bytes, wait_s: float = 0.0) -> bytes:
         """One request on an idle connection; a thread blocked in ``get`` never stalls another thread's ``set``."""
+        request = bytes([cmd]) + wire.pack_fields(*fields)
+        if len(request) > MAX_FRAME:  # the server would drop the connection: say why here, before sending
+            raise ValueError(f"TCPStore: a request of {len(request)} bytes exceeds the store's {MAX_FRAME}-byte "
+                             f"frame limit; the store is for rendezvous metadata, move tensors with collectives")
         with self._lock:
             sock = self._idle.pop() if self._idle else None
         if sock is None:
             sock = self._connect()
         try:
             sock.settimeout(wait_s + max(30.0, self._timeout))
-            wire.send_frame(sock, bytes([cmd]) + wire.pack_fields(*fields))
+            wire.send_frame(sock, request)
             reply = wire.recv_frame(sock, MAX_FRAME + 16)
         except (OSError, wire.ProtocolError) as e:
             sock.close()
             raise DistStoreError(f"TCPStore {self.host}:{self.port}: connection to the store failed: {e!r}") from None
         with self._lock:
             self._idle.append(sock)
-        return reply
+        if reply[:1] == b"\x01":
+            raise StoreValueError(f"TCPStore {self.host}:{self.port}: {reply[1:].decode(errors='replace')}")
+        return reply[1:]
 
     def _wait_workers(self, world_size: int) -> None:
         deadline = time.monotonic() + self._timeout
@@ -339,6 +259,13 @@ class TCPStore(Store):
 
     def num_keys(self):
         return struct.unpack("<q", self._call(NUM_KEYS))[0]
+
+    def append(self, key, value):
+        self._call(APPEND, _b(key), _b(value))
+
+    def multi_set(self, keys, values):
+        check_pairs(keys, values)
+        self._call(MULTI_SET, wire.pack_fields(*map(_b, keys)), wire.pack_fields(*map(_b, values)))
 
     @property
     def is_master(self) -> bool:
