@@ -260,12 +260,12 @@ def _two_tcp_groups(name: str, timeout: float = 10.0, **kwargs) -> list:
 def test_p2p_survives_an_unexpected_error_and_checks_tags_first(monkeypatch):
     """An error inside a p2p thread reaches the caller's Work (it once killed the thread, leaving that Work and every
     later send to the peer pending forever); a tag c10d could not carry is refused before anything is queued."""
-    from pt_dist.backends import mesh
+    from pt_dist.backends import p2p
 
     groups = _two_tcp_groups("p2p")
     with pytest.raises(ValueError, match="tag must be an int"):
         groups[0].send(torch.ones(2), 1, tag=2**63)
-    real, calls = mesh.byte_view, []
+    real, calls = p2p.byte_view, []
 
     def flaky(t):
         calls.append(1)
@@ -273,7 +273,7 @@ def test_p2p_survives_an_unexpected_error_and_checks_tags_first(monkeypatch):
             raise RuntimeError("planted failure")
         return real(t)
 
-    monkeypatch.setattr(mesh, "byte_view", flaky)
+    monkeypatch.setattr(p2p, "byte_view", flaky)
     with pytest.raises(RuntimeError, match="planted failure"):
         groups[0].send(torch.ones(2), 1).wait(timeout=10)
     got = torch.zeros(2)

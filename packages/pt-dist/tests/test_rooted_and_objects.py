@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pt_dist
@@ -18,6 +19,7 @@ import pytest
 import torch
 from pt_dist import DistError
 
+import harness
 from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -184,6 +186,65 @@ def test_batch_isend_irecv(backend):
         left = (rank - 1) % ws
         assert res["ring"] == (left, left, True)
         assert res["pipeline"] == {p: (True, True) for p in (rank - 1, rank + 1) if 0 <= p < ws}
+
+
+def _tags(rank, world_size, backend):
+    """Receives match messages by tag, as gloo's and MPI's do, not by the order they were posted in."""
+    util.join(rank, world_size, backend, timeout=3, key=f"tags-{backend}")
+    big = 1 << 18  # 1 MiB: more than the socket buffers hold
+    out = {}
+    if rank == 0:
+        for tag, n in ((1, 3), (2, big), (3, 5)):
+            pt_dist.send(torch.full((n,), float(tag)), 1, tag=tag)
+        for v in (10.0, 20.0):  # one tag twice: received in the order sent
+            pt_dist.send(torch.full((2,), v), 1, tag=5)
+        pt_dist.send(torch.ones(1), 1, tag=6)
+        pt_dist.recv(torch.zeros(1), 1, tag=7)  # rank 1 answers once tag 6 has arrived ...
+        pt_dist.send(torch.full((4,), 8.0), 1, tag=8)  # ... and only then is tag 8 sent
+        if backend != "gloo":
+            pt_dist.send(torch.ones(10), 1, tag=9)
+            pt_dist.send(torch.full((3,), 4.0), 1, tag=4)
+        harness.store().get(f"tags-{backend}-done")  # rank 1 spends the group timeout on purpose: wait it out
+    else:
+        got = {tag: torch.zeros(n) for tag, n in ((3, 5), (2, big), (1, 3))}
+        works = {tag: pt_dist.irecv(t, 0, tag=tag) for tag, t in got.items()}  # posted in reverse order
+        for w in works.values():
+            w.wait()
+        out["reversed"] = {tag: t.unique().tolist() for tag, t in got.items()}
+        first, second = torch.zeros(2), torch.zeros(2)
+        w1, w2 = pt_dist.irecv(first, 0, tag=5), pt_dist.irecv(second, 0, tag=5)
+        w2.wait(), w1.wait()
+        out["one tag"] = (first[0].item(), second[0].item())
+        late = torch.zeros(4)
+        w8 = pt_dist.irecv(late, 0, tag=8)  # posted first, its message comes only after tag 6's reply
+        pt_dist.recv(torch.zeros(1), 0, tag=6)
+        pt_dist.send(torch.ones(1), 0, tag=7)
+        w8.wait()
+        out["causal"] = late[0].item()
+        if backend != "gloo":
+            t0 = time.monotonic()
+            with pytest.raises(DistError, match="nothing arrived from rank 0 with tag=11 within 3.0s"):
+                pt_dist.irecv(torch.zeros(1), 0, tag=11).wait()
+            out["timed out after"] = round(time.monotonic() - t0)
+            with pytest.raises(DistError, match="rank 0 sent tag=9 torch.float32 x 40 bytes, this receive expects"):
+                pt_dist.recv(torch.zeros(5), 0, tag=9)
+            t = torch.zeros(3)
+            pt_dist.recv(t, 0, tag=4)  # the channel is still in step after both
+            out["after"] = t.tolist()
+        harness.store().set(f"tags-{backend}-done", "1")
+    util.leave()
+    return out
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
+def test_receives_match_by_tag(backend):
+    """The native backends once took messages in arrival order: a receive posted for another tag than the next
+    message raised, and one waiting for a message sent only later (tag 8 here) blocked the others behind it."""
+    res = run_ranks(_tags, 2, backend, backend=None, timeout=120)[1]
+    assert res["reversed"] == {3: [3.0], 2: [2.0], 1: [1.0]} and res["one tag"] == (10.0, 20.0)
+    assert res["causal"] == 8.0
+    if backend != "gloo":
+        assert res["timed out after"] in (3, 4) and res["after"] == [4.0] * 3, res
 
 
 def _bad_arguments(rank, world_size, backend):

@@ -14,8 +14,8 @@ import pickle
 import torch
 
 from pt_dist import distributed_c10d as c10d
-from pt_dist.backends.mesh import byte_view
 from pt_dist.distributed_c10d import GroupMember
+from pt_dist.wire import byte_view
 
 __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"]
 

@@ -8,11 +8,14 @@ tensor nor reach a parser. Frames are plain length-prefixed binary (no pickle an
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import hmac
 import os
 import socket
 import struct
+
+import torch
 
 MAGIC = b"PTD1"
 NONCE_BYTES = 16
@@ -133,3 +136,16 @@ def tune(sock: socket.socket, bufsize: int = 4 << 20) -> None:
             sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
         except OSError:
             pass
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor's storage (zero-size tensors give an empty view).
+
+    Through ctypes rather than ``Tensor.numpy()``: torch does not depend on numpy, so neither do we."""
+    if t.numel() == 0:
+        return memoryview(bytearray(0))
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError(f"byte_view needs a contiguous CPU tensor, got {t.dtype}{list(t.shape)} on {t.device}")
+    raw = (ctypes.c_ubyte * (t.numel() * t.element_size())).from_address(t.data_ptr())
+    raw._tensor = t  # the view keeps the tensor's memory alive
+    return memoryview(raw).cast("B")

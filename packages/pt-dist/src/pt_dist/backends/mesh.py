@@ -11,8 +11,6 @@ closed once the mesh is complete. Collectives use ``sendrecv`` (full-duplex stre
 
 from __future__ import annotations
 
-import ctypes
-import queue
 import select
 import selectors
 import socket
@@ -23,11 +21,11 @@ import time
 import torch
 
 from pt_dist import wire
+from pt_dist.backends.p2p import P2PChannels
 from pt_dist.errors import DistError, missing_text
 from pt_dist.work import Work
 
 COLL, P2P = 0, 1
-_P2P_HEAD = struct.Struct("<qq16s")
 MAX_HEADER = 1 << 16
 
 
@@ -51,27 +49,13 @@ def _loopback_hint(host: str) -> str:
             "(or this host's address) for every rank")
 
 
-def byte_view(t: torch.Tensor) -> memoryview:
-    """A writable byte view of a contiguous CPU tensor's storage (zero-size tensors give an empty view).
-
-    Through ctypes rather than ``Tensor.numpy()``: torch does not depend on numpy, so neither do we."""
-    if t.numel() == 0:
-        return memoryview(bytearray(0))
-    if not t.is_contiguous() or t.device.type != "cpu":
-        raise ValueError(f"byte_view needs a contiguous CPU tensor, got {t.dtype}{list(t.shape)} on {t.device}")
-    raw = (ctypes.c_ubyte * (t.numel() * t.element_size())).from_address(t.data_ptr())
-    raw._tensor = t  # the view keeps the tensor's memory alive
-    return memoryview(raw).cast("B")
-
-
 class PeerMesh:
     def __init__(self, store, rank: int, size: int, secret: bytes, timeout: float, group_name: str,
                  host: str = "127.0.0.1"):
         self.rank, self.size, self.timeout, self.group_name = rank, size, timeout, group_name
         self.socks: dict[tuple[int, int], socket.socket] = {}
-        self._p2p_queues: dict[tuple[str, int], queue.Queue] = {}
-        self._p2p_threads: list[threading.Thread] = []
         self._closed = False
+        self.channels = P2PChannels({}, group_name, timeout, self._fail)
         if size == 1:
             return
         listener = wire.listen(host, 0, backlog=4 * size)
@@ -100,11 +84,12 @@ class PeerMesh:
             except OSError:
                 pass
             listener.close()
-        for (_, chan), sock in self.socks.items():
+        for (peer, chan), sock in self.socks.items():
             wire.tune(sock)
             sock.setblocking(chan != COLL)
             if chan == P2P:
                 sock.settimeout(timeout)
+                self.channels.add_peer(peer, sock)
 
     def _accept(self, listener: socket.socket, secret: bytes, expected: int) -> None:
         deadline = time.monotonic() + self.timeout
@@ -143,19 +128,14 @@ class PeerMesh:
 
     def close(self) -> None:
         self._closed = True
+        self.channels.stop()
         for sock in self.socks.values():
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             sock.close()
-        for q in self._p2p_queues.values():
-            q.put(None)
-        # wait for the p2p threads to drop their last tensors: a daemon thread still freeing one while the
-        # interpreter exits is killed inside torch's C++ destructor, which aborts the process
-        for th in self._p2p_threads:
-            if th is not threading.current_thread():
-                th.join(5.0)
+        self.channels.join()
 
     # collectives ---------------------------------------------------------------------------------
     def _fail(self, op: str, why: str, peers) -> DistError:
@@ -265,54 +245,9 @@ class PeerMesh:
 
     # point to point ------------------------------------------------------------------------------
     def p2p(self, kind: str, t: torch.Tensor, peer: int, tag: int, copy_back=None) -> Work:
-        """Queue on the (kind, peer) thread: sends to one peer stay ordered, as do receives from one peer."""
+        """Sends to one peer stay ordered; receives match by tag (``p2p.py``)."""
         if self._closed:
             raise DistError(f"{kind} on group {self.group_name!r}: the group was shut down or failed")
-        work = Work(kind)
-        key = (kind, peer)
-        if key not in self._p2p_queues:
-            self._p2p_queues[key] = queue.Queue()
-            th = threading.Thread(target=self._p2p_loop, args=(key,), daemon=True, name=f"pt_dist-{kind}-{peer}")
-            self._p2p_threads.append(th)
-            th.start()
-        self._p2p_queues[key].put((work, t, tag, copy_back))
-        return work
-
-    def _p2p_loop(self, key) -> None:
-        kind, peer = key
-        sock = self.socks[(peer, P2P)]
-        broken = None  # set by a transport failure: the byte stream may be cut mid-message, so refuse what follows
-        while True:
-            item = self._p2p_queues[key].get()
-            if item is None:
-                return
-            work, t, tag, copy_back = item
-            try:
-                if broken:
-                    raise DistError(f"{kind} on group {self.group_name!r}: the channel with rank {peer} is unusable "
-                                    f"after an earlier failure ({broken})")
-                view = byte_view(t)
-                dtype = str(t.dtype).encode()[:16]
-                if kind == "send":
-                    sock.sendall(_P2P_HEAD.pack(tag, len(view), dtype))
-                    sock.sendall(view)
-                else:
-                    ptag, nbytes, pdtype = _P2P_HEAD.unpack(wire.recv_exact(sock, _P2P_HEAD.size))
-                    if (ptag, nbytes, pdtype.rstrip(b"\0")) != (tag, len(view), dtype):
-                        wire.recv_exact(sock, nbytes)  # drain so the channel stays in step
-                        raise DistError(f"recv on group {self.group_name!r}: rank {peer} sent tag={ptag} "
-                                        f"{pdtype.rstrip(bytes(1)).decode()} x {nbytes} bytes, expected tag={tag} "
-                                        f"{t.dtype} x {len(view)} bytes")
-                    wire.recv_into_exact(sock, view)
-                    if copy_back is not None:
-                        with torch.inference_mode():  # the caller's tensor may be an inference tensor
-                            copy_back.copy_(t)
-                work._finish([copy_back if copy_back is not None else t])
-            except DistError as e:
-                work._finish(exc=e)
-            except (OSError, ConnectionError) as e:
-                broken = repr(e)
-                work._finish(exc=self._fail(kind, f"peer rank {peer} failed or timed out ({e!r})", [peer]))
-            except Exception as e:  # noqa: BLE001 - anything else goes to the caller; the thread must live on
-                work._finish(exc=e)
-            item = work = t = view = copy_back = None  # hold no caller's tensor while idle
+        if kind == "send":
+            return self.channels.send(t, peer, tag)
+        return self.channels.recv(t, peer, tag, copy_back)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 
 from pt_dist.backends.base import NativeProcessGroup
-from pt_dist.backends.mesh import PeerMesh, byte_view
+from pt_dist.backends.mesh import PeerMesh
 from pt_dist.process_group import ReduceOp, combine_, finish_avg_
+from pt_dist.wire import byte_view
 
 CHUNK_BYTES = 1 << 20
 
