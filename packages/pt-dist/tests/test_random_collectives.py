@@ -91,7 +91,8 @@ def _random_run(rank, world, seed, backend, symmetric):
         for case in range(30):
             n, dtype = rng.choice(SIZES), rng.choice(DTYPES)
             op = rng.choice([ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT]
-                            + ([ReduceOp.AVG] if dtype.is_floating_point else []))
+                            + ([ReduceOp.AVG] if dtype.is_floating_point else
+                               [ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]))
             g = torch.Generator().manual_seed(seed * 1000 + case)
             xs = [torch.randint(-3, 4, (n,), generator=g).to(dtype) for _ in range(world)]
             got, want = _one(rng, rank, world, xs, op, place)
