@@ -208,6 +208,7 @@ def _nccl(rank, world_size):
     pt_dist.reduce_scatter_tensor(rs, torch.ones(2000, device=dev))
     objs = [None, None]  # the object collectives move their bytes as CUDA tensors under NCCL
     pt_dist.all_gather_object(objs, {"rank": rank})
+    pt_dist.barrier(device_ids=[torch.cuda.current_device()])
     util.leave()
     return t[0].item(), out.view(2, -1)[:, 0].tolist(), rs[0].item(), objs
 

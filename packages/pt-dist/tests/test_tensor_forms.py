@@ -107,6 +107,9 @@ def _lists(rank, ws, backend):
             if async_op:
                 work.wait()
             assert torch.equal(out, torch.full((2, 3), float((ws - 1) * 10 + rank))), (backend, rank, out)
+        pt_dist.barrier(device_ids=[0])  # what NCCL scripts pass; CPU backends take it too
+        with pytest.raises(ValueError, match="device_ids must be a list of ints"):
+            pt_dist.barrier(device_ids=0)
         with pytest.raises(ValueError, match="input_tensor_list must be a list of group size"):
             pt_dist.all_to_all([torch.zeros(1)] * ws, [torch.zeros(1)] * (ws + 1))
         with pytest.raises(ValueError, match=r"input_list\[1\] has shape"):

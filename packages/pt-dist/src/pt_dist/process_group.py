@@ -156,7 +156,7 @@ class ProcessGroup(abc.ABC):
         """Start receiving into ``tensor`` from ``src``."""
 
     @abc.abstractmethod
-    def barrier(self, async_op: bool = False) -> Work: ...
+    def barrier(self, async_op: bool = False, device_ids: list[int] | None = None) -> Work: ...
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook; adapters have nothing to release
         """Release sockets, shared memory and threads."""

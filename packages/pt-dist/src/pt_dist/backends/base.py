@@ -348,7 +348,7 @@ class NativeProcessGroup(ProcessGroup):
                              f"summing to dim 0 ({rows})")
         return sizes
 
-    def barrier(self, async_op=False):
+    def barrier(self, async_op=False, device_ids=None):  # CPU only: no device to pick
         return self._launch("barrier", lambda _: self._barrier(), async_op)
 
     def send(self, tensor, dst, tag=0):

@@ -262,5 +262,6 @@ class TorchProcessGroup(ProcessGroup):
         return self._run("recv", lambda: dist.irecv(buf, self._g(src), group=self.pg, tag=tag), [tensor], True,
                          back)
 
-    def barrier(self, async_op=False):
-        return self._run("barrier", lambda: dist.barrier(group=self.pg, async_op=True), [], async_op)
+    def barrier(self, async_op=False, device_ids=None):
+        return self._run("barrier", lambda: dist.barrier(group=self.pg, async_op=True, device_ids=device_ids), [],
+                         async_op)
