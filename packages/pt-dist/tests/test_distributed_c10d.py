@@ -405,6 +405,35 @@ def test_new_group_called_in_different_orders_says_so(backend):
     and time out on a mesh or store key, with a hint about loopback addresses; now members compare the rank lists."""
     got = run_ranks(_misordered, 3, backend, backend=None, timeout=60)
     assert [g[1] for g in got] == [3.0] * 3
-    assert "call 1 is ranks [0, 1] on rank 0 but [1,2] on rank 1" in got[0][0], got
-    assert "call 1 is ranks [1, 2] on rank 1 but [0,1] on rank 2" in got[1][0], got
+    assert "the call that makes 'group1' is ranks [0, 1] on rank 0 but [1,2] on rank 1" in got[0][0], got
+    assert "the call that makes 'group1' is ranks [1, 2] on rank 1 but [0,1] on rank 2" in got[1][0], got
     assert "rank(s) [1] did not create 'group2' (ranks [1, 2]) within 3.0s" in got[2][0], got
+
+
+def _local_sync(rank, ws, backend):
+    util.join(rank, ws, backend, key=f"localsync-{backend}")
+    got = {}
+
+    def every():  # the usual kind, which every rank creates
+        t = torch.ones(1)
+        pt_dist.all_reduce(t, group=pt_dist.new_group())
+        got["every"] = t.item()
+
+    if backend == "gloo":  # torch 2.15 counts local-sync groups on their members only: create them last there
+        every()
+    if rank in (0, 1):  # rank 2 never calls: Megatron builds its many groups this way
+        pair = pt_dist.new_group([1, 0], use_local_synchronization=True, group_desc="pair")
+        t = torch.full((2,), rank + 1.0)
+        pt_dist.all_reduce(t, group=pair)
+        got["pair"] = (t.tolist(), pair.group_desc, pt_dist.get_process_group_ranks(pair))
+    if backend != "gloo":  # ours names them apart: all ranks still agree on the next group's name
+        every()
+    util.leave()
+    return got
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
+def test_new_group_with_local_synchronization_is_called_by_members_only(backend):
+    res = run_ranks(_local_sync, 3, backend, backend=None, timeout=90)
+    assert [r["every"] for r in res] == [3.0] * 3
+    assert res[0]["pair"] == res[1]["pair"] == ([3.0, 3.0], "pair", [0, 1]) and "pair" not in res[2]

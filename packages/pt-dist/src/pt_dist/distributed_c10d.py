@@ -40,6 +40,7 @@ class _World:
         self.timeout = default_pg_timeout.total_seconds()
         self.ranks: dict[ProcessGroup, list[int]] = {}  # group -> global ranks, by group rank
         self.group_count = 0
+        self.local_counts: dict[tuple[int, ...], int] = {}  # new_group(use_local_synchronization=True) per ranks
 
 
 _world = _World()
@@ -93,26 +94,27 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             store.close()  # a failed init must not keep the port (or file) from the next attempt
         raise
     _world.store, _world.secret, _world.timeout, _world.group_count = store, secret, t, 0
+    _world.local_counts.clear()
     GroupMember.WORLD = pg
     _world.ranks[pg] = list(range(world_size))
     log.info("pt_dist: rank %d/%d joined with backend %s", rank, world_size, name)
 
 
-def _library_options(name: str, pg_options, device_id) -> dict:
+def _library_options(name: str, pg_options, device_id, what: str = "init_process_group") -> dict:
     if isinstance(device_id, int):
         device_id = torch.device("cuda", device_id)
     if device_id is not None and not isinstance(device_id, torch.device):
-        raise ValueError(f"init_process_group: device_id must be a torch.device or an int, got {device_id!r}")
+        raise ValueError(f"{what}: device_id must be a torch.device or an int, got {device_id!r}")
     if Backend.is_torch_backed(name):
         if device_id is not None and device_id.index is None:  # torch refuses it too, but only after rendezvous
-            raise ValueError(f"init_process_group: device_id={device_id} needs an index for torch's groups "
+            raise ValueError(f"{what}: device_id={device_id} needs an index for torch's groups "
                              f"(cpu:0, cuda:0)")
         return {k: v for k, v in (("device_id", device_id), ("pg_options", pg_options)) if v is not None}
     if device_id is not None and device_id.type != "cpu":
-        raise ValueError(f"init_process_group: backend {name!r} moves CPU tensors; device_id={device_id} needs "
+        raise ValueError(f"{what}: backend {name!r} moves CPU tensors; device_id={device_id} needs "
                          f"'nccl' (or leave device_id out)")
     if pg_options is not None:
-        raise ValueError(f"init_process_group: backend {name!r} takes no pg_options, got {pg_options!r}")
+        raise ValueError(f"{what}: backend {name!r} takes no pg_options, got {pg_options!r}")
     return {}
 
 
@@ -152,17 +154,28 @@ def _group(group) -> ProcessGroup:
     return group
 
 
-def new_group(ranks=None, timeout=None, backend: str | None = None):
-    """A sub-group of ``ranks`` (global ranks; ``None``: all). Call it on every rank, in the same order."""
+def new_group(ranks=None, timeout=None, backend: str | None = None, pg_options=None,
+              use_local_synchronization: bool = False, group_desc: str | None = None, device_id=None):
+    """A sub-group of ``ranks`` (global ranks; ``None``: all). Every rank calls it, in the same order; with
+    ``use_local_synchronization`` only the members do (the same order among them), as torch's. ``pg_options``
+    and ``device_id`` go to torch's groups, as in init_process_group."""
     world = _group(None)
     size = world.size()
     ranks = list(range(size)) if ranks is None else sorted(int(r) for r in ranks)
     if not ranks or len(set(ranks)) != len(ranks) or any(not 0 <= r < size for r in ranks):
         raise ValueError(f"new_group: ranks={ranks} must be distinct ranks in [0, {size})")
     name = Backend(backend or world.name())
-    _world.group_count += 1
-    group_name = f"group{_world.group_count}"
+    options = _library_options(name, pg_options, device_id, "new_group")
     me = world.rank()
+    if use_local_synchronization:  # named by its members alone: the others never call
+        if me not in ranks:
+            return GroupMember.NON_GROUP_MEMBER
+        key = tuple(ranks)
+        _world.local_counts[key] = _world.local_counts.get(key, 0) + 1
+        group_name = f"group[{','.join(map(str, ranks))}]#{_world.local_counts[key]}"
+    else:
+        _world.group_count += 1
+        group_name = f"group{_world.group_count}"
     t = _seconds(timeout)
     _check_same_call(group_name, ranks, me, t)
     if Backend.is_torch_backed(name):
@@ -171,7 +184,8 @@ def new_group(ranks=None, timeout=None, backend: str | None = None):
                              f"{world.name()!r}")
         from pt_dist.backends.torch_adapter import TorchProcessGroup
 
-        pg = TorchProcessGroup.new_subgroup(name, ranks, t, group_name)
+        pg = TorchProcessGroup.new_subgroup(name, ranks, t, group_name, use_local_synchronization=
+                                            use_local_synchronization, group_desc=group_desc, **options)
         if pg is None:
             return GroupMember.NON_GROUP_MEMBER
     else:
@@ -179,6 +193,7 @@ def new_group(ranks=None, timeout=None, backend: str | None = None):
             return GroupMember.NON_GROUP_MEMBER
         pg = Backend.creator(name)(PrefixStore(group_name, _world.store), ranks.index(me), len(ranks), t,
                                    group_name, _world.secret, ranks)
+    pg.group_desc = group_desc or group_name
     _world.ranks[pg] = ranks
     return pg
 
@@ -202,9 +217,9 @@ def _check_same_call(group_name: str, ranks: list[int], me: int, timeout: float)
     for r in ranks:
         theirs = store.get(str(r)).decode()
         if theirs != mine:
-            raise DistError(f"new_group: ranks called new_group in different orders: call {group_name[5:]} is "
-                            f"ranks {ranks} on rank {me} but [{theirs}] on rank {r}; every rank must create the same "
-                            f"groups in the same order")
+            raise DistError(f"new_group: ranks called new_group in different orders: the call that makes "
+                            f"{group_name!r} is ranks {ranks} on rank {me} but [{theirs}] on rank {r}; every rank "
+                            f"must create the same groups in the same order")
 
 
 def destroy_process_group(group=None) -> None:

@@ -102,6 +102,7 @@ class ProcessGroup(abc.ABC):
         if not 0 <= rank < size:
             raise ValueError(f"rank {rank} is outside a group of size {size}")
         self._rank, self._size, self.group_name = rank, size, group_name
+        self.group_desc = group_name  # torch's free-text label; new_group(group_desc=...) sets it
 
     def rank(self) -> int:
         return self._rank

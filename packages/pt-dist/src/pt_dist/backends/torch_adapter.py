@@ -120,9 +120,11 @@ class TorchProcessGroup(ProcessGroup):
         return cls(name, dist.group.WORLD, dist.get_rank(), dist.get_world_size(), group_name)
 
     @classmethod
-    def new_subgroup(cls, name, global_ranks, timeout, group_name):
-        """Collective over the whole default group (torch requires every rank to call new_group)."""
-        pg = dist.new_group(ranks=global_ranks, timeout=datetime.timedelta(seconds=timeout), backend=name)
+    def new_subgroup(cls, name, global_ranks, timeout, group_name, **options):
+        """Collective over the whole default group (or its members, with ``use_local_synchronization``)."""
+        if name != "nccl":
+            options.pop("device_id", None)  # as in create: torch's new_group then splits, which gloo cannot
+        pg = dist.new_group(ranks=global_ranks, timeout=datetime.timedelta(seconds=timeout), backend=name, **options)
         if pg is None or pg == dist.GroupMember.NON_GROUP_MEMBER:
             return None
         return cls(name, pg, dist.get_rank(pg), dist.get_world_size(pg), group_name)
