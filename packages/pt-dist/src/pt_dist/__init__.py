@@ -24,7 +24,6 @@ from pt_dist.distributed_c10d import (
     is_available,
     is_initialized,
     isend,
-    new_group,
     recv,
     reduce,
     reduce_scatter_tensor,
@@ -39,6 +38,7 @@ from pt_dist.monitored_barrier import monitored_barrier
 from pt_dist.object_collectives import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from pt_dist.process_group import ProcessGroup, ReduceOp
 from pt_dist.store import PrefixStore, Store, TCPStore
+from pt_dist.subgroups import new_group, new_subgroups, new_subgroups_by_enumeration
 from pt_dist.work import Work
 
 __version__ = "0.1.0"
@@ -50,6 +50,6 @@ __all__ = [
     "broadcast", "broadcast_object_list", "destroy_process_group", "gather", "gather_object", "get_backend",
     "get_global_rank", "get_group_rank", "get_node_local_rank", "get_process_group_ranks", "get_rank",
     "get_world_size", "init_process_group", "irecv", "is_available", "is_initialized", "isend",
-    "monitored_barrier", "new_group", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
-    "scatter_object_list", "send", "symmetric_empty",
+    "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "symmetric_empty",
 ]

@@ -3,9 +3,8 @@
 ``init_process_group`` runs the rendezvous, builds the default group through the backend registry,
 and the module-level collectives route to a group (default: the world). Module-level functions take
 *global* ranks for ``src``/``dst`` and translate them to the group's ranks, as torch does.
-``new_group`` must be called by every rank of the world in the same order (each call takes the next
-group id, so ranks agree on the store namespace without talking); non-members get
-``GroupMember.NON_GROUP_MEMBER`` and their collectives on it return ``None``.
+Sub-groups come from ``new_group`` (``subgroups.py``); non-members get ``GroupMember.NON_GROUP_MEMBER``
+and their collectives on it return ``None``.
 """
 
 from __future__ import annotations
@@ -14,12 +13,11 @@ import datetime
 import logging
 import os
 import secrets
-import time
 
 import torch
 
 from pt_dist.backends import Backend
-from pt_dist.errors import DistError, DistStoreError
+from pt_dist.errors import DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp
 from pt_dist.rendezvous import rendezvous
 from pt_dist.store import PrefixStore, Store, TCPStore
@@ -152,74 +150,6 @@ def _group(group) -> ProcessGroup:
     if group not in _world.ranks:
         raise ValueError(f"pt_dist: {group!r} is not a live group (destroyed, or from another job)")
     return group
-
-
-def new_group(ranks=None, timeout=None, backend: str | None = None, pg_options=None,
-              use_local_synchronization: bool = False, group_desc: str | None = None, device_id=None):
-    """A sub-group of ``ranks`` (global ranks; ``None``: all). Every rank calls it, in the same order; with
-    ``use_local_synchronization`` only the members do (the same order among them), as torch's. ``pg_options``
-    and ``device_id`` go to torch's groups, as in init_process_group."""
-    world = _group(None)
-    size = world.size()
-    ranks = list(range(size)) if ranks is None else sorted(int(r) for r in ranks)
-    if not ranks or len(set(ranks)) != len(ranks) or any(not 0 <= r < size for r in ranks):
-        raise ValueError(f"new_group: ranks={ranks} must be distinct ranks in [0, {size})")
-    name = Backend(backend or world.name())
-    options = _library_options(name, pg_options, device_id, "new_group")
-    me = world.rank()
-    if use_local_synchronization:  # named by its members alone: the others never call
-        if me not in ranks:
-            return GroupMember.NON_GROUP_MEMBER
-        key = tuple(ranks)
-        _world.local_counts[key] = _world.local_counts.get(key, 0) + 1
-        group_name = f"group[{','.join(map(str, ranks))}]#{_world.local_counts[key]}"
-    else:
-        _world.group_count += 1
-        group_name = f"group{_world.group_count}"
-    t = _seconds(timeout)
-    _check_same_call(group_name, ranks, me, t)
-    if Backend.is_torch_backed(name):
-        if not Backend.is_torch_backed(world.name()):
-            raise ValueError(f"new_group: a {name!r} sub-group needs a torch-backed default group, the default is "
-                             f"{world.name()!r}")
-        from pt_dist.backends.torch_adapter import TorchProcessGroup
-
-        pg = TorchProcessGroup.new_subgroup(name, ranks, t, group_name, use_local_synchronization=
-                                            use_local_synchronization, group_desc=group_desc, **options)
-        if pg is None:
-            return GroupMember.NON_GROUP_MEMBER
-    else:
-        if me not in ranks:
-            return GroupMember.NON_GROUP_MEMBER
-        pg = Backend.creator(name)(PrefixStore(group_name, _world.store), ranks.index(me), len(ranks), t,
-                                   group_name, _world.secret, ranks)
-    pg.group_desc = group_desc or group_name
-    _world.ranks[pg] = ranks
-    return pg
-
-
-def _check_same_call(group_name: str, ranks: list[int], me: int, timeout: float) -> None:
-    """Every rank posts which ranks its n-th new_group names; members compare, so ranks that create groups in
-    different orders raise at once, saying so, instead of meeting the wrong peers (or none) in one namespace."""
-    store, mine = PrefixStore(f"pt_dist/new_group/{group_name}", _world.store), ",".join(map(str, ranks))
-    store.set(str(me), mine)
-    if me not in ranks:
-        return
-    deadline = time.monotonic() + timeout
-    try:
-        store.wait([str(r) for r in ranks], timeout)
-    except DistStoreError:
-        if time.monotonic() < deadline:
-            raise  # the store itself failed, not a late rank
-        missing = [r for r in ranks if not store.check([str(r)])]
-        raise DistError(f"new_group: rank(s) {missing} did not create {group_name!r} (ranks {ranks}) within "
-                        f"{timeout:.1f}s; every rank must call new_group, in the same order") from None
-    for r in ranks:
-        theirs = store.get(str(r)).decode()
-        if theirs != mine:
-            raise DistError(f"new_group: ranks called new_group in different orders: the call that makes "
-                            f"{group_name!r} is ranks {ranks} on rank {me} but [{theirs}] on rank {r}; every rank "
-                            f"must create the same groups in the same order")
 
 
 def destroy_process_group(group=None) -> None:
@@ -412,5 +342,5 @@ __all__ = ["DistError", "GroupMember", "ReduceOp", "all_gather", "all_gather_int
            "all_to_all_single", "barrier", "broadcast", "destroy_process_group", "gather", "get_backend",
            "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
            "get_node_local_rank", "get_world_size", "init_process_group", "irecv", "is_available",
-           "is_initialized", "isend", "new_group", "recv", "reduce", "reduce_scatter_tensor", "scatter",
+           "is_initialized", "isend", "recv", "reduce", "reduce_scatter_tensor", "scatter",
            "send"]

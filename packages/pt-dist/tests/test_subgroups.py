@@ -1,0 +1,100 @@
+"""Making groups: new_group called in different orders, new_group with use_local_synchronization, and torch's
+new_subgroups / new_subgroups_by_enumeration, on the native backends and the gloo adapter."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pt_dist
+import pytest
+import torch
+from pt_dist import DistError
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ptdist_testutil as util  # noqa: E402
+
+
+def _misordered(rank, ws, backend):
+    import harness
+
+    util.join(rank, ws, backend, key=f"misordered-{backend}", timeout=3)
+    order = {0: [[0, 1], [1, 2]], 1: [[1, 2], [0, 1]], 2: [[0, 1], [1, 2]]}[rank]
+    got = None
+    try:
+        for ranks in order:
+            pt_dist.new_group(ranks)
+    except DistError as e:
+        got = str(e)
+    hs = harness.store()  # rank 2 gives up on the second group last
+    hs.add(f"misordered-{backend}", 1)
+    while hs.add(f"misordered-{backend}", 0) < ws:
+        time.sleep(0.01)
+    t = torch.ones(1)
+    pt_dist.all_reduce(t)  # the default group is untouched
+    util.leave()
+    return got, t.item()
+
+
+@pytest.mark.parametrize("backend", ["tcp", "gloo"])
+def test_new_group_called_in_different_orders_says_so(backend):
+    """Ranks that create the same groups in different orders used to meet the wrong peers in one store namespace
+    and time out on a mesh or store key, with a hint about loopback addresses; now members compare the rank lists."""
+    got = run_ranks(_misordered, 3, backend, backend=None, timeout=60)
+    assert [g[1] for g in got] == [3.0] * 3
+    assert "the call that makes 'group1' is ranks [0, 1] on rank 0 but [1,2] on rank 1" in got[0][0], got
+    assert "the call that makes 'group1' is ranks [1, 2] on rank 1 but [0,1] on rank 2" in got[1][0], got
+    assert "rank(s) [1] did not create 'group2' (ranks [1, 2]) within 3.0s" in got[2][0], got
+
+
+def _local_sync(rank, ws, backend):
+    util.join(rank, ws, backend, key=f"localsync-{backend}")
+    got = {}
+
+    def every():  # the usual kind, which every rank creates
+        t = torch.ones(1)
+        pt_dist.all_reduce(t, group=pt_dist.new_group())
+        got["every"] = t.item()
+
+    if backend == "gloo":  # torch 2.15 counts local-sync groups on their members only: create them last there
+        every()
+    if rank in (0, 1):  # rank 2 never calls: Megatron builds its many groups this way
+        pair = pt_dist.new_group([1, 0], use_local_synchronization=True, group_desc="pair")
+        t = torch.full((2,), rank + 1.0)
+        pt_dist.all_reduce(t, group=pair)
+        got["pair"] = (t.tolist(), pair.group_desc, pt_dist.get_process_group_ranks(pair))
+    if backend != "gloo":  # ours names them apart: all ranks still agree on the next group's name
+        every()
+    util.leave()
+    return got
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
+def test_new_group_with_local_synchronization_is_called_by_members_only(backend):
+    res = run_ranks(_local_sync, 3, backend, backend=None, timeout=90)
+    assert [r["every"] for r in res] == [3.0] * 3
+    assert res[0]["pair"] == res[1]["pair"] == ([3.0, 3.0], "pair", [0, 1]) and "pair" not in res[2]
+
+
+def _subgroups(rank, ws, backend):
+    util.join(rank, ws, backend, key=f"subgroups-{backend}")
+    with pytest.raises(ValueError, match="rank 2 is in both \\[0, 2\\] and \\[2, 3\\]"):
+        pt_dist.new_subgroups_by_enumeration([[0, 2], [2, 3]])  # refused before any group is made
+    with pytest.raises(ValueError, match="group_size=3 must be a positive divisor of the group's size 4"):
+        pt_dist.new_subgroups(3)
+    sums = []
+    for mine, groups in (pt_dist.new_subgroups(2), pt_dist.new_subgroups_by_enumeration([[0, 2], [1, 3]])):
+        t = torch.tensor([float(rank)])
+        pt_dist.all_reduce(t, group=mine)
+        sums.append((t.item(), len(groups)))
+    util.leave()
+    return sums
+
+
+@pytest.mark.parametrize("backend", ["tcp", "gloo"])
+def test_new_subgroups_cut_the_world_into_groups(backend):
+    assert run_ranks(_subgroups, 4, backend, backend=None, timeout=90) == [
+        [(1.0, 2), (2.0, 2)], [(1.0, 2), (4.0, 2)], [(5.0, 2), (2.0, 2)], [(5.0, 2), (4.0, 2)]]
