@@ -8,6 +8,7 @@ gather's shape all raise.
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -105,6 +106,10 @@ def _canonical(x):
     return x
 
 
+class Opaque:
+    """Not something torch.load(weights_only=True) rebuilds."""
+
+
 def _obj(r: int):
     # rank 2's object is ~80 KB, far longer than the others, so the padding to the longest is exercised
     return {"rank": r, "t": torch.arange(r + 1.0), "blob": "x" * (40_000 * r), "nested": [r, None, (r, "a")]}
@@ -131,6 +136,24 @@ def _objects(rank, world_size, backend):
         got = [None]
         lib.scatter_object_list(got, [_obj(r + 10) for r in range(world_size)] if rank == 0 else None, src=0)
         out[(name, "scatter_object_list")] = got[0]
+        # torch 2.15's spellings: the group's own root numbering, weights_only (torch.load's safe unpickler)
+        got = [None] * world_size
+        lib.all_gather_object(got, _obj(rank), weights_only=True)
+        out[(name, "all_gather_object weights_only")] = got
+        got = [_obj(1), "x"] if rank == 1 else [None, None]
+        lib.broadcast_object_list(got, group_src=1, weights_only=True)
+        out[(name, "broadcast_object_list group_src")] = got
+        got = [None] * world_size if rank == 2 else None
+        lib.gather_object(rank * 10, got, group_dst=2)
+        out[(name, "gather_object group_dst")] = got
+        if rank == 0:  # a pipeline stage announcing shapes to the next one
+            lib.send_object_list([{"shape": (4, 8)}, _obj(0)], dst=2)
+        elif rank == 2:
+            got = [None, None]
+            out[(name, "recv_object_list from")] = lib.recv_object_list(got, src=0)
+            out[(name, "recv_object_list")] = got
+        with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+            lib.all_gather_object([None] * world_size, Opaque(), weights_only=True)  # refused on every receiver
     util.leave()
     return {k: _canonical(v) for k, v in out.items()}
 
@@ -144,6 +167,12 @@ def test_object_collectives(backend):
         assert res[("ours", "gather_object")] == (everyone if rank == 1 else None)
         assert res[("ours", "broadcast_object_list")] == [everyone[2], "second", 3]
         assert res[("ours", "scatter_object_list")] == _canonical(_obj(rank + 10))
+        assert res[("ours", "all_gather_object weights_only")] == everyone
+        assert res[("ours", "broadcast_object_list group_src")] == [everyone[1], "x"]
+        assert res[("ours", "gather_object group_dst")] == ([0, 10, 20] if rank == 2 else None)
+        if rank == 2:
+            assert res[("ours", "recv_object_list")] == [{"shape": (4, 8)}, everyone[0]]
+            assert res[("ours", "recv_object_list from")] == 0
         for (impl, op), value in res.items():  # torch.distributed's own functions agree, call for call
             if impl == "torch":
                 assert value == res[("ours", op)], (rank, op)

@@ -35,7 +35,14 @@ from pt_dist.errors import DistError, DistStoreError
 from pt_dist.file_store import FileStore
 from pt_dist.list_collectives import all_to_all, reduce_scatter
 from pt_dist.monitored_barrier import monitored_barrier
-from pt_dist.object_collectives import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
+from pt_dist.object_collectives import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
 from pt_dist.process_group import ProcessGroup, ReduceOp
 from pt_dist.store import PrefixStore, Store, TCPStore
 from pt_dist.subgroups import new_group, new_subgroups, new_subgroups_by_enumeration
@@ -50,6 +57,7 @@ __all__ = [
     "broadcast", "broadcast_object_list", "destroy_process_group", "gather", "gather_object", "get_backend",
     "get_global_rank", "get_group_rank", "get_node_local_rank", "get_process_group_ranks", "get_rank",
     "get_world_size", "init_process_group", "irecv", "is_available", "is_initialized", "isend",
-    "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv", "reduce",
-    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "symmetric_empty",
+    "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv",
+    "recv_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list",
+    "send", "send_object_list", "symmetric_empty",
 ]

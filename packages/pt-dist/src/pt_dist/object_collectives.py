@@ -2,13 +2,17 @@
 
 Built on the tensor collectives, as torch builds them: each object is pickled into a uint8 tensor, the
 ranks first agree on the byte counts (a collective on int64 sizes), then move the bytes padded to the
-longest. Used for what is not a tensor: configs, a checkpoint's metadata, per-rank statistics.
+longest. Used for what is not a tensor: configs, a checkpoint's metadata, per-rank statistics, and (with
+``send_object_list`` / ``recv_object_list``) the shapes a pipeline stage announces to the next.
 As in torch, unpickling runs code the sender chose: use these only among the ranks of your own job
-(the native backends' connections already require the job's secret).
+(the native backends' connections already require the job's secret), or pass ``weights_only=True``:
+objects then travel through ``torch.save`` and come back through ``torch.load(weights_only=True)``, which
+rebuilds tensors and plain containers and refuses anything else.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 
 import torch
@@ -17,7 +21,8 @@ from pt_dist import distributed_c10d as c10d
 from pt_dist.distributed_c10d import GroupMember
 from pt_dist.wire import byte_view
 
-__all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"]
+__all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "recv_object_list", "scatter_object_list",
+           "send_object_list"]
 
 
 def _device(group) -> torch.device:
@@ -27,12 +32,19 @@ def _device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def _to_bytes(obj) -> torch.Tensor:
-    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+def _to_bytes(obj, weights_only: bool = False) -> torch.Tensor:
+    if weights_only:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        data = buf.getvalue()
+    else:
+        data = pickle.dumps(obj)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def _to_object(t: torch.Tensor, size: int):
-    return pickle.loads(byte_view(t[:size].cpu().contiguous()))
+def _to_object(t: torch.Tensor, size: int, weights_only: bool = False):
+    data = byte_view(t[:size].cpu().contiguous())
+    return torch.load(io.BytesIO(data), weights_only=True) if weights_only else pickle.loads(data)
 
 
 def _padded(payloads: list[torch.Tensor], width: int, device) -> torch.Tensor:
@@ -66,7 +78,12 @@ def _root_only(op: str, what: str, objects, root: int, group) -> tuple[int, bool
     return world, mine
 
 
-def all_gather_object(object_list: list, obj, group=None) -> None:
+def _root(group, rank, group_rank, what: str, default: int | None = 0) -> int:
+    """The global rank of a peer named either way (torch's ``src``/``dst`` or ``group_src``/``group_dst``)."""
+    return c10d.get_global_rank(group, c10d._peer(group, rank, group_rank, what, default))
+
+
+def all_gather_object(object_list: list, obj, group=None, weights_only: bool = False) -> None:
     """``object_list[i]`` = rank i's ``obj`` on every rank; ``object_list`` has one slot per rank of the group."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return
@@ -75,31 +92,34 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
         raise ValueError(f"all_gather_object: object_list must be a list of group size={world} slots, got "
                          f"{_brief(object_list)}")
     device = _device(group)
-    payload = _to_bytes(obj)
+    payload = _to_bytes(obj, weights_only)
     sizes = _sizes(group, payload.numel(), device)
     width = max(sizes)
     out = torch.empty(world * width, dtype=torch.uint8, device=device)
     c10d.all_gather_into_tensor(out, _padded([payload], width, device), group=group)
     for i, size in enumerate(sizes):
-        object_list[i] = _to_object(out[i * width:(i + 1) * width], size)
+        object_list[i] = _to_object(out[i * width:(i + 1) * width], size, weights_only)
 
 
-def gather_object(obj, object_gather_list: list | None = None, dst: int = 0, group=None) -> None:
+def gather_object(obj, object_gather_list: list | None = None, dst: int | None = None, group=None,
+                  group_dst: int | None = None, weights_only: bool = False) -> None:
     """Every rank's ``obj`` into ``object_gather_list`` on ``dst`` (a global rank); other ranks pass ``None``."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return
+    dst = _root(group, dst, group_dst, "dst")
     world, mine = _root_only("gather_object", "object_gather_list", object_gather_list, dst, group)
     device = _device(group)
-    payload = _to_bytes(obj)
+    payload = _to_bytes(obj, weights_only)
     sizes = _sizes(group, payload.numel(), device)
     width = max(sizes)
     outs = [torch.empty(width, dtype=torch.uint8, device=device) for _ in range(world)] if mine else None
     c10d.gather(_padded([payload], width, device), outs, dst=dst, group=group)
     for i, size in enumerate(sizes if mine else []):
-        object_gather_list[i] = _to_object(outs[i], size)
+        object_gather_list[i] = _to_object(outs[i], size, weights_only)
 
 
-def broadcast_object_list(object_list: list, src: int = 0, group=None, device=None) -> None:
+def broadcast_object_list(object_list: list, src: int | None = None, group=None, device=None,
+                          group_src: int | None = None, weights_only: bool = False) -> None:
     """Replace every entry of ``object_list`` with ``src``'s (a global rank); every rank passes a list of the
     same length (the non-source entries are placeholders). ``device``: where the bytes travel (default: CPU,
     or the current GPU under NCCL)."""
@@ -107,9 +127,9 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None, device=No
         return
     if not isinstance(object_list, list) or not object_list:
         raise ValueError(f"broadcast_object_list: object_list must be a non-empty list, got {_brief(object_list)}")
-    c10d.get_group_rank(group, src)
+    src = _root(group, src, group_src, "src")
     device, mine = torch.device(device) if device is not None else _device(group), c10d.get_rank() == src
-    payloads = [_to_bytes(o) for o in object_list] if mine else []
+    payloads = [_to_bytes(o, weights_only) for o in object_list] if mine else []
     sizes = torch.tensor([p.numel() for p in payloads] if mine else [0] * len(object_list), dtype=torch.int64,
                          device=device)
     c10d.broadcast(sizes, src=src, group=group)
@@ -119,12 +139,13 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None, device=No
     if not mine:
         data, at = data.cpu(), 0
         for i, size in enumerate(sizes.tolist()):
-            object_list[i] = _to_object(data[at:at + size], size)
+            object_list[i] = _to_object(data[at:at + size], size, weights_only)
             at += size
 
 
 def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
-                        src: int = 0, group=None) -> None:
+                        src: int | None = None, group=None, group_src: int | None = None,
+                        weights_only: bool = False) -> None:
     """``scatter_object_input_list[i]`` on ``src`` (a global rank) into ``scatter_object_output_list[0]`` on the
     group's rank i."""
     if group is GroupMember.NON_GROUP_MEMBER:
@@ -132,10 +153,11 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise ValueError("scatter_object_list: scatter_object_output_list must be a non-empty list (its first "
                          f"entry receives the object), got {_brief(scatter_object_output_list)}")
+    src = _root(group, src, group_src, "src")
     world, mine = _root_only("scatter_object_list", "scatter_object_input_list", scatter_object_input_list, src,
                              group)
     device = _device(group)
-    payloads = [_to_bytes(o) for o in scatter_object_input_list] if mine else []
+    payloads = [_to_bytes(o, weights_only) for o in scatter_object_input_list] if mine else []
     head = torch.tensor([p.numel() for p in payloads] if mine else [0] * world, dtype=torch.int64, device=device)
     c10d.broadcast(head, src=src, group=group)  # every rank learns every size, so the padding agrees
     sizes = head.tolist()
@@ -143,4 +165,41 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     out = torch.empty(width, dtype=torch.uint8, device=device)
     ins = list(_padded(payloads, width, device).view(world, width)) if mine else None
     c10d.scatter(out, ins, src=src, group=group)
-    scatter_object_output_list[0] = _to_object(out, sizes[c10d.get_rank(group)])
+    scatter_object_output_list[0] = _to_object(out, sizes[c10d.get_rank(group)], weights_only)
+
+
+def send_object_list(object_list: list, dst: int | None = None, group=None, device=None,
+                     group_dst: int | None = None, use_batch: bool = False, weights_only: bool = False) -> None:
+    """Send every object of ``object_list`` to ``dst`` (a global rank), whose ``recv_object_list`` passes a list of
+    the same length: first the byte counts, then the bytes. ``use_batch`` is accepted for torch's signature
+    (the two messages already go out back to back)."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
+    if not isinstance(object_list, list) or not object_list:
+        raise ValueError(f"send_object_list: object_list must be a non-empty list, got {_brief(object_list)}")
+    dst = _root(group, dst, group_dst, "dst", default=None)
+    device = torch.device(device) if device is not None else _device(group)
+    payloads = [_to_bytes(o, weights_only) for o in object_list]
+    c10d.send(torch.tensor([p.numel() for p in payloads], dtype=torch.int64, device=device), dst, group=group)
+    c10d.send(torch.cat(payloads).to(device), dst, group=group)
+
+
+def recv_object_list(object_list: list, src: int | None = None, group=None, device=None,
+                     group_src: int | None = None, use_batch: bool = False, weights_only: bool = False) -> int:
+    """Fill ``object_list`` (one placeholder per object sent) from ``src``'s ``send_object_list``; returns ``src``
+    as a global rank, as torch does."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return -1
+    if not isinstance(object_list, list) or not object_list:
+        raise ValueError(f"recv_object_list: object_list must be a non-empty list, got {_brief(object_list)}")
+    src = _root(group, src, group_src, "src", default=None)
+    device = torch.device(device) if device is not None else _device(group)
+    sizes = torch.empty(len(object_list), dtype=torch.int64, device=device)
+    c10d.recv(sizes, src, group=group)
+    data = torch.empty(int(sizes.sum()), dtype=torch.uint8, device=device)
+    c10d.recv(data, src, group=group)
+    data, at = data.cpu(), 0
+    for i, size in enumerate(sizes.tolist()):
+        object_list[i] = _to_object(data[at:at + size], size, weights_only)
+        at += size
+    return src
