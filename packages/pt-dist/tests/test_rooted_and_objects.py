@@ -276,6 +276,30 @@ def test_receives_match_by_tag(backend):
         assert res["timed out after"] in (3, 4) and res["after"] == [4.0] * 3, res
 
 
+def _any_source(rank, world_size, backend):
+    """recv without src takes the first message of its tag from any rank and reports who sent it."""
+    util.join(rank, world_size, backend, key=f"anysrc-{backend}")
+    out = {}
+    if rank == 0:
+        got = torch.zeros(3)
+        out["senders"] = sorted(pt_dist.recv(got, tag=3) + 10 * got[0].item() for _ in range(2))
+        a, b = torch.zeros(2), torch.zeros(2)
+        wa, wb = pt_dist.irecv(a, src=2, tag=4), pt_dist.irecv(b, tag=4)  # rank 2's goes to a, whatever comes first
+        wa.wait(), wb.wait()
+        out["mixed"] = (a[0].item(), b[0].item(), wb._source_rank())
+    else:
+        pt_dist.send(torch.full((3,), float(rank)), 0, tag=3)
+        pt_dist.send(torch.full((2,), float(rank)), 0, tag=4)
+    util.leave()
+    return out
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
+def test_recv_from_any_source(backend):
+    res = run_ranks(_any_source, 3, backend, backend=None, timeout=120)[0]
+    assert res == {"senders": [11.0, 22.0], "mixed": (2.0, 1.0, 1)}, res
+
+
 def _bad_arguments(rank, world_size, backend):
     """Each call raises on this rank alone, before communicating: the group is still in step afterwards."""
     util.join(rank, world_size, backend, key=f"bad-{backend}")

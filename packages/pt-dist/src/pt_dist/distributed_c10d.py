@@ -317,10 +317,12 @@ def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: i
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None):
-    """Receive from ``src``; unlike gloo's, there is no receive-from-any-rank (``src=None``)."""
+    """Receive from ``src``; neither ``src`` nor ``group_src``: from whichever rank sends ``tag`` first (the Work's
+    ``_source_rank()`` says which, in the group's numbering), as gloo's."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
-    return _group(group).recv(tensor, _peer(group, src, group_src, "src", default=None), tag)
+    any_source = src is None and group_src is None
+    return _group(group).recv(tensor, None if any_source else _peer(group, src, group_src, "src"), tag)
 
 
 def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> None:
@@ -334,8 +336,7 @@ def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: in
     work = irecv(tensor, src, group, tag, group_src)
     if work is None:
         return -1
-    work.wait()
-    return src if group_src is None else get_global_rank(group, group_src)
+    return get_global_rank(group, work._source_rank())
 
 
 __all__ = ["DistError", "GroupMember", "ReduceOp", "all_gather", "all_gather_into_tensor", "all_reduce",

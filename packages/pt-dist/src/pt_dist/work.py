@@ -24,6 +24,14 @@ class Work:
         self._future: torch.futures.Future = torch.futures.Future()
         self._done = threading.Event()
         self._exc: BaseException | None = None
+        self._source: int | None = None  # a receive's sender (group rank), once known
+
+    def _source_rank(self) -> int:
+        """The group rank a finished receive came from (torch's name; what ``recv(src=None)`` reports)."""
+        self.wait()
+        if self._source is None:
+            raise ValueError(f"{self.op_name}: only a receive has a source rank")
+        return self._source
 
     def _finish(self, result=None, exc: BaseException | None = None) -> None:
         self._exc = exc

@@ -360,11 +360,14 @@ class NativeProcessGroup(ProcessGroup):
         return self._p2p("send", contig(tensor.detach()), dst, tag)
 
     def recv(self, tensor, src, tag=0):
+        """``src=None``: from whichever rank sends ``tag`` first."""
         check_tensor(tensor, "tensor", "recv", written=True)
-        self._check_root(src, "src", "recv")
+        if src is not None:
+            self._check_root(src, "src", "recv")
         tag = check_tag(tag, "recv")
-        if src == self._rank:
-            raise ValueError(f"recv: src={src} is this rank")
+        if src == self._rank or (src is None and self._size == 1):
+            raise ValueError(f"recv: src={src} is this rank" if src is not None else "recv: no other rank to receive "
+                             "from in a group of one")
         tensor = tensor.detach()
         buf = contig(tensor)
         return self._p2p("recv", buf, src, tag, None if buf is tensor else tensor)

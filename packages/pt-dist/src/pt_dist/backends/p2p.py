@@ -13,6 +13,7 @@ message cut off half-way, fails every pending receive from it and every later on
 from __future__ import annotations
 
 import collections
+import itertools
 import queue
 import select
 import socket
@@ -32,10 +33,12 @@ _POLL_S = 0.2  # how often an idle reader checks its posted receives' deadlines
 
 
 class _Recv:
-    __slots__ = ("work", "t", "copy_back", "tag", "deadline")
+    __slots__ = ("work", "t", "copy_back", "tag", "deadline", "seq", "peer")
+    _count = itertools.count()
 
     def __init__(self, work: Work, t: torch.Tensor, copy_back, tag: int, deadline: float):
         self.work, self.t, self.copy_back, self.tag, self.deadline = work, t, copy_back, tag, deadline
+        self.seq = next(self._count)  # posting order: a message goes to the earliest receive that matches it
 
 
 class P2PChannels:
@@ -104,24 +107,29 @@ class P2PChannels:
             item = work = t = view = None  # hold no caller's tensor while idle
 
     # receives ------------------------------------------------------------------------------------
-    def recv(self, t: torch.Tensor, peer: int, tag: int, copy_back=None) -> Work:
+    def recv(self, t: torch.Tensor, peer: int | None, tag: int, copy_back=None) -> Work:
+        """``peer=None``: from whichever peer sends ``tag`` first (gloo's recvAnysource); the Work's
+        ``_source_rank()`` then says who."""
         rec = _Recv(Work("recv"), t, copy_back, tag, time.monotonic() + self._timeout)
+        rec.peer = peer
         with self._lock:
             if self._closed or peer in self._broken:
                 raise self._unusable("recv", peer)
-            waiting = self._unexpected[peer].get(tag)
-            msg = waiting.popleft() if waiting else None
+            sources = list(self._socks) if peer is None else [peer]
+            source = next((p for p in sources if self._unexpected[p].get(tag)), None)
+            msg = self._unexpected[source][tag].popleft() if source is not None else None
             if msg is None:
                 self._posted[peer].setdefault(tag, collections.deque()).append(rec)
                 self._cv.notify_all()
-                if peer not in self._readers:
-                    self._readers.add(peer)
-                    self._start(self._read_loop, peer, "recv")
+                for p in sources:
+                    if p not in self._readers:
+                        self._readers.add(p)
+                        self._start(self._read_loop, p, "recv")
         if msg is not None:
             nbytes, dtype, payload = msg
-            if self._matches(rec, peer, nbytes, dtype):
+            if self._matches(rec, source, nbytes, dtype):
                 byte_view(t)[:] = payload
-                self._complete(rec)
+                self._complete(rec, source)
         return rec.work
 
     def _matches(self, rec: _Recv, peer: int, nbytes: int, dtype: bytes) -> bool:
@@ -134,7 +142,8 @@ class P2PChannels:
         return False
 
     @staticmethod
-    def _complete(rec: _Recv) -> None:
+    def _complete(rec: _Recv, source: int) -> None:
+        rec.work._source = source
         if rec.copy_back is not None:
             with torch.inference_mode():  # the caller's tensor may be an inference tensor
                 rec.copy_back.copy_(rec.t)
@@ -147,7 +156,7 @@ class P2PChannels:
         try:
             while not self._closed:
                 with self._cv:
-                    if not any(self._posted[peer].values()):
+                    if not any(self._posted[peer].values()) and not any(self._posted[None].values()):
                         self._cv.wait(_POLL_S)
                         continue
                 if select.select([sock], [], [], _POLL_S)[0]:
@@ -163,40 +172,46 @@ class P2PChannels:
                 r.work._finish(exc=self._unusable("recv", peer) if self._closed else
                                self._fail("recv", f"peer rank {peer} failed or its stream broke ({e!r})", [peer]))
 
+    def _take(self, peer: int, tag: int) -> _Recv | None:
+        """The earliest posted receive this message matches: one for ``peer``, or one from any source (hold the
+        lock)."""
+        queues = [q for q in (self._posted[peer].get(tag), self._posted[None].get(tag)) if q]
+        return min(queues, key=lambda q: q[0].seq).popleft() if queues else None
+
     def _read_one(self, peer: int, sock: socket.socket) -> None:
         tag, nbytes, dtype = _HEAD.unpack(wire.recv_exact(sock, _HEAD.size))
         dtype = dtype.rstrip(b"\0")
         with self._lock:
-            waiting = self._posted[peer].get(tag)
-            rec = waiting.popleft() if waiting else None
+            rec = self._take(peer, tag)
         if rec is not None:
             if self._matches(rec, peer, nbytes, dtype):
                 wire.recv_into_exact(sock, byte_view(rec.t))
-                self._complete(rec)
+                self._complete(rec, peer)
             else:
                 wire.recv_exact(sock, nbytes)  # drained: the stream stays in step
             return
         payload = wire.recv_exact(sock, nbytes)  # another tag's receive is posted: keep this one aside
         with self._lock:  # unless its own receive was posted while the payload streamed in
-            waiting = self._posted[peer].get(tag)
-            rec = waiting.popleft() if waiting else None
+            rec = self._take(peer, tag)
             if rec is None:
                 self._unexpected[peer].setdefault(tag, collections.deque()).append((nbytes, dtype, payload))
                 return
         if self._matches(rec, peer, nbytes, dtype):
             byte_view(rec.t)[:] = payload
-            self._complete(rec)
+            self._complete(rec, peer)
 
     def _expire(self, peer: int) -> None:
         """Fail receives that waited out the timeout; nothing was read for them, so the channel stays in step."""
         now, expired = time.monotonic(), []
         with self._lock:
-            for waiting in self._posted[peer].values():
+            for waiting in [*self._posted[peer].values(), *self._posted[None].values()]:
                 while waiting and waiting[0].deadline <= now:
                     expired.append(waiting.popleft())
         for r in expired:
-            r.work._finish(exc=self._fail("recv", f"nothing arrived from rank {peer} with tag={r.tag} within "
-                                                  f"{self._timeout:.1f}s", [peer]))
+            who = f"rank {r.peer}" if r.peer is not None else "any rank"
+            r.work._finish(exc=self._fail("recv", f"nothing arrived from {who} with tag={r.tag} within "
+                                                  f"{self._timeout:.1f}s", [r.peer] if r.peer is not None else
+                                          sorted(self._socks)))
 
     def stop(self) -> None:
         """First step of the mesh's close, before it shuts the sockets: from now on failures read as a shutdown."""

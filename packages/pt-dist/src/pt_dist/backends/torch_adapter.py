@@ -86,6 +86,10 @@ class _TorchWork(Work):
     def is_completed(self):
         return self._done.is_set() or self._twork is None or self._twork.is_completed()
 
+    def _source_rank(self) -> int:
+        self.wait()
+        return self._source if self._source is not None else self._twork._source_rank()  # any source: torch's
+
     def get_future(self):
         if self._done.is_set() or self._twork is None:
             return super().get_future()
@@ -261,8 +265,10 @@ class TorchProcessGroup(ProcessGroup):
         tensor = tensor.detach()
         buf = self._stage(tensor)
         back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
-        return self._run("recv", lambda: dist.irecv(buf, self._g(src), group=self.pg, tag=tag), [tensor], True,
-                         back)
+        work = self._run("recv", lambda: dist.irecv(buf, None if src is None else self._g(src), group=self.pg,
+                                                    tag=tag), [tensor], True, back)
+        work._source = src
+        return work
 
     def barrier(self, async_op=False, device_ids=None):
         return self._run("barrier", lambda: dist.barrier(group=self.pg, async_op=True, device_ids=device_ids), [],
