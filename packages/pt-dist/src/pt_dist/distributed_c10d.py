@@ -301,13 +301,17 @@ def symmetric_empty(*size, dtype=torch.float32, group=None) -> torch.Tensor:
     return pg.symmetric_empty(*size, dtype=dtype)
 
 
-def barrier(group=None, async_op: bool = False, device_ids: list[int] | None = None):
-    """``device_ids`` (torch's: the GPU whose stream NCCL's barrier runs on) go to NCCL; CPU backends need none."""
+def barrier(group=None, async_op: bool = False, device_ids: list[int] | None = None, timeout=None):
+    """``device_ids`` (torch's: the GPU whose stream NCCL's barrier runs on) go to NCCL; CPU backends need none.
+    ``timeout`` (seconds or timedelta): this barrier's own; missing ranks then fail it as any timeout does."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
     if device_ids is not None and not (isinstance(device_ids, list) and all(isinstance(d, int) for d in device_ids)):
         raise ValueError(f"barrier: device_ids must be a list of ints, got {device_ids!r}")
-    return _ret(_group(group).barrier(async_op=async_op, device_ids=device_ids), async_op)
+    t = None if timeout is None else _seconds(timeout)
+    if t is not None and t <= 0:
+        raise ValueError(f"barrier: timeout must be positive, got {timeout!r}")
+    return _ret(_group(group).barrier(async_op=async_op, device_ids=device_ids, timeout=t), async_op)
 
 
 def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None):

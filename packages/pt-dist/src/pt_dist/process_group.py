@@ -157,7 +157,9 @@ class ProcessGroup(abc.ABC):
         """Start receiving into ``tensor`` from ``src``."""
 
     @abc.abstractmethod
-    def barrier(self, async_op: bool = False, device_ids: list[int] | None = None) -> Work: ...
+    def barrier(self, async_op: bool = False, device_ids: list[int] | None = None,
+                timeout: float | None = None) -> Work:
+        """``timeout`` (seconds): this call's own, instead of the group's."""
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook; adapters have nothing to release
         """Release sockets, shared memory and threads."""

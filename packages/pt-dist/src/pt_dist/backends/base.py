@@ -82,8 +82,18 @@ class NativeProcessGroup(ProcessGroup):
 
     # the shared protocol --------------------------------------------------------------------------
     def _launch(self, op_name: str, body, async_op: bool, header: str = "", per_rank: str = "",
-                agree: bool = True) -> Work:
+                agree: bool = True, timeout: float | None = None) -> Work:
         def run():
+            if timeout is None:
+                return checked()
+            saved = self.timeout  # this call's own deadline (torch's barrier(timeout=)); ops run one at a time
+            self.timeout = self.mesh.timeout = timeout
+            try:
+                return checked()
+            finally:
+                self.timeout = self.mesh.timeout = saved
+
+        def checked():
             if self._broken:
                 raise DistError(f"{op_name} on group {self.group_name!r}: the group is unusable after an "
                                 f"earlier failure: {self._broken}")
@@ -348,8 +358,8 @@ class NativeProcessGroup(ProcessGroup):
                              f"summing to dim 0 ({rows})")
         return sizes
 
-    def barrier(self, async_op=False, device_ids=None):  # CPU only: no device to pick
-        return self._launch("barrier", lambda _: self._barrier(), async_op)
+    def barrier(self, async_op=False, device_ids=None, timeout=None):  # CPU only: no device to pick
+        return self._launch("barrier", lambda _: self._barrier(), async_op, timeout=timeout)
 
     def send(self, tensor, dst, tag=0):
         check_tensor(tensor, "tensor", "send")

@@ -270,6 +270,7 @@ class TorchProcessGroup(ProcessGroup):
         work._source = src
         return work
 
-    def barrier(self, async_op=False, device_ids=None):
-        return self._run("barrier", lambda: dist.barrier(group=self.pg, async_op=True, device_ids=device_ids), [],
-                         async_op)
+    def barrier(self, async_op=False, device_ids=None, timeout=None):
+        td = None if timeout is None else datetime.timedelta(seconds=timeout)
+        return self._run("barrier", lambda: dist.barrier(group=self.pg, async_op=True, device_ids=device_ids,
+                                                         timeout=td), [], async_op)
