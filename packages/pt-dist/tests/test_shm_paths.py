@@ -52,6 +52,13 @@ def _paths(rank, world_size):
         want = sum(torch.randn(n, generator=torch.Generator().manual_seed(r)).double() for r in range(world_size))
         pt_dist.all_reduce(t, group=group)
         out[name] = (float((t.double() - want).abs().max()), t)
+        if name == "single":  # one 4 MiB buffer twice: before the second, its pages are collapsed into huge ones
+            again = t.clone()
+            pt_dist.all_reduce(again, group=group)
+            before = group._huge.collapsed if group._use_cma else None
+            pt_dist.all_reduce(again, group=group)
+            out["again"] = torch.equal(again, (t * world_size) * world_size)
+            out["collapsed"] = (before, group._huge.collapsed if group._use_cma else None)
         mx = torch.randint(-1000, 1000, (n,), generator=g)
         pt_dist.all_reduce(mx, op=pt_dist.ReduceOp.MAX, group=group)
         out[name + " max"] = mx
@@ -82,6 +89,9 @@ def test_single_copy_verdict_is_agreed_and_results_are_bitwise_equal():
     for r in results:
         # the default group uses cross-memory exactly when the kernel lets a process read itself here
         assert r["verdicts"] == (r["self_read"], False)
+        if r["self_read"]:
+            assert r["collapsed"] == (0, int(_collapse_works())), r["collapsed"]
+        assert r["again"]
         for name in ("single", "staged"):
             assert r[name][0] < 1e-4, f"{name}: max error {r[name][0]}"
             assert r[name + " others"] == (True, True, True, [True, True]), name
@@ -263,3 +273,33 @@ def test_a_rank_on_another_host_fails_fast_and_says_why(monkeypatch):
     [t.join(30) for t in threads]
     assert "needs every rank on one host" in seen[1][0] and "'tcp'" in seen[1][0]
     assert "rank 1 cannot see" in seen[0][0] and seen[0][1] < 5, seen[0]  # not the 20 s timeout
+
+
+def _collapse_works() -> bool:
+    import ctypes
+
+    from pt_dist.backends import huge_pages
+
+    t = torch.ones(4 << 20, dtype=torch.uint8)
+    lo = -(-t.data_ptr() // huge_pages.HUGE) * huge_pages.HUGE
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(huge_pages.HUGE), huge_pages.MADV_COLLAPSE) == 0
+
+
+def test_buffers_used_twice_are_collapsed_into_huge_pages(monkeypatch):
+    """The second time a single-copy collective publishes the same range of >= 4 MiB, its whole 2 MiB pages are
+    collapsed (peers' process_vm_readv then pins 512x fewer pages); small or new ranges are left alone."""
+    from pt_dist.backends import huge_pages
+
+    advisor, big, small = huge_pages.HugePageAdvisor(), torch.ones(3 << 20), torch.ones(1 << 18)
+    for _ in range(3):
+        advisor.note(big.data_ptr(), big.numel() * 4)
+        advisor.note(small.data_ptr(), small.numel() * 4)
+    assert advisor.collapsed == (1 if _collapse_works() else 0)
+    assert torch.equal(big, torch.ones(3 << 20))  # the backing changed, not the values
+    monkeypatch.setenv("PT_DIST_NO_COLLAPSE", "1")
+    off = huge_pages.HugePageAdvisor()
+    for _ in range(2):
+        off.note(big.data_ptr(), big.numel() * 4)
+    assert off.collapsed == 0
+

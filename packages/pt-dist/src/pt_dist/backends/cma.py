@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from pt_dist.backends.huge_pages import HugePageAdvisor
 from pt_dist.errors import DistError, missing_text
 from pt_dist.process_group import combiner, finish_avg_
 
@@ -89,8 +90,13 @@ class SingleCopyCollectives:
     ``process_vm_readv/writev``, and a closing barrier says no one touches a peer's tensor any more.
     """
 
+    _huge: HugePageAdvisor | None = None
+
     def _meet(self, op: str, t: torch.Tensor, mine: str | None = None) -> list[tuple[int, int, int]]:
         """Publish ``t``'s address, barrier (doubling as the header check with ``mine``); peers' (rank, pid, addr)."""
+        if self._huge is None:
+            self._huge = HugePageAdvisor()
+        self._huge.note(*_addr(t))  # peers are about to pin its pages: on its second use, make them huge
         ctl, size = self._ctl, self._size
         ctl[(1 + self._rank) * 8 + 1] = t.data_ptr()
         self._arrive_and_wait(op)
