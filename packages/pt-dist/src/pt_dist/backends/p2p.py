@@ -2,12 +2,13 @@
 
 Each peer pair has one socket for point-to-point traffic, apart from the collectives'. Sends to a peer go
 out in order from one thread per peer, each message a header (tag, bytes, dtype) and the tensor's bytes.
-Receives match by tag, not by arrival: a reader thread per peer reads each header and streams the payload
-straight into the oldest receive posted for that tag, or, when none is posted yet, keeps it as an
-*unexpected message* (MPI's term) until one is. So ``irecv(tag=2)`` posted before ``irecv(tag=1)``
-completes both, whatever order they were sent in; messages of one tag arrive in the order sent. A receive
-nothing arrives for fails at the group timeout and leaves the channel usable; a peer that dies, or a
-message cut off half-way, fails every pending receive from it and every later one.
+Receives match by tag, not by arrival: while any receive is posted, a reader thread per peer reads each
+header and streams the payload straight into the earliest receive posted for that tag (from that peer,
+or from any peer: ``src=None``), or, when there is none, keeps it as an *unexpected message* (MPI's term)
+until one is posted. So ``irecv(tag=2)`` posted before ``irecv(tag=1)`` completes both, whatever order
+they were sent in; messages of one tag arrive in the order sent. A receive nothing arrives for fails at
+the group timeout and leaves the channel usable; a peer that dies, or a message cut off half-way, fails
+every pending receive from it and every later one.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class P2PChannels:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)  # a reader waits on it while nothing is posted
         self._sends: dict[int, queue.Queue] = {}
-        self._posted: dict[int, dict[int, collections.deque]] = collections.defaultdict(dict)
+        # peer (None: any) -> tag -> receives in posting order; peer -> tag -> messages nobody had asked for yet
+        self._posted: dict[int | None, dict[int, collections.deque]] = collections.defaultdict(dict)
         self._unexpected: dict[int, dict[int, collections.deque]] = collections.defaultdict(dict)
         self._broken: dict[int, str] = {}  # peer -> why its stream is out of step
         self._readers: set[int] = set()
