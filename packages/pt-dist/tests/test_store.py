@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch.distributed as dist
-from pt_dist import DistStoreError, FileStore, PrefixStore, TCPStore, wire
+from pt_dist import DistStoreError, FileStore, HashStore, PrefixStore, TCPStore, wire
 from pt_dist.store import SET
 
 from harness import run_ranks
@@ -19,14 +19,16 @@ from harness import run_ranks
 SECRET = b"test-secret"
 
 
-@pytest.fixture(params=["tcp", "file"])
+@pytest.fixture(params=["tcp", "file", "hash"])
 def store(request, tmp_path):
     if request.param == "tcp":
         s = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=2, secret=SECRET)
         yield s
         s.close()
-    else:
+    elif request.param == "file":
         yield FileStore(str(tmp_path / "store"), 1, timeout=2)
+    else:
+        yield HashStore(timeout=2)
 
 
 def _script(s) -> list:
@@ -86,8 +88,10 @@ def test_get_and_wait_time_out(store):
 def test_concurrent_adds_and_a_single_compare_set_winner(store):
     if isinstance(store, TCPStore):  # generous timeouts: connecting 4 clients on a loaded machine can be slow
         clients = [TCPStore("127.0.0.1", store.port, timeout=30, secret=SECRET) for _ in range(4)]
-    else:
+    elif isinstance(store, FileStore):
         clients = [FileStore(store.path, timeout=30) for _ in range(4)]
+    else:
+        clients = [store] * 4  # one in-process store, four threads
     wins = []
 
     def worker(c, i):

@@ -44,14 +44,14 @@ from pt_dist.object_collectives import (
     send_object_list,
 )
 from pt_dist.process_group import ProcessGroup, ReduceOp
-from pt_dist.store import PrefixStore, Store, TCPStore
+from pt_dist.store import HashStore, PrefixStore, Store, TCPStore
 from pt_dist.subgroups import new_group, new_subgroups, new_subgroups_by_enumeration
 from pt_dist.work import Work
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "DistError", "DistStoreError", "FileStore", "GroupMember", "P2POp", "PrefixStore",
+    "Backend", "DistError", "DistStoreError", "FileStore", "GroupMember", "HashStore", "P2POp", "PrefixStore",
     "ProcessGroup", "ReduceOp", "Store", "TCPStore", "Work", "all_gather", "all_gather_into_tensor",
     "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv",
     "broadcast", "broadcast_object_list", "destroy_process_group", "gather", "gather_object", "get_backend",
