@@ -5,6 +5,7 @@ opened (threads, sockets, shared-memory segments) is released."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -24,17 +25,47 @@ import ptdist_testutil as util  # noqa: E402
 BACKENDS = ["tcp", "shm"]
 
 
-def _interrupted(rank, world_size, backend):
-    import signal
+class CtrlC:
+    """Presses Ctrl-C (SIGINT to this process) after ``delay`` and again every 0.3 s until the interrupted call has
+    returned, as a user does when a press is lost (one landing in a finalizer, ``__del__``, is ignored by Python).
+    Use as ``with CtrlC(): call()``: the call's KeyboardInterrupt is swallowed, later presses are ignored."""
 
+    def __init__(self, delay: float = 0.5):
+        self.delay, self.armed, self.interrupted = delay, threading.Event(), False
+
+    def _handler(self, signum, frame):
+        if self.armed.is_set():
+            self.armed.clear()
+            raise KeyboardInterrupt
+
+    def _press(self):
+        time.sleep(self.delay)
+        while self.armed.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)
+
+    def __enter__(self):
+        self._saved = signal.signal(signal.SIGINT, self._handler)
+        self.armed.set()
+        self._presser = threading.Thread(target=self._press, daemon=True)
+        self._presser.start()
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        self.armed.clear()
+        self._presser.join()
+        signal.signal(signal.SIGINT, self._saved)
+        self.interrupted = kind is KeyboardInterrupt
+        return self.interrupted
+
+
+def _interrupted(rank, world_size, backend):
     util.join(rank, world_size, backend, timeout=20, key=f"interrupt-{backend}")
     out = {}
     if rank == 0:
-        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
-        try:
+        with CtrlC() as ctrl_c:
             pt_dist.all_reduce(torch.ones(1 << 18))  # rank 1 is not there yet: Ctrl-C lands mid-collective
-        except KeyboardInterrupt:
-            out["interrupted"] = True
+        out["interrupted"] = ctrl_c.interrupted
         try:
             pt_dist.all_reduce(torch.ones(4))
         except DistError as e:
@@ -60,16 +91,9 @@ def test_ctrl_c_mid_collective_aborts_the_group(backend):
 
 
 def _interrupted_setup(rank, world_size, backend, path):
-    import signal
-
     before = set(threading.enumerate())
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    try:  # the second rank never comes: Ctrl-C lands while rank 0 waits for it (mesh setup; shm: segment attach)
+    with CtrlC():  # the second rank never comes: Ctrl-C lands while rank 0 waits for it (mesh; shm: segment attach)
         pt_dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=2, timeout=60)
-    except KeyboardInterrupt:
-        pass
-    timer.join()
     time.sleep(0.3)
     left = [t.name for t in set(threading.enumerate()) - before] + util.open_segments()
     pt_dist.init_process_group(backend, init_method=f"file://{path}.retry", rank=0, world_size=1, timeout=5)
