@@ -1,0 +1,127 @@
+"""Collectives that autograd can differentiate through: torch.distributed.nn.functional's, on any pt_dist group.
+
+The plain collectives work below autograd (in place, no graph). These return new tensors and register a
+backward that is itself a collective: the adjoint of an all-gather is a reduce-scatter of the gradients
+(each rank's slice gets the sum of what every rank's loss said about it), of a broadcast a reduce to the
+source, of an all-to-all the reverse all-to-all, and a sum all-reduce is its own adjoint. Every rank must
+run backward through the same collectives in the same order, as with DDP. What contrastive losses gather
+features with, and what sequence/tensor parallelism is built from.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd import Function
+
+from pt_dist import distributed_c10d as c10d
+from pt_dist.list_collectives import reduce_scatter as _reduce_scatter_list
+from pt_dist.process_group import ReduceOp
+
+__all__ = ["all_gather", "all_reduce", "all_to_all_single", "broadcast", "reduce_scatter"]
+
+
+class _AllReduce(Function):
+    @staticmethod
+    def forward(ctx, op, group, tensor):
+        ctx.op, ctx.group = op, group
+        out = tensor.clone(memory_format=torch.contiguous_format)
+        c10d.all_reduce(out, op=op, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None, _AllReduce.apply(ctx.op, ctx.group, grad)  # SUM and AVG are their own adjoints
+
+
+class _AllGather(Function):
+    @staticmethod
+    def forward(ctx, group, tensor):
+        ctx.group = group
+        outs = [torch.empty_like(tensor, memory_format=torch.contiguous_format)
+                for _ in range(c10d.get_world_size(group))]
+        c10d.all_gather(outs, tensor.contiguous(), group=group)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        mine = torch.empty_like(grads[c10d.get_rank(group=ctx.group)], memory_format=torch.contiguous_format)
+        return None, _ReduceScatter.apply(ReduceOp.SUM, ctx.group, mine, *grads)
+
+
+class _ReduceScatter(Function):
+    @staticmethod
+    def forward(ctx, op, group, output, *inputs):
+        ctx.group = group
+        out = output.clone(memory_format=torch.contiguous_format)
+        _reduce_scatter_list(out, [t.contiguous() for t in inputs], op=op, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (None, None, None, *_AllGather.apply(ctx.group, grad))
+
+
+class _Broadcast(Function):
+    @staticmethod
+    def forward(ctx, src, group, tensor):
+        ctx.src, ctx.group = src, group
+        out = tensor.clone(memory_format=torch.contiguous_format)
+        c10d.broadcast(out, src=src, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        total = grad.clone(memory_format=torch.contiguous_format)
+        c10d.reduce(total, dst=ctx.src, group=ctx.group)  # only the source's input reached anyone's loss
+        return None, None, total if c10d.get_rank() == ctx.src else torch.zeros_like(grad)
+
+
+class _AllToAllSingle(Function):
+    @staticmethod
+    def forward(ctx, group, out_splits, in_splits, tensor):
+        ctx.group, ctx.splits = group, (out_splits, in_splits)
+        rows = sum(out_splits) if out_splits else tensor.shape[0]
+        out = tensor.new_empty((rows, *tensor.shape[1:]))
+        c10d.all_to_all_single(out, tensor.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        return None, None, None, _AllToAllSingle.apply(ctx.group, in_splits, out_splits, grad)
+
+
+def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None) -> torch.Tensor:
+    """A new tensor: ``tensor`` reduced over the group (SUM or AVG: the ops whose adjoint is themselves)."""
+    op = ReduceOp.of(op)
+    if op not in (ReduceOp.SUM, ReduceOp.AVG):
+        raise ValueError(f"all_reduce: autograd supports ReduceOp.SUM and AVG, got ReduceOp.{op.name}")
+    return _AllReduce.apply(op, group, tensor)
+
+
+def all_gather(tensor: torch.Tensor, group=None) -> tuple[torch.Tensor, ...]:
+    """Every rank's ``tensor``, by group rank; gradients flow back to the rank each came from."""
+    return _AllGather.apply(group, tensor)
+
+
+def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op=ReduceOp.SUM, group=None) -> torch.Tensor:
+    """A new tensor shaped like ``output``: ``input_list[i]`` summed over ranks, on group rank i."""
+    op = ReduceOp.of(op)
+    if op is not ReduceOp.SUM:
+        raise ValueError(f"reduce_scatter: autograd supports ReduceOp.SUM, got ReduceOp.{op.name}")
+    return _ReduceScatter.apply(op, group, output, *input_list)
+
+
+def broadcast(tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
+    """A new tensor holding ``src``'s (a global rank); the gradients of every rank's copy sum up at ``src``."""
+    return _Broadcast.apply(src, group, tensor)
+
+
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes=None, input_split_sizes=None,
+                      group=None) -> torch.Tensor:
+    """A new tensor shaped like ``output`` (torch's signature; ``output`` itself is not written)."""
+    out_splits = list(output_split_sizes) if output_split_sizes is not None else None
+    in_splits = list(input_split_sizes) if input_split_sizes is not None else None
+    if out_splits is None and output.shape[0] != input.shape[0]:
+        raise ValueError("all_to_all_single: without split sizes, output and input need the same dim 0")
+    return _AllToAllSingle.apply(group, out_splits, in_splits, input)

@@ -1,0 +1,104 @@
+"""pt_dist.nn.functional: forward results and gradients of the autograd-aware collectives.
+
+Each rank's loss weighs the collective's output with rank-dependent weights; the gradient every rank gets for
+its input is the derivative of the sum of all ranks' losses, worked out by hand below. On gloo, torch's own
+torch.distributed.nn.functional runs in the same ranks on the same inputs and must agree, value and gradient.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pt_dist
+import pytest
+import torch
+import torch.distributed.nn.functional as torch_functional
+from pt_dist.nn import functional as F
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ptdist_testutil as util  # noqa: E402
+
+N = 6  # elements per rank (divisible by the world size, 3)
+
+
+def _x(r: int) -> torch.Tensor:
+    return (torch.arange(N, dtype=torch.float64) + 1) * (r + 1)
+
+
+def _c(r: int, salt: int = 0) -> torch.Tensor:
+    return torch.arange(N, dtype=torch.float64) * 0.5 + r + 10 * salt
+
+
+def _run(lib, name: str, rank: int, ws: int):
+    """(forward output, gradient of the input) of one collective under ``lib`` (ours or torch's)."""
+    if name == "all_reduce":
+        x = _x(rank).requires_grad_()
+        y = lib.all_reduce(x)
+        (y * _c(rank)).sum().backward()
+        return y.detach(), x.grad
+    if name == "all_gather":
+        x = _x(rank).requires_grad_()
+        ys = lib.all_gather(x)
+        sum((y * _c(rank, i)).sum() for i, y in enumerate(ys)).backward()
+        return torch.stack([y.detach() for y in ys]), x.grad
+    if name == "reduce_scatter":
+        ins = [(_x(rank) + i).requires_grad_() for i in range(ws)]
+        y = lib.reduce_scatter(torch.empty(N, dtype=torch.float64), ins)
+        (y * _c(rank)).sum().backward()
+        return y.detach(), torch.stack([t.grad for t in ins])
+    if name == "broadcast":
+        x = _x(rank).requires_grad_()
+        y = lib.broadcast(x, src=1)
+        (y * _c(rank)).sum().backward()
+        return y.detach(), x.grad
+    x = _x(rank).requires_grad_()  # all_to_all_single, even splits
+    y = lib.all_to_all_single(torch.empty(N, dtype=torch.float64), x)
+    (y * _c(rank)).sum().backward()
+    return y.detach(), x.grad
+
+
+OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single"]
+
+
+def _expected(name: str, rank: int, ws: int):
+    """Forward result on ``rank`` and the gradient of the sum of every rank's loss with respect to its input."""
+    b = N // ws
+    if name == "all_reduce":
+        return sum(_x(r) for r in range(ws)), sum(_c(r) for r in range(ws))
+    if name == "all_gather":
+        return torch.stack([_x(r) for r in range(ws)]), sum(_c(r, rank) for r in range(ws))
+    if name == "reduce_scatter":
+        return sum(_x(r) + rank for r in range(ws)), torch.stack([_c(i) for i in range(ws)])
+    if name == "broadcast":
+        return _x(1), sum(_c(r) for r in range(ws)) if rank == 1 else torch.zeros(N, dtype=torch.float64)
+    out = torch.cat([_x(j)[rank * b:(rank + 1) * b] for j in range(ws)])
+    grad = torch.cat([_c(k)[rank * b:(rank + 1) * b] for k in range(ws)])
+    return out, grad
+
+
+def _autograd(rank, ws, backend):
+    util.join(rank, ws, backend, key=f"autograd-{backend}")
+    libs = {"ours": F}
+    if backend == "gloo":
+        libs["torch"] = torch_functional
+    got = {(lib, name): _run(mod, name, rank, ws) for name in OPS for lib, mod in libs.items()}
+    with pytest.raises(ValueError, match="autograd supports ReduceOp.SUM and AVG"):
+        F.all_reduce(torch.ones(2, requires_grad=True), op=pt_dist.ReduceOp.MAX)
+    util.leave()
+    return got
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
+def test_gradients_flow_back_through_collectives(backend):
+    ws = 3
+    for rank, got in enumerate(run_ranks(_autograd, ws, backend, backend=None, timeout=120)):
+        for name in OPS:
+            out, grad = got[("ours", name)]
+            want_out, want_grad = _expected(name, rank, ws)
+            assert torch.equal(out, want_out), (backend, rank, name, "forward")
+            assert torch.equal(grad, want_grad), (backend, rank, name, grad, want_grad)
+            if ("torch", name) in got:  # torch.distributed.nn.functional, same ranks, same inputs
+                assert all(torch.equal(a, b) for a, b in zip(got[("torch", name)], (out, grad))), (rank, name)
