@@ -7,14 +7,13 @@ flat parameters and gradients) are worth moving onto huge pages once. So the sec
 collective publishes the same address range of at least ``MIN_BYTES``, the rank asks the kernel to collapse
 the 2 MiB pages lying wholly inside it (``MADV_COLLAPSE``, Linux 6.1+: the values stay, only the backing
 changes, whatever the system's THP setting). A buffer seen once costs a dictionary lookup; a kernel that
-refuses (older, or no huge page free) costs nothing more, and ``PT_DIST_NO_COLLAPSE=1`` turns it off.
+refuses costs one system call per range, and ``PT_DIST_NO_COLLAPSE=1`` turns it off.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
-import errno
 import os
 import sys
 
@@ -49,7 +48,5 @@ class HugePageAdvisor:
         lo, hi = -(-addr // HUGE) * HUGE, (addr + nbytes) // HUGE * HUGE
         if hi <= lo:
             return
-        if self._madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
-            self.collapsed += 1
-        elif ctypes.get_errno() == errno.EINVAL:  # a kernel without MADV_COLLAPSE: stop asking
-            self._madvise = None
+        if self._madvise(lo, hi - lo, MADV_COLLAPSE) == 0:  # once per range: a refusal (an older kernel, a
+            self.collapsed += 1  # mapping that cannot be collapsed, no huge page free) costs one system call
