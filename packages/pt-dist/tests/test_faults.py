@@ -350,3 +350,29 @@ def test_barrier_with_its_own_timeout(backend):
     took = run_ranks(_barrier_timeout, 2, backend, backend=None, timeout=90)[0]
     assert took < 10, took
 
+
+
+def test_receives_pending_at_shutdown_or_cut_mid_message_fail_instead_of_hanging(monkeypatch):
+    """A receive still posted when its group is destroyed, and one whose message stops half-way, once waited
+    forever: the first was dropped with the reader, the second taken off the posted list before it failed."""
+    from pt_dist.backends import p2p
+
+    cut_pair, idle_pair = _two_tcp_groups("cut-mid"), _two_tcp_groups("idle")
+    waiting = idle_pair[1].recv(torch.zeros(4), 0, tag=5)  # nothing will ever be sent
+    real = p2p.wire.recv_into_exact
+
+    def cut(sock, view):
+        if len(view) == 16:  # the 4-float payload, after its header arrived whole
+            raise ConnectionResetError("planted: the sender vanished mid-message")
+        return real(sock, view)
+
+    monkeypatch.setattr(p2p.wire, "recv_into_exact", cut)
+    streaming = cut_pair[1].recv(torch.zeros(4), 0, tag=6)
+    cut_pair[0].send(torch.ones(4), 1, tag=6).wait(timeout=10)
+    with pytest.raises(DistError, match="failed mid-message"):
+        streaming.wait(timeout=10)
+    monkeypatch.setattr(p2p.wire, "recv_into_exact", real)
+    for g in (*cut_pair, *idle_pair):
+        g.shutdown()
+    with pytest.raises(DistError, match="shut down"):
+        waiting.wait(timeout=10)

@@ -187,7 +187,11 @@ class P2PChannels:
             rec = self._take(peer, tag)
         if rec is not None:
             if self._matches(rec, peer, nbytes, dtype):
-                wire.recv_into_exact(sock, byte_view(rec.t))
+                try:
+                    wire.recv_into_exact(sock, byte_view(rec.t))
+                except BaseException as e:  # cut off half-way: this receive fails too, not only those still posted
+                    rec.work._finish(exc=self._fail("recv", f"peer rank {peer} failed mid-message ({e!r})", [peer]))
+                    raise
                 self._complete(rec, peer)
             else:
                 wire.recv_exact(sock, nbytes)  # drained: the stream stays in step
@@ -216,13 +220,18 @@ class P2PChannels:
                                           sorted(self._socks)))
 
     def stop(self) -> None:
-        """First step of the mesh's close, before it shuts the sockets: from now on failures read as a shutdown."""
+        """First step of the mesh's close, before it shuts the sockets: from now on failures read as a shutdown, and
+        receives still waiting fail now (no reader will serve them)."""
         with self._cv:
             self._closed = True
             sends = list(self._sends.values())
+            pending = [r for tags in self._posted.values() for q in tags.values() for r in q]
+            self._posted.clear()
             self._cv.notify_all()
         for q in sends:
             q.put(None)
+        for r in pending:
+            r.work._finish(exc=self._unusable("recv", r.peer))
 
     def join(self) -> None:
         """Last step: wait for the threads to drop their last tensors (a daemon thread still freeing one while the
