@@ -170,6 +170,9 @@ class P2PChannels:
                     self._broken.setdefault(peer, repr(e))
                 pending = [r for q in self._posted[peer].values() for r in q]
                 self._posted[peer].clear()
+                if len(self._broken) == len(self._socks):  # no reader left to serve a receive from any rank
+                    pending += [r for q in self._posted[None].values() for r in q]
+                    self._posted[None].clear()
             for r in pending:
                 r.work._finish(exc=self._unusable("recv", peer) if self._closed else
                                self._fail("recv", f"peer rank {peer} failed or its stream broke ({e!r})", [peer]))
