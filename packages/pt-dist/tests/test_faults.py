@@ -376,3 +376,12 @@ def test_receives_pending_at_shutdown_or_cut_mid_message_fail_instead_of_hanging
         g.shutdown()
     with pytest.raises(DistError, match="shut down"):
         waiting.wait(timeout=10)
+
+
+def test_a_receive_from_any_rank_fails_when_every_peer_is_gone():
+    groups = _two_tcp_groups("anygone")
+    work = groups[1].recv(torch.zeros(2), None, tag=1)
+    groups[0].shutdown()  # the only peer goes away: no reader is left to serve the receive, or to time it out
+    with pytest.raises(DistError, match="stream broke"):
+        work.wait(timeout=5)
+    groups[1].shutdown()
