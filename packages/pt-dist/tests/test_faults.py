@@ -282,6 +282,19 @@ def test_p2p_survives_an_unexpected_error_and_checks_tags_first(monkeypatch):
     groups[0].send(torch.full((2,), 5.0), 1, tag=7).wait(timeout=10)  # the same send thread, still serving
     work.wait(timeout=10)
     assert got.tolist() == [5.0, 5.0]
+    # the same on the receiving side: that receive fails, its bytes are drained, the reader serves the next one
+    doomed = torch.zeros(2)
+    monkeypatch.setattr(p2p, "byte_view", lambda t: (_ for _ in ()).throw(RuntimeError("planted"))
+                        if t.data_ptr() == doomed.data_ptr()
+                        else real(t))
+    work = groups[1].recv(doomed, 0, tag=8)
+    groups[0].send(torch.full((2,), 6.0), 1, tag=8).wait(timeout=10)
+    with pytest.raises(RuntimeError, match="planted"):
+        work.wait(timeout=10)
+    work = groups[1].recv(got, 0, tag=8)
+    groups[0].send(torch.full((2,), 7.0), 1, tag=8).wait(timeout=10)
+    work.wait(timeout=10)
+    assert got.tolist() == [7.0, 7.0]
     for g in groups:
         g.shutdown()
 

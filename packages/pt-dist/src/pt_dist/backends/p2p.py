@@ -128,10 +128,7 @@ class P2PChannels:
                         self._readers.add(p)
                         self._start(self._read_loop, p, "recv")
         if msg is not None:
-            nbytes, dtype, payload = msg
-            if self._matches(rec, source, nbytes, dtype):
-                byte_view(t)[:] = payload
-                self._complete(rec, source)
+            self._fill(rec, source, *msg)
         return rec.work
 
     def _matches(self, rec: _Recv, peer: int, nbytes: int, dtype: bytes) -> bool:
@@ -143,12 +140,26 @@ class P2PChannels:
             f"this receive expects {rec.t.dtype} x {want[0]} bytes"))
         return False
 
+    def _fill(self, rec: _Recv, source: int, nbytes: int, dtype: bytes, payload: bytes) -> None:
+        """Complete ``rec`` from a message already read (an unexpected one)."""
+        if self._matches(rec, source, nbytes, dtype):
+            try:
+                byte_view(rec.t)[:] = payload
+            except Exception as e:  # noqa: BLE001 - the caller's error, the channel is in step
+                rec.work._finish(exc=e)
+                return
+            self._complete(rec, source)
+
     @staticmethod
     def _complete(rec: _Recv, source: int) -> None:
         rec.work._source = source
-        if rec.copy_back is not None:
-            with torch.inference_mode():  # the caller's tensor may be an inference tensor
-                rec.copy_back.copy_(rec.t)
+        try:
+            if rec.copy_back is not None:
+                with torch.inference_mode():  # the caller's tensor may be an inference tensor
+                    rec.copy_back.copy_(rec.t)
+        except Exception as e:  # noqa: BLE001 - delivered to the caller; the reader goes on
+            rec.work._finish(exc=e)
+            return
         rec.work._finish([rec.copy_back if rec.copy_back is not None else rec.t])
 
     def _read_loop(self, peer: int) -> None:
@@ -184,30 +195,36 @@ class P2PChannels:
         return min(queues, key=lambda q: q[0].seq).popleft() if queues else None
 
     def _read_one(self, peer: int, sock: socket.socket) -> None:
+        """One message: into the receive posted for it, else aside. Transport errors propagate (the stream is out
+        of step); anything else fails that receive only, after the payload is consumed."""
         tag, nbytes, dtype = _HEAD.unpack(wire.recv_exact(sock, _HEAD.size))
         dtype = dtype.rstrip(b"\0")
         with self._lock:
             rec = self._take(peer, tag)
-        if rec is not None:
-            if self._matches(rec, peer, nbytes, dtype):
-                try:
-                    wire.recv_into_exact(sock, byte_view(rec.t))
-                except BaseException as e:  # cut off half-way: this receive fails too, not only those still posted
-                    rec.work._finish(exc=self._fail("recv", f"peer rank {peer} failed mid-message ({e!r})", [peer]))
-                    raise
-                self._complete(rec, peer)
-            else:
-                wire.recv_exact(sock, nbytes)  # drained: the stream stays in step
+        if rec is None:
+            payload = wire.recv_exact(sock, nbytes)  # another tag's receive is posted: keep this one aside
+            with self._lock:  # unless its own receive was posted while the payload streamed in
+                rec = self._take(peer, tag)
+                if rec is None:
+                    self._unexpected[peer].setdefault(tag, collections.deque()).append((nbytes, dtype, payload))
+                    return
+            self._fill(rec, peer, nbytes, dtype, payload)
             return
-        payload = wire.recv_exact(sock, nbytes)  # another tag's receive is posted: keep this one aside
-        with self._lock:  # unless its own receive was posted while the payload streamed in
-            rec = self._take(peer, tag)
-            if rec is None:
-                self._unexpected[peer].setdefault(tag, collections.deque()).append((nbytes, dtype, payload))
-                return
+        view = None
         if self._matches(rec, peer, nbytes, dtype):
-            byte_view(rec.t)[:] = payload
-            self._complete(rec, peer)
+            try:
+                view = byte_view(rec.t)
+            except Exception as e:  # noqa: BLE001 - the caller's error: fail it below, once the bytes are drained
+                rec.work._finish(exc=e)
+        if view is None:
+            wire.recv_exact(sock, nbytes)  # drained: the stream stays in step
+            return
+        try:
+            wire.recv_into_exact(sock, view)
+        except BaseException as e:  # cut off half-way: this receive fails too, not only those still posted
+            rec.work._finish(exc=self._fail("recv", f"peer rank {peer} failed mid-message ({e!r})", [peer]))
+            raise
+        self._complete(rec, peer)
 
     def _expire(self, peer: int) -> None:
         """Fail receives that waited out the timeout; nothing was read for them, so the channel stays in step."""
