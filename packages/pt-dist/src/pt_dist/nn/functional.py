@@ -20,13 +20,18 @@ from pt_dist.process_group import ReduceOp
 __all__ = ["all_gather", "all_reduce", "all_to_all_single", "broadcast", "reduce_scatter"]
 
 
+def _on_copy(tensor: torch.Tensor, collective) -> torch.Tensor:
+    """The collectives write in place; autograd needs the input untouched, so they run on a copy."""
+    out = tensor.clone(memory_format=torch.contiguous_format)
+    collective(out)
+    return out
+
+
 class _AllReduce(Function):
     @staticmethod
     def forward(ctx, op, group, tensor):
         ctx.op, ctx.group = op, group
-        out = tensor.clone(memory_format=torch.contiguous_format)
-        c10d.all_reduce(out, op=op, group=group)
-        return out
+        return _on_copy(tensor, lambda out: c10d.all_reduce(out, op=op, group=group))
 
     @staticmethod
     def backward(ctx, grad):
@@ -52,9 +57,8 @@ class _ReduceScatter(Function):
     @staticmethod
     def forward(ctx, op, group, output, *inputs):
         ctx.group = group
-        out = output.clone(memory_format=torch.contiguous_format)
-        _reduce_scatter_list(out, [t.contiguous() for t in inputs], op=op, group=group)
-        return out
+        return _on_copy(output, lambda out: _reduce_scatter_list(out, [t.contiguous() for t in inputs], op=op,
+                                                                 group=group))
 
     @staticmethod
     def backward(ctx, grad):
@@ -65,14 +69,11 @@ class _Broadcast(Function):
     @staticmethod
     def forward(ctx, src, group, tensor):
         ctx.src, ctx.group = src, group
-        out = tensor.clone(memory_format=torch.contiguous_format)
-        c10d.broadcast(out, src=src, group=group)
-        return out
+        return _on_copy(tensor, lambda out: c10d.broadcast(out, src=src, group=group))
 
     @staticmethod
-    def backward(ctx, grad):
-        total = grad.clone(memory_format=torch.contiguous_format)
-        c10d.reduce(total, dst=ctx.src, group=ctx.group)  # only the source's input reached anyone's loss
+    def backward(ctx, grad):  # only the source's input reached anyone's loss
+        total = _on_copy(grad, lambda out: c10d.reduce(out, dst=ctx.src, group=ctx.group))
         return None, None, total if c10d.get_rank() == ctx.src else torch.zeros_like(grad)
 
 
