@@ -72,6 +72,11 @@ class NativeProcessGroup(ProcessGroup):
     @abc.abstractmethod
     def _barrier(self) -> None: ...
 
+    def _set_timeout(self, seconds: float) -> None:
+        self.timeout = seconds
+        if hasattr(self, "mesh"):  # the socket mesh keeps its own copy for its waits
+            self.mesh.timeout = seconds
+
     def _fence(self) -> None:
         """A full barrier between two transport steps of one collective's body."""
         self._barrier()
@@ -87,11 +92,11 @@ class NativeProcessGroup(ProcessGroup):
             if timeout is None:
                 return checked()
             saved = self.timeout  # this call's own deadline (torch's barrier(timeout=)); ops run one at a time
-            self.timeout = self.mesh.timeout = timeout
+            self._set_timeout(timeout)
             try:
                 return checked()
             finally:
-                self.timeout = self.mesh.timeout = saved
+                self._set_timeout(saved)
 
         def checked():
             if self._broken:
