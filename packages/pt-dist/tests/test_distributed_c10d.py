@@ -161,6 +161,9 @@ def test_invalid_collective_arguments_fail_locally():
     pt_dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{util.free_port()}", rank=0, world_size=1,
                                timeout=5)
     try:
+        with pytest.raises(ValueError, match="a 'gloo' sub-group needs a torch-backed default group"):
+            pt_dist.new_group([0], backend="gloo")
+        assert pt_dist.new_group([0]).group_name == "group1"  # the refused call took no group id (no store traffic)
         with pytest.raises(ValueError, match="global rank 3 is not in group"):
             pt_dist.broadcast(torch.ones(1), src=3)
         with pytest.raises(ValueError, match="src=3 is not a rank"):

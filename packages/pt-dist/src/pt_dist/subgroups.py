@@ -35,6 +35,9 @@ def new_group(ranks=None, timeout=None, backend: str | None = None, pg_options=N
         raise ValueError(f"new_group: ranks={ranks} must be distinct ranks in [0, {size})")
     name = Backend(backend or world.name())
     options = _library_options(name, pg_options, device_id, "new_group")
+    if Backend.is_torch_backed(name) and not Backend.is_torch_backed(world.name()):
+        raise ValueError(f"new_group: a {name!r} sub-group needs a torch-backed default group, the default is "
+                         f"{world.name()!r}")
     me = world.rank()
     if use_local_synchronization:  # named by its members alone: the others never call
         if me not in ranks:
@@ -48,9 +51,6 @@ def new_group(ranks=None, timeout=None, backend: str | None = None, pg_options=N
     t = _seconds(timeout)
     _check_same_call(group_name, ranks, me, t)
     if Backend.is_torch_backed(name):
-        if not Backend.is_torch_backed(world.name()):
-            raise ValueError(f"new_group: a {name!r} sub-group needs a torch-backed default group, the default is "
-                             f"{world.name()!r}")
         from pt_dist.backends.torch_adapter import TorchProcessGroup
 
         pg = TorchProcessGroup.new_subgroup(name, ranks, t, group_name, use_local_synchronization=
