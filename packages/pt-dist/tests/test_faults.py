@@ -385,10 +385,11 @@ def test_receives_pending_at_shutdown_or_cut_mid_message_fail_instead_of_hanging
     with pytest.raises(DistError, match="failed mid-message"):
         streaming.wait(timeout=10)
     monkeypatch.setattr(p2p.wire, "recv_into_exact", real)
-    for g in (*cut_pair, *idle_pair):
-        g.shutdown()
+    idle_pair[1].shutdown()  # the receiving side first: its peer closing first would break the stream instead
     with pytest.raises(DistError, match="shut down"):
         waiting.wait(timeout=10)
+    for g in (*cut_pair, idle_pair[0]):
+        g.shutdown()
 
 
 def test_a_receive_from_any_rank_fails_when_every_peer_is_gone():
