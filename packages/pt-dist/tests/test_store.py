@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch.distributed as dist
-from pt_dist import DistStoreError, FileStore, HashStore, PrefixStore, TCPStore, wire
+from pt_dist import DistNetworkError, DistStoreError, FileStore, HashStore, PrefixStore, TCPStore, wire
 from pt_dist.store import SET
 
 from harness import run_ranks
@@ -153,7 +153,7 @@ def test_wrong_secret_client_is_refused_and_the_store_keeps_serving():
     master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=2, secret=SECRET)
     master.set("k", "v")
     before = master.num_keys()
-    with pytest.raises(DistStoreError, match="refused"):
+    with pytest.raises(DistNetworkError, match="refused"):  # torch's kind for a connection that fails
         TCPStore("127.0.0.1", master.port, timeout=2, secret=b"not-the-secret")
     assert master.num_keys() == before and master.get("k") == b"v"
     os.environ[wire.SECRET_ENV] = SECRET.decode()  # the env variable is the secret when none is passed
@@ -218,9 +218,20 @@ def test_file_store_is_removed_by_its_last_user_and_starts_empty_again(tmp_path)
         c.get("addr")
 
 
+def test_a_store_nobody_serves_is_a_network_error_within_the_timeout():
+    """torch's kinds: failing to connect is a DistNetworkError, a key that never comes a DistStoreError."""
+    port = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=2, secret=SECRET)
+    gone = port.port
+    port.close()
+    t0 = time.monotonic()
+    with pytest.raises(DistNetworkError, match=f"could not connect to 127.0.0.1:{gone} within 0.5s"):
+        TCPStore("127.0.0.1", gone, timeout=0.5, secret=SECRET)
+    assert time.monotonic() - t0 < 3
+
+
 def test_a_port_already_taken_is_a_clear_store_error():
     first = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=2, secret=SECRET)
-    with pytest.raises(DistStoreError, match=f"cannot listen on 127.0.0.1:{first.port}.*another job"):
+    with pytest.raises(DistNetworkError, match=f"cannot listen on 127.0.0.1:{first.port}.*another job"):
         TCPStore("127.0.0.1", first.port, 1, is_master=True, timeout=2, secret=SECRET)
     first.close()
 

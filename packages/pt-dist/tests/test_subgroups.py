@@ -1,5 +1,5 @@
-"""Making groups: new_group called in different orders, new_group with use_local_synchronization, and torch's
-new_subgroups / new_subgroups_by_enumeration, on the native backends and the gloo adapter."""
+"""Making groups: new_group called in different orders, new_group with use_local_synchronization, torch's
+new_subgroups / new_subgroups_by_enumeration, and split_group, on the native backends and the gloo adapter."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pt_dist
 import pytest
 import torch
-from pt_dist import DistError
+from pt_dist import DistError, GroupMember
 
 from harness import run_ranks
 
@@ -98,3 +98,53 @@ def _subgroups(rank, ws, backend):
 def test_new_subgroups_cut_the_world_into_groups(backend):
     assert run_ranks(_subgroups, 4, backend, backend=None, timeout=90) == [
         [(1.0, 2), (2.0, 2)], [(1.0, 2), (4.0, 2)], [(5.0, 2), (2.0, 2)], [(5.0, 2), (4.0, 2)]]
+
+
+def _split(rank, ws, backend):
+    util.join(rank, ws, backend, key=f"split-{backend}", timeout=10)
+    try:
+        bad = {"[]": [], "[[0, 0]]": [[0, 0]], "[[0], [0, 1]]": [[0], [0, 1]], "[[4]]": [[4]], "[[]]": [[]]}
+        errors = {}
+        for text, lists in bad.items():  # refused before anything is created or sent
+            with pytest.raises(ValueError, match="split_group: ") as e:
+                pt_dist.split_group(split_ranks=lists)
+            errors[text] = str(e.value)
+        with pytest.raises(ValueError, match="differs from the parent group's"):
+            pt_dist.split_group(split_ranks=[[0]], backend="tcp" if backend != "tcp" else "shm")
+        assert pt_dist.get_pg_count() == 1
+        g = pt_dist.split_group(split_ranks=[[3, 1], [0, 2]])  # a list's order is its ranks' order
+        got = {"rank": pt_dist.get_rank(g), "ranks": pt_dist.get_process_group_ranks(g)}
+        t = torch.tensor([float(rank + 1)])
+        pt_dist.all_reduce(t, group=g)
+        b = torch.tensor([float(rank)])
+        pt_dist.broadcast(b, group=g, group_src=0)
+        got.update(sum=t.item(), bcast=b.item())
+        g2 = pt_dist.split_group(g, [[1]])  # a split of a split: ranks are the parent's own
+        got["g2"] = None if g2 is GroupMember.NON_GROUP_MEMBER else pt_dist.get_process_group_ranks(g2)
+        got["count"] = pt_dist.get_pg_count()
+        try:
+            pt_dist.split_group(split_ranks=[[0, 2], [1, 3]] if rank == 2 else [[0, 1], [2, 3]])
+        except DistError as e:
+            got["disagree"] = str(e)
+        t = torch.ones(1)
+        pt_dist.all_reduce(t)  # the default group is untouched
+        got["after"] = t.item()
+        return got, errors
+    finally:
+        util.leave()
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
+def test_split_group_cuts_the_parent_into_ordered_children(backend):
+    got = run_ranks(_split, 4, backend, backend=None, timeout=120)
+    child = {0: (0, [0, 2]), 1: (1, [3, 1]), 2: (1, [0, 2]), 3: (0, [3, 1])}
+    for rank, (g, errors) in enumerate(got):
+        assert (g["rank"], g["ranks"]) == child[rank], (rank, g)
+        assert g["sum"] == (4.0 if rank in (0, 2) else 6.0) and g["bcast"] == (0.0 if rank in (0, 2) else 3.0)
+        assert g["g2"] == {1: [1], 2: [2]}.get(rank), (rank, g)
+        assert g["count"] == 3 and g["after"] == 4.0
+        assert "the call that makes 'default_pg:split2' is [[0, 1], [2, 3]] on rank" in g["disagree"] or \
+            "is [[0, 2], [1, 3]] on rank 2 but [[0, 1], [2, 3]]" in g["disagree"], g["disagree"]
+        assert "rank 0 is in split_ranks[0] and [1]" in errors["[[0], [0, 1]]"]
+        assert "rank 4 in split_ranks[0] is not a rank of the parent group (size 4)" in errors["[[4]]"]
+        assert "rank 0 is twice in split_ranks[0]" in errors["[[0, 0]]"]

@@ -1,9 +1,9 @@
 """Tensors in the forms users hand to collectives, and torch's list and sparse forms of the collectives.
 
 Lazy ``.conj()`` and negative views (their bytes are not their values), 0-dim tensors, the bitwise
-reduce ops, ``all_to_all`` / ``reduce_scatter`` with lists (unequal shapes in all-to-all), and sparse
-COO all-reduce (DDP's sparse embedding gradients), on tcp, shm and the gloo adapter, against results
-computed locally.
+reduce ops, ``all_to_all`` / ``reduce_scatter`` with lists (unequal shapes in all-to-all), the ``*_coalesced``
+pair and ``gather_single``, and sparse COO all-reduce (DDP's sparse embedding gradients), on tcp, shm and the
+gloo adapter, against results computed locally (and on gloo against torch's own in the same ranks).
 """
 
 from __future__ import annotations
@@ -167,3 +167,60 @@ def _sparse(rank, ws, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sparse_all_reduce_sums_the_union_in_place(backend):
     run_ranks(_sparse, 3, backend, backend=None, timeout=120)
+
+
+def _coalesced(rank, ws, backend):
+    import torch.distributed as dist
+
+    util.join(rank, ws, backend, key=f"coalesced-{backend}")
+    try:
+        def inputs():  # a transposed (non-contiguous) matrix, a vector, an empty tensor: one dtype
+            return [_values(rank, 12).view(3, 4).t(), _values(rank, 5, salt=1), torch.empty(0)]
+        for async_op in (False, True):
+            ts = inputs()
+            fut = pt_dist.all_reduce_coalesced(ts, ReduceOp.SUM, async_op=async_op)
+            if async_op:  # torch's hands back a Future here, not a Work
+                assert isinstance(fut, torch.futures.Future) and fut.wait() is not None
+            else:
+                assert fut is None
+            for got, parts in zip(ts, zip(*[[_values(r, 12).view(3, 4).t(), _values(r, 5, salt=1), torch.empty(0)]
+                                            for r in range(ws)])):
+                assert torch.equal(got, reference(list(parts), ReduceOp.SUM)), (backend, got)
+            outs = [[torch.empty(4, 3), torch.empty(5), torch.empty(0)] for _ in range(ws)]
+            fut = pt_dist.all_gather_coalesced(outs, inputs(), async_op=async_op)
+            if async_op:
+                fut.wait()
+            for r in range(ws):
+                assert torch.equal(outs[r][0], _values(r, 12).view(3, 4).t()) and torch.equal(
+                    outs[r][1], _values(r, 5, salt=1)), (backend, r, outs[r])
+        if backend == "gloo":  # torch's own on the same ranks, call for call
+            theirs = inputs()
+            dist.all_reduce_coalesced(theirs)
+            ours = inputs()
+            pt_dist.all_reduce_coalesced(ours)
+            assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+        with pytest.raises(ValueError, match=r"tensors\[1\] is torch.int64, expected torch.float32"):
+            pt_dist.all_reduce_coalesced([torch.ones(2), torch.ones(2, dtype=torch.int64)])
+        with pytest.raises(ValueError, match=r"output_tensor_lists\[0\] sizes \[2\] differ from the inputs' \[3\]"):
+            pt_dist.all_gather_coalesced([[torch.empty(2)]] * ws, [torch.ones(3)])
+        mine = torch.full((2, 3), float(rank))
+        for shape in ((ws * 2, 3), (ws, 2, 3)):  # flat or stacked: only the element count matters
+            out = torch.full(shape, -1.0) if rank == 1 else None
+            work = pt_dist.gather_single(mine, out, group_dst=1, async_op=True)
+            work.wait()
+            if rank == 1:
+                assert torch.equal(out.reshape(ws, 2, 3), torch.arange(ws, dtype=torch.float32).view(ws, 1, 1)
+                                   .expand(ws, 2, 3)), out
+        gathered = torch.empty(ws * 2)
+        pt_dist.all_gather_single(gathered, torch.full((2,), float(rank)))  # torch 2.15's names
+        part = torch.empty(2)
+        pt_dist.reduce_scatter_single(part, torch.ones(ws * 2))
+        assert gathered.tolist() == [float(r) for r in range(ws) for _ in range(2)] and part.tolist() == [ws] * 2
+        assert pt_dist.gather_into_tensor is pt_dist.gather_single
+    finally:
+        util.leave()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_coalesced_collectives_and_gather_into_one_tensor(backend):
+    run_ranks(_coalesced, 3, backend, backend=None, timeout=120)

@@ -121,9 +121,10 @@ def test_tcp_backend_across_two_hosts_under_multi_node_torchrun(tmp_path):
 
 def test_ranks_left_on_loopback_fail_clearly_across_hosts(tmp_path):
     """Without PT_DIST_LISTEN_ADDR, ranks listen on 127.0.0.1 (the safe default): the other node cannot reach
-    them, and every rank raises a DistError naming the unreachable rank and the setting, within the timeout."""
+    them, and every rank raises a DistNetworkError (a DistError) naming the unreachable rank and the setting,
+    within the timeout."""
     _namespaces_or_skip()
     out, logs = _two_nodes(tmp_path, 6, listen=None)
     assert "nodes 0 0" not in out, out
-    assert "DistError" in logs and "PT_DIST_LISTEN_ADDR=0.0.0.0" in logs, logs
+    assert "DistNetworkError" in logs and "PT_DIST_LISTEN_ADDR=0.0.0.0" in logs, logs
     assert "cannot reach rank" in logs or "missing ranks" in logs, logs

@@ -31,6 +31,16 @@ class GroupMember:
     NON_GROUP_MEMBER = object()
 
 
+class _WorldMeta(type):
+    @property
+    def WORLD(cls) -> ProcessGroup | None:  # noqa: N802 - torch's spelling
+        return GroupMember.WORLD
+
+
+class group(metaclass=_WorldMeta):  # noqa: N801 - torch's spelling: ``dist.group.WORLD``
+    """``group.WORLD``: the default group (``None`` before init), as ``GroupMember.WORLD``."""
+
+
 class _World:
     def __init__(self):
         self.store: Store | None = None
@@ -39,6 +49,7 @@ class _World:
         self.ranks: dict[ProcessGroup, list[int]] = {}  # group -> global ranks, by group rank
         self.group_count = 0
         self.local_counts: dict[tuple[int, ...], int] = {}  # new_group(use_local_synchronization=True) per ranks
+        self.split_counts: dict[str, int] = {}  # split_group calls per parent group
 
 
 _world = _World()
@@ -93,6 +104,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise
     _world.store, _world.secret, _world.timeout, _world.group_count = store, secret, t, 0
     _world.local_counts.clear()
+    _world.split_counts.clear()
     GroupMember.WORLD = pg
     _world.ranks[pg] = list(range(world_size))
     log.info("pt_dist: rank %d/%d joined with backend %s", rank, world_size, name)
@@ -119,6 +131,11 @@ def _library_options(name: str, pg_options, device_id, what: str = "init_process
 def is_available() -> bool:
     """Always: pt_dist needs only sockets (torch's answers whether it was built with distributed support)."""
     return True
+
+
+def is_torchelastic_launched() -> bool:
+    """Whether torchrun (torch.distributed.elastic) started this process: it sets ``TORCHELASTIC_RUN_ID``."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
 
 
 def get_node_local_rank(fallback_rank: int | None = None) -> int:
@@ -190,6 +207,30 @@ def get_world_size(group=None) -> int:
 
 def get_backend(group=None) -> str:
     return _group(group).name()
+
+
+def get_backend_config(group=None) -> str:
+    """Device type to backend, torch's format: ``"cpu:tcp"`` for ours, torch's own string for its groups."""
+    pg = _group(group)
+    return pg.backend_config() if hasattr(pg, "backend_config") else f"cpu:{pg.name()}"
+
+
+def get_pg_count() -> int:
+    """How many process groups this rank has created since init, the default one included (0 before init)."""
+    if not is_initialized():
+        return 0
+    return 1 + _world.group_count + sum(_world.local_counts.values()) + sum(_world.split_counts.values())
+
+
+def set_timeout(timeout, group=None) -> None:
+    """The group's timeout (timedelta or seconds) for the operations issued from now on; groups made later keep
+    init_process_group's, as in torch."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("set_timeout: this rank is not a member of the group")
+    seconds = _seconds(timeout) if timeout is not None else 0.0
+    if seconds <= 0:
+        raise ValueError(f"set_timeout: timeout must be positive, got {timeout!r}")
+    _group(group).set_timeout(seconds)
 
 
 def get_process_group_ranks(group) -> list[int]:

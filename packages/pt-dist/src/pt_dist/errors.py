@@ -1,4 +1,10 @@
-"""The error every pt_dist failure surfaces as (torch's ``DistError`` / ``DistBackendError`` / ``DistStoreError``)."""
+"""The errors pt_dist failures surface as, torch's hierarchy: ``DistError`` and its three kinds.
+
+Catching ``DistError`` catches them all; the kinds say where it broke, as torch's do: a store call timed
+out (``DistStoreError``), a connection could not be made, was refused or broke (``DistNetworkError``, what
+torch's TCPStore raises), a collective or point-to-point call failed in the backend (``DistBackendError``,
+what NCCL raises: a peer died, timed out or sent something that does not match).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,14 @@ class DistError(RuntimeError):
 
 class DistStoreError(DistError):
     """A store operation failed or timed out (torch's ``DistStoreError``)."""
+
+
+class DistNetworkError(DistError):
+    """A connection to the store or a peer could not be made, was refused, or broke (torch's ``DistNetworkError``)."""
+
+
+class DistBackendError(DistError):
+    """A collective or point-to-point operation failed in the backend (torch's ``DistBackendError``)."""
 
 
 def missing_text(ranks) -> str:

@@ -1,10 +1,13 @@
-"""The list forms of two collectives: torch.distributed's ``all_to_all`` and ``reduce_scatter``.
+"""Collectives between lists and single tensors: ``all_to_all``, ``reduce_scatter``, the ``*_coalesced`` pair,
+``gather_single``.
 
-c10d's NCCL group runs both by flattening the lists into one buffer and calling the single-tensor
+c10d's NCCL group runs the list forms by flattening the lists into one buffer and calling the single-tensor
 collective (``all_to_all_single`` with the tensors' sizes as splits; ``reduce_scatter_tensor``); so do we,
 on every backend. Tensors may differ in shape from peer to peer in ``all_to_all`` (Megatron's and
 DeepSpeed's MoE token dispatch sends each expert a different number of tokens); gloo's own ``all_to_all``
 refuses that, ours does not. Ranks that disagree on a size raise on every native-backend rank.
+``all_reduce_coalesced`` / ``all_gather_coalesced`` move many tensors in one collective, the bucketing DDP
+does for gradients; ``gather_single`` is ``gather`` into one tensor, the list being views of it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from pt_dist.distributed_c10d import GroupMember
 from pt_dist.process_group import ReduceOp
 from pt_dist.work import Work
 
-__all__ = ["all_to_all", "reduce_scatter"]
+__all__ = ["all_gather_coalesced", "all_gather_single", "all_reduce_coalesced", "all_to_all", "gather_into_tensor",
+           "gather_single", "reduce_scatter", "reduce_scatter_single"]
 
 
 def _check_list(op: str, what: str, tensors, world: int, dtype: torch.dtype | None) -> torch.dtype:
@@ -71,11 +75,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
         for t, piece in zip(output_tensor_list, out.split(out_splits)):
             t.detach().copy_(piece.view(t.shape))
     work = c10d.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)
-    if not async_op:
-        with torch.inference_mode():
-            unpack()
-        return None
-    return _ThenWork("all_to_all", work, unpack, list(output_tensor_list))
+    return _then(work, unpack, "all_to_all", list(output_tensor_list), async_op)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False):
@@ -91,3 +91,92 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
             raise ValueError(f"reduce_scatter: input_list[{i}] has shape {list(t.shape)}, output has "
                              f"{list(output.shape)}")
     return c10d.reduce_scatter_tensor(output, _packed(input_list), op, group=group, async_op=async_op)
+
+
+def _same_dtype(op: str, what: str, tensors) -> torch.dtype:
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise ValueError(f"{op}: {what} must be a non-empty list of tensors, got {tensors!r}")
+    return _check_list(op, what, tensors, len(tensors), None)
+
+
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    """Every tensor of the list all-reduced, in one collective over their concatenation (one dtype; torch's
+    returns a Future, not a Work, with ``async_op``)."""
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    _same_dtype("all_reduce_coalesced", "tensors", tensors)
+    flat = _packed(tensors)
+
+    def unpack():
+        for t, piece in zip(tensors, flat.split([t.numel() for t in tensors])):
+            t.detach().copy_(piece.view(t.shape))
+    return _then(c10d.all_reduce(flat, op, group=group, async_op=async_op), unpack, "all_reduce_coalesced",
+                 list(tensors), async_op, future=True)
+
+
+def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, async_op: bool = False):
+    """``output_tensor_lists[i][j]`` = rank i's ``input_tensor_list[j]``, in one all-gather (a Future with
+    ``async_op``, as torch's)."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    dtype = _same_dtype("all_gather_coalesced", "input_tensor_list", input_tensor_list)
+    world = c10d.get_world_size(group)
+    if not isinstance(output_tensor_lists, list) or len(output_tensor_lists) != world:
+        raise ValueError(f"all_gather_coalesced: output_tensor_lists must be a list of group size={world} lists")
+    sizes = [t.numel() for t in input_tensor_list]
+    for i, outs in enumerate(output_tensor_lists):
+        _check_list("all_gather_coalesced", f"output_tensor_lists[{i}]", outs, len(sizes), dtype)
+        if [t.numel() for t in outs] != sizes:
+            raise ValueError(f"all_gather_coalesced: output_tensor_lists[{i}] sizes {[t.numel() for t in outs]} "
+                             f"differ from the inputs' {sizes}")
+    inp = _packed(input_tensor_list)
+    out = torch.empty(world * inp.numel(), dtype=dtype, device=inp.device)
+
+    def unpack():
+        for outs, block in zip(output_tensor_lists, out.chunk(world)):
+            for t, piece in zip(outs, block.split(sizes)):
+                t.detach().copy_(piece.view(t.shape))
+    work = c10d.all_gather_into_tensor(out, inp, group=group, async_op=async_op)
+    return _then(work, unpack, "all_gather_coalesced", output_tensor_lists, async_op, future=True)
+
+
+def _then(work, post, op_name: str, result, async_op: bool, future: bool = False):
+    if not async_op:
+        with torch.inference_mode():
+            post()
+        return None
+    done = _ThenWork(op_name, work, post, result)
+    return done.get_future() if future else done
+
+
+def gather_single(tensor, gather_tensor=None, dst: int | None = None, group=None, async_op: bool = False,
+                  group_dst: int | None = None):
+    """Every rank's ``tensor`` into one contiguous ``gather_tensor`` on ``dst``, rank by rank (shaped
+    ``[world * n, ...]`` or ``[world, *shape]``: only the element count is checked, as torch's)."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"gather_single: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    root = c10d._peer(group, dst, group_dst, "dst")
+    parts = None
+    if c10d.get_rank(group) == root:
+        world = c10d.get_world_size(group)
+        if not isinstance(gather_tensor, torch.Tensor):
+            raise ValueError("gather_single: gather_tensor must be given on the destination rank")
+        if gather_tensor.dtype != tensor.dtype:
+            raise ValueError(f"gather_single: gather_tensor is {gather_tensor.dtype}, tensor is {tensor.dtype}")
+        if not gather_tensor.is_contiguous():
+            raise ValueError("gather_single: gather_tensor must be contiguous")
+        if gather_tensor.numel() != world * tensor.numel():
+            raise ValueError(f"gather_single: gather_tensor has {gather_tensor.numel()} elements, the group needs "
+                             f"{world} x {tensor.numel()}")
+        parts = [p.view(tensor.shape) for p in gather_tensor.view(-1).chunk(world)] if tensor.numel() else \
+            [gather_tensor.view(-1)[:0].view(tensor.shape) for _ in range(world)]
+    return c10d.gather(tensor, parts, group=group, async_op=async_op, group_dst=root)
+
+
+gather_into_tensor = gather_single  # torch's older name for it
+all_gather_single = c10d.all_gather_into_tensor  # torch 2.15's names for the two single-tensor collectives
+reduce_scatter_single = c10d.reduce_scatter_tensor

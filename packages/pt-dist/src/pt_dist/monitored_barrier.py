@@ -15,7 +15,7 @@ import weakref
 
 from pt_dist import distributed_c10d as c10d
 from pt_dist.distributed_c10d import GroupMember
-from pt_dist.errors import DistError
+from pt_dist.errors import DistBackendError
 from pt_dist.store import PrefixStore
 
 __all__ = ["monitored_barrier"]
@@ -50,11 +50,11 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
         deadline = time.monotonic() + t + min(t, 10.0)  # rank 0 may take all of ``timeout`` to decide
         while not store.check(["verdict"]):
             if time.monotonic() > deadline:
-                raise DistError(f"monitored_barrier on group {pg.group_name!r}: rank {ranks[0]} (the group's rank 0, "
-                                f"which checks the others in) did not report within {t:.1f}s")
+                raise DistBackendError(f"monitored_barrier on group {pg.group_name!r}: rank {ranks[0]} (the group's "
+                                       f"rank 0, which checks the others in) did not report within {t:.1f}s")
             time.sleep(_POLL_S)
         late = [int(r) for r in store.get("verdict").decode().split(",") if r]
     if late:
         more = "" if wait_all_ranks else " (the first found; pass wait_all_ranks=True for all)"
-        raise DistError(f"monitored_barrier on group {pg.group_name!r}: rank(s) {late}{more} did not reach it "
-                        f"within {t:.1f}s")
+        raise DistBackendError(f"monitored_barrier on group {pg.group_name!r}: rank(s) {late}{more} did not reach it "
+                               f"within {t:.1f}s")

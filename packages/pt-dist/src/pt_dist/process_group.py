@@ -42,6 +42,12 @@ class ReduceOp(enum.Enum):
             raise ValueError(f"unsupported reduce op {op!r}; expected one of {[m.name for m in cls]}") from None
 
 
+def supports_complex(op) -> bool:
+    """Whether an all-reduce with ``op`` takes complex tensors: not the orderings, not the bitwise ops (torch's
+    answers False for PRODUCT too; ours multiplies complex numbers)."""
+    return ReduceOp.of(op) not in (ReduceOp.MIN, ReduceOp.MAX, *_BITWISE)
+
+
 def check_reduce_dtype(op: ReduceOp, dtype: torch.dtype, op_name: str, cpu_fold: bool = True) -> None:
     """Reject (op, dtype) pairs torch itself cannot reduce, before any communication. ``cpu_fold``: the reduction
     runs in torch's CPU kernels (native backends), not in a library that may support more (NCCL's fp8)."""
@@ -160,6 +166,10 @@ class ProcessGroup(abc.ABC):
     def barrier(self, async_op: bool = False, device_ids: list[int] | None = None,
                 timeout: float | None = None) -> Work:
         """``timeout`` (seconds): this call's own, instead of the group's."""
+
+    def set_timeout(self, seconds: float) -> None:
+        """The group's timeout for the operations issued from now on (torch's ``ProcessGroup.set_timeout``)."""
+        raise NotImplementedError(f"backend {self.name()!r} cannot change its timeout")
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook; adapters have nothing to release
         """Release sockets, shared memory and threads."""

@@ -18,7 +18,7 @@ import threading
 import time
 
 from pt_dist import wire
-from pt_dist.errors import DistStoreError
+from pt_dist.errors import DistNetworkError, DistStoreError
 from pt_dist.store_server import (
     ADD,
     APPEND,
@@ -229,7 +229,7 @@ class TCPStore(Store):
         if is_master and wait_for_workers and world_size:
             try:
                 self._wait_workers(world_size)
-            except DistStoreError:
+            except BaseException:
                 self.close()  # free the port now, not whenever the half-built object is collected
                 raise
 
@@ -250,11 +250,11 @@ class TCPStore(Store):
                 wire.tune(sock, 1 << 20)
                 return sock
             except wire.ProtocolError as e:
-                raise DistStoreError(f"TCPStore {self.host}:{self.port}: {e}") from None
+                raise DistNetworkError(f"TCPStore {self.host}:{self.port}: {e}") from None
             except OSError as e:
                 if time.monotonic() > deadline:
-                    raise DistStoreError(f"TCPStore: could not connect to {self.host}:{self.port} within "
-                                         f"{self._timeout:.1f}s: {e}") from None
+                    raise DistNetworkError(f"TCPStore: could not connect to {self.host}:{self.port} within "
+                                           f"{self._timeout:.1f}s: {e}") from None
                 time.sleep(0.05)
 
     def _call(self, cmd: int, *fields: bytes, wait_s: float = 0.0) -> bytes:
@@ -273,7 +273,7 @@ class TCPStore(Store):
             reply = wire.recv_frame(sock, MAX_FRAME + 16)
         except (OSError, wire.ProtocolError) as e:
             sock.close()
-            raise DistStoreError(f"TCPStore {self.host}:{self.port}: connection to the store failed: {e!r}") from None
+            raise DistNetworkError(f"TCPStore {self.host}:{self.port}: connection to the store failed: {e!r}") from None
         with self._lock:
             self._idle.append(sock)
         if reply[:1] == b"\x01":

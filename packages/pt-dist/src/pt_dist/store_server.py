@@ -18,7 +18,7 @@ import struct
 import threading
 
 from pt_dist import wire
-from pt_dist.errors import DistStoreError
+from pt_dist.errors import DistNetworkError
 
 log = logging.getLogger("pt_dist.store")
 
@@ -82,7 +82,7 @@ class StoreServer:
         except OSError as e:
             hint = (" (another job, or an earlier run still exiting, holds it: choose another MASTER_PORT / tcp:// "
                     "port, or 0 for a free one)" if e.errno == errno.EADDRINUSE else "")
-            raise DistStoreError(f"TCPStore: cannot listen on {host}:{port}: {e.strerror or e}{hint}") from e
+            raise DistNetworkError(f"TCPStore: cannot listen on {host}:{port}: {e.strerror or e}{hint}") from e
         self.port = self._sock.getsockname()[1]
         self._data: dict[bytes, bytes] = {}
         self._cond = threading.Condition()

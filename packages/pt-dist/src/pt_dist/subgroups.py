@@ -1,4 +1,5 @@
-"""Making sub-groups: ``new_group``, and torch's helpers ``new_subgroups`` / ``new_subgroups_by_enumeration``.
+"""Making sub-groups: ``new_group``, torch's helpers ``new_subgroups`` / ``new_subgroups_by_enumeration``, and
+``split_group`` (a parent group cut into disjoint children in one call, what NCCL's ``ncclCommSplit`` does).
 
 Every rank calls ``new_group`` for every group, in the same order (each call takes the next group id, so
 ranks agree on the store namespace without talking); members then compare the rank lists they were
@@ -20,7 +21,7 @@ from pt_dist.distributed_c10d import GroupMember, _group, _library_options, _sec
 from pt_dist.errors import DistError, DistStoreError
 from pt_dist.store import PrefixStore
 
-__all__ = ["new_group", "new_subgroups", "new_subgroups_by_enumeration"]
+__all__ = ["new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group"]
 
 
 def new_group(ranks=None, timeout=None, backend: str | None = None, pg_options=None,
@@ -67,10 +68,12 @@ def new_group(ranks=None, timeout=None, backend: str | None = None, pg_options=N
     return pg
 
 
-def _check_same_call(group_name: str, ranks: list[int], me: int, timeout: float) -> None:
-    """Every rank posts which ranks its n-th new_group names; members compare, so ranks that create groups in
-    different orders raise at once, saying so, instead of meeting the wrong peers (or none) in one namespace."""
-    store, mine = PrefixStore(f"pt_dist/new_group/{group_name}", _world.store), ",".join(map(str, ranks))
+def _check_same_call(group_name: str, ranks: list[int], me: int, timeout: float, what: str | None = None,
+                     call: str = "new_group") -> None:
+    """Every rank posts what its n-th ``call`` asked for (``what``: the rank list); members compare, so ranks that
+    create groups in different orders raise at once, saying so, instead of meeting the wrong peers (or none)."""
+    mine = what if what is not None else ",".join(map(str, ranks))
+    store = PrefixStore(f"pt_dist/{call}/{group_name}", _world.store)
     store.set(str(me), mine)
     if me not in ranks:
         return
@@ -81,13 +84,14 @@ def _check_same_call(group_name: str, ranks: list[int], me: int, timeout: float)
         if time.monotonic() < deadline:
             raise  # the store itself failed, not a late rank
         missing = [r for r in ranks if not store.check([str(r)])]
-        raise DistError(f"new_group: rank(s) {missing} did not create {group_name!r} (ranks {ranks}) within "
-                        f"{timeout:.1f}s; every rank must call new_group, in the same order") from None
+        raise DistError(f"{call}: rank(s) {missing} did not create {group_name!r} (ranks {ranks}) within "
+                        f"{timeout:.1f}s; every rank must call {call}, in the same order") from None
     for r in ranks:
         theirs = store.get(str(r)).decode()
         if theirs != mine:
-            raise DistError(f"new_group: ranks called new_group in different orders: the call that makes "
-                            f"{group_name!r} is ranks {ranks} on rank {me} but [{theirs}] on rank {r}; every rank "
+            shown = (f"ranks {ranks}", f"[{theirs}]") if what is None else (mine, theirs)
+            raise DistError(f"{call}: ranks called {call} in different orders: the call that makes "
+                            f"{group_name!r} is {shown[0]} on rank {me} but {shown[1]} on rank {r}; every rank "
                             f"must create the same groups in the same order")
 
 
@@ -129,3 +133,50 @@ def new_subgroups(group_size: int | None = None, group=None, timeout=None, backe
                                                 timeout=timeout, backend=backend, pg_options=pg_options,
                                                 group_desc=group_desc)
     return mine, groups
+
+
+def split_group(parent_pg=None, split_ranks: list[list[int]] | None = None, timeout=None, pg_options=None,
+                group_desc: str | None = None, backend: str | None = None):
+    """Cut ``parent_pg`` (default: the world) into disjoint groups of *its* ranks, each keeping its list's order
+    (position = rank in the child). Every member of the parent calls it with the same lists; a rank in none gets
+    ``GroupMember.NON_GROUP_MEMBER``. Torch's groups split through torch's own ``split_group``."""
+    parent = _group(parent_pg)
+    size, me = parent.size(), parent.rank()
+    if not split_ranks or not isinstance(split_ranks, (list, tuple)):
+        raise ValueError(f"split_group: split_ranks must be a non-empty list of rank lists, got {split_ranks!r}")
+    owner: dict[int, int] = {}
+    for i, ranks in enumerate(split_ranks):
+        if not isinstance(ranks, (list, tuple)) or not ranks:
+            raise ValueError(f"split_group: split_ranks[{i}] must be a non-empty list of ranks, got {ranks!r}")
+        for r in ranks:
+            if not isinstance(r, int) or not 0 <= r < size:
+                raise ValueError(f"split_group: rank {r!r} in split_ranks[{i}] is not a rank of the parent group "
+                                 f"(size {size})")
+            if r in owner:
+                where = f"twice in split_ranks[{i}]" if owner[r] == i else f"in split_ranks[{owner[r]}] and [{i}]"
+                raise ValueError(f"split_group: rank {r} is {where}")
+            owner[r] = i
+    name = parent.name()
+    if backend is not None and Backend(backend) != name:
+        raise ValueError(f"split_group: backend={backend!r} differs from the parent group's {name!r}")
+    options = _library_options(name, pg_options, None, "split_group")
+    t = _seconds(timeout) if timeout is not None else getattr(parent, "timeout", _world.timeout)
+    count = _world.split_counts[parent.group_name] = _world.split_counts.get(parent.group_name, 0) + 1
+    tag = f"{parent.group_name}:split{count}"
+    parent_global = _world.ranks[parent]
+    _check_same_call(tag, list(range(size)), me, t, repr([list(r) for r in split_ranks]), "split_group")
+    mine = split_ranks[owner[me]] if me in owner else None
+    group_name = f"{tag}:{owner[me]}" if mine is not None else tag
+    if Backend.is_torch_backed(name):
+        pg = parent.split(split_ranks, t, group_name, group_desc, **options)
+        if pg is None:
+            return GroupMember.NON_GROUP_MEMBER
+    elif mine is None:
+        return GroupMember.NON_GROUP_MEMBER
+    else:
+        global_ranks = [parent_global[r] for r in mine]
+        pg = Backend.creator(name)(PrefixStore(group_name, _world.store), list(mine).index(me), len(mine), t,
+                                   group_name, _world.secret, global_ranks)
+    pg.group_desc = group_desc or group_name
+    _world.ranks[pg] = [parent_global[r] for r in mine]
+    return pg

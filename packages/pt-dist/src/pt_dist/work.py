@@ -46,9 +46,9 @@ class Work:
         if timeout is not None and not isinstance(timeout, (int, float)):
             timeout = timeout.total_seconds()
         if not self._done.wait(timeout):
-            from pt_dist.errors import DistError
+            from pt_dist.errors import DistBackendError
 
-            raise DistError(f"{self.op_name}: Work.wait timed out after {timeout}s")
+            raise DistBackendError(f"{self.op_name}: Work.wait timed out after {timeout}s")
         if self._exc is not None:
             raise self._exc
         return True

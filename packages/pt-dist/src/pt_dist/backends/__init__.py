@@ -65,3 +65,31 @@ Backend.register_backend("tcp", _tcp)
 Backend.register_backend("shm", _shm)
 for _name in ("gloo", "nccl", "mpi"):
     Backend.register_backend(_name, _torch(_name), torch_backed=True)
+
+
+def is_backend_available(backend: str) -> bool:
+    """Registered here, and for torch's backends runnable in this build and machine (nccl: NCCL and a GPU)."""
+    try:
+        name = Backend(backend)
+    except ValueError:
+        return False
+    if not Backend.is_torch_backed(name):
+        return True
+    from pt_dist.backends.torch_adapter import check_available
+    from pt_dist.errors import DistError
+
+    try:
+        check_available(name)
+    except DistError:
+        return False
+    return True
+
+
+def get_default_backend_for_device(device) -> str:
+    """What ``init_process_group`` picks for a device: ``tcp`` for CPU tensors (ours; torch's picks gloo), nccl
+    for CUDA's."""
+    kind = device.type if hasattr(device, "type") else str(device).split(":")[0]
+    defaults = {"cpu": Backend.TCP, "cuda": Backend.NCCL}
+    if kind not in defaults:
+        raise ValueError(f"no default backend for device {device!r}; known: {sorted(defaults)}")
+    return defaults[kind]

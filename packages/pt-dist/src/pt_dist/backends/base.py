@@ -17,12 +17,12 @@ import torch
 
 from pt_dist.backends.arguments import check_in_place, check_tag, check_tensor, contig, overlap
 from pt_dist.backends.sparse import check_sparse_all_reduce, sparse_all_reduce, sparse_header
-from pt_dist.errors import DistError
+from pt_dist.errors import DistBackendError, DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
 from pt_dist.work import OpQueue, Work
 
 
-class HeaderMismatch(DistError):
+class HeaderMismatch(DistBackendError):
     """Ranks disagreed on a collective's arguments; the transport is still in step."""
 
 
@@ -72,6 +72,10 @@ class NativeProcessGroup(ProcessGroup):
     @abc.abstractmethod
     def _barrier(self) -> None: ...
 
+    def set_timeout(self, seconds: float) -> None:
+        """Queued behind the operations already issued, so it holds from the next one on, not mid-way in one."""
+        self._queue.submit("set_timeout", lambda: self._set_timeout(seconds), async_op=True)
+
     def _set_timeout(self, seconds: float) -> None:
         self.timeout = seconds
         if hasattr(self, "mesh"):  # the socket mesh keeps its own copy for its waits
@@ -100,8 +104,8 @@ class NativeProcessGroup(ProcessGroup):
 
         def checked():
             if self._broken:
-                raise DistError(f"{op_name} on group {self.group_name!r}: the group is unusable after an "
-                                f"earlier failure: {self._broken}")
+                raise DistBackendError(f"{op_name} on group {self.group_name!r}: the group is unusable after an "
+                                       f"earlier failure: {self._broken}")
             try:
                 self._seq += 1
                 self._placed = self._agree(op_name, header, per_rank) if agree else None
@@ -116,8 +120,8 @@ class NativeProcessGroup(ProcessGroup):
             except (OSError, ConnectionError) as e:
                 self._broken = f"{op_name}: {e!r}"
                 self._abort()
-                raise DistError(f"{op_name} on group {self.group_name!r} (rank {self._rank}): transport "
-                                f"failure {e!r}") from e
+                raise DistBackendError(f"{op_name} on group {self.group_name!r} (rank {self._rank}): transport "
+                                       f"failure {e!r}") from e
             except (Exception, KeyboardInterrupt) as e:  # torch failing, or Ctrl-C, mid-way: peers may be
                 # mid-transfer, so stop here too (a notebook user who interrupts a hung collective must not
                 # run the next one out of step)

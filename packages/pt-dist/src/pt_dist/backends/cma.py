@@ -17,7 +17,7 @@ import sys
 import torch
 
 from pt_dist.backends.huge_pages import HugePageAdvisor
-from pt_dist.errors import DistError, missing_text
+from pt_dist.errors import DistBackendError, missing_text
 from pt_dist.process_group import combiner, finish_avg_
 
 # Collectives from this many bytes take the single-copy path where the group agreed it works; below it,
@@ -119,13 +119,13 @@ class SingleCopyCollectives:
         except OSError as e:
             raise self._copy_failed(op, peer[0], e) from e
 
-    def _copy_failed(self, op: str, j: int, e: OSError) -> DistError:
+    def _copy_failed(self, op: str, j: int, e: OSError) -> DistBackendError:
         if e.errno == errno.ESRCH:  # its memory is torn down already, though /proc may not show it dead yet
-            return DistError(f"{op} on shm group {self.group_name!r}: rank {j} exited during a cross-memory "
-                             f"copy; {missing_text([j])}")
+            return DistBackendError(f"{op} on shm group {self.group_name!r}: rank {j} exited during a cross-memory "
+                                    f"copy; {missing_text([j])}")
         self._check_peers(op, self._epoch + 1, False)
-        return DistError(f"{op} on shm group {self.group_name!r}: cross-memory copy with rank {j} failed: {e}; "
-                         f"{missing_text([j])}")
+        return DistBackendError(f"{op} on shm group {self.group_name!r}: cross-memory copy with rank {j} failed: {e}; "
+                                f"{missing_text([j])}")
 
     def _chunk_scratch(self, dtype: torch.dtype) -> tuple[int, torch.Tensor]:
         step = max(1, CHUNK_BYTES // dtype.itemsize)

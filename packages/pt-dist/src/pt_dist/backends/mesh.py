@@ -22,7 +22,7 @@ import torch
 
 from pt_dist import wire
 from pt_dist.backends.p2p import P2PChannels
-from pt_dist.errors import DistError, missing_text
+from pt_dist.errors import DistBackendError, DistNetworkError, missing_text
 from pt_dist.work import Work
 
 COLL, P2P = 0, 1
@@ -72,8 +72,8 @@ class PeerMesh:
             acceptor.join(self.timeout + 1)
             missing = sorted({p for p in range(rank + 1, size) for c in (COLL, P2P) if (p, c) not in self.socks})
             if missing:
-                raise DistError(f"group {group_name!r}: mesh setup timed out after {timeout:.1f}s; "
-                                f"{missing_text(missing)}{_loopback_hint(host)}")
+                raise DistNetworkError(f"group {group_name!r}: mesh setup timed out after {timeout:.1f}s; "
+                                       f"{missing_text(missing)}{_loopback_hint(host)}")
         except BaseException:  # a timeout, or Ctrl-C while waiting for a peer: release what is connected already
             for sock in self.socks.values():
                 sock.close()
@@ -122,8 +122,8 @@ class PeerMesh:
                 return sock
             except OSError as e:
                 if time.monotonic() > deadline:
-                    raise DistError(f"group {self.group_name!r}: cannot reach rank {peer} at {host}:{port}: {e}"
-                                    f"{_loopback_hint(host)}") from e
+                    raise DistNetworkError(f"group {self.group_name!r}: cannot reach rank {peer} at {host}:{port}: {e}"
+                                           f"{_loopback_hint(host)}") from e
                 time.sleep(0.02)
 
     def close(self) -> None:
@@ -138,9 +138,9 @@ class PeerMesh:
         self.channels.join()
 
     # collectives ---------------------------------------------------------------------------------
-    def _fail(self, op: str, why: str, peers) -> DistError:
-        return DistError(f"{op} on group {self.group_name!r} (rank {self.rank} of {self.size}): {why}; "
-                         f"{missing_text(peers)}")
+    def _fail(self, op: str, why: str, peers) -> DistBackendError:
+        return DistBackendError(f"{op} on group {self.group_name!r} (rank {self.rank} of {self.size}): {why}; "
+                                f"{missing_text(peers)}")
 
     def sendrecv(self, op: str, dst: int | None, send: memoryview | None, src: int | None,
                  recv: memoryview | None, chunk: int = 0, on_chunk=None) -> None:
@@ -247,7 +247,7 @@ class PeerMesh:
     def p2p(self, kind: str, t: torch.Tensor, peer: int, tag: int, copy_back=None) -> Work:
         """Sends to one peer stay ordered; receives match by tag (``p2p.py``)."""
         if self._closed:
-            raise DistError(f"{kind} on group {self.group_name!r}: the group was shut down or failed")
+            raise DistBackendError(f"{kind} on group {self.group_name!r}: the group was shut down or failed")
         if kind == "send":
             return self.channels.send(t, peer, tag)
         return self.channels.recv(t, peer, tag, copy_back)

@@ -25,7 +25,7 @@ import time
 import torch
 
 from pt_dist import wire
-from pt_dist.errors import DistError
+from pt_dist.errors import DistBackendError
 from pt_dist.wire import byte_view
 from pt_dist.work import Work
 
@@ -67,11 +67,11 @@ class P2PChannels:
         self._threads.append(th)
         th.start()
 
-    def _unusable(self, kind: str, peer: int) -> DistError:
+    def _unusable(self, kind: str, peer: int) -> DistBackendError:
         if self._closed:
-            return DistError(f"{kind} on group {self._group!r}: the group was shut down or failed")
-        return DistError(f"{kind} on group {self._group!r}: the channel with rank {peer} is unusable after an "
-                         f"earlier failure ({self._broken[peer]})")
+            return DistBackendError(f"{kind} on group {self._group!r}: the group was shut down or failed")
+        return DistBackendError(f"{kind} on group {self._group!r}: the channel with rank {peer} is unusable after an "
+                                f"earlier failure ({self._broken[peer]})")
 
     # sends ---------------------------------------------------------------------------------------
     def send(self, t: torch.Tensor, peer: int, tag: int) -> Work:
@@ -99,7 +99,7 @@ class P2PChannels:
                 sock.sendall(_HEAD.pack(tag, len(view), str(t.dtype).encode()[:16]))
                 sock.sendall(view)
                 work._finish([t])
-            except DistError as e:
+            except DistBackendError as e:
                 work._finish(exc=e)
             except (OSError, ConnectionError) as e:  # cut mid-message, maybe: what follows would be misread
                 self._broken.setdefault(peer, repr(e))
@@ -135,7 +135,7 @@ class P2PChannels:
         want = (rec.t.numel() * rec.t.element_size(), str(rec.t.dtype).encode()[:16])
         if (nbytes, dtype) == want:
             return True
-        rec.work._finish(exc=DistError(
+        rec.work._finish(exc=DistBackendError(
             f"recv on group {self._group!r}: rank {peer} sent tag={rec.tag} {dtype.decode()} x {nbytes} bytes, "
             f"this receive expects {rec.t.dtype} x {want[0]} bytes"))
         return False

@@ -35,7 +35,7 @@ from pt_dist.backends.futex import Futex, pid_dead
 from pt_dist.backends.mesh import PeerMesh
 from pt_dist.backends.segment import map_shared_segment
 from pt_dist.backends.symmetric_memory import SymmetricCollectives
-from pt_dist.errors import DistError, missing_text
+from pt_dist.errors import DistBackendError, missing_text
 from pt_dist.process_group import combine_, finish_avg_
 
 logger = logging.getLogger(__name__)
@@ -137,15 +137,15 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
         ctl = self._ctl
         lagging = [j for j in range(self._size) if ctl[(1 + j) * 8] < target]
         if ctl[_ABORT]:
-            raise DistError(f"{op} on shm group {self.group_name!r}: rank {ctl[_ABORT] - 1} aborted the group "
-                            f"after a failure; {missing_text(lagging)}")
+            raise DistBackendError(f"{op} on shm group {self.group_name!r}: rank {ctl[_ABORT] - 1} aborted the group "
+                                   f"after a failure; {missing_text(lagging)}")
         pids = {j: ctl[(1 + self._size + j) * LINE // 8] for j in lagging}
         dead = [j for j, pid in pids.items() if pid_dead(pid)]
         if dead:
-            raise DistError(f"{op} on shm group {self.group_name!r}: rank(s) {dead} exited; {missing_text(dead)}")
+            raise DistBackendError(f"{op} on shm group {self.group_name!r}: ranks {dead} exited; {missing_text(dead)}")
         if timed_out:
-            raise DistError(f"{op} on shm group {self.group_name!r} timed out after {self.timeout:.1f}s; "
-                            f"{missing_text(lagging)}")
+            raise DistBackendError(f"{op} on shm group {self.group_name!r} timed out after {self.timeout:.1f}s; "
+                                   f"{missing_text(lagging)}")
 
     def _abort(self) -> None:
         if not self._ctl[_ABORT]:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from pt_dist.backends.arguments import contig
 from pt_dist.backends.mesh import advertised_address
 from pt_dist.backends.sparse import check_sparse_all_reduce
-from pt_dist.errors import DistError
+from pt_dist.errors import DistBackendError, DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
 from pt_dist.work import Work
 
@@ -80,7 +80,8 @@ class _TorchWork(Work):
         except DistError as e:
             self._finish(exc=e)
         except RuntimeError as e:
-            self._finish(exc=DistError(f"{self.op_name} on group {self._group!r} failed in torch.distributed: {e}"))
+            self._finish(exc=DistBackendError(f"{self.op_name} on group {self._group!r} failed in "
+                                              f"torch.distributed: {e}"))
         return super().wait()
 
     def is_completed(self):
@@ -133,8 +134,22 @@ class TorchProcessGroup(ProcessGroup):
             return None
         return cls(name, pg, dist.get_rank(pg), dist.get_world_size(pg), group_name)
 
+    def split(self, split_ranks, timeout, group_name, group_desc=None, pg_options=None):
+        """torch's ``split_group`` of this group (collective over it); ``None`` where this rank is in no split."""
+        pg = dist.split_group(self.pg, [list(r) for r in split_ranks], timeout=datetime.timedelta(seconds=timeout),
+                              pg_options=pg_options, group_desc=group_desc)
+        if pg is None or pg == dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+        return type(self)(self.backend, pg, dist.get_rank(pg), dist.get_world_size(pg), group_name)
+
     def name(self):
         return self.backend
+
+    def set_timeout(self, seconds):
+        self.pg.set_timeout(datetime.timedelta(seconds=seconds))
+
+    def backend_config(self) -> str:
+        return dist.get_backend_config(self.pg)
 
     def shutdown(self):
         if self.pg is dist.group.WORLD:
@@ -150,7 +165,7 @@ class TorchProcessGroup(ProcessGroup):
         try:
             twork = launch()
         except RuntimeError as e:
-            raise DistError(f"{op_name} on group {self.group_name!r} ({self.backend}) failed: {e}") from e
+            raise DistBackendError(f"{op_name} on group {self.group_name!r} ({self.backend}) failed: {e}") from e
         work = _TorchWork(op_name, self.group_name, twork, result, post)
         if not async_op:
             work.wait()
