@@ -54,13 +54,34 @@ def _run(lib, name: str, rank: int, ws: int):
         y = lib.broadcast(x, src=1)
         (y * _c(rank)).sum().backward()
         return y.detach(), x.grad
+    if name == "reduce":
+        x = _x(rank).requires_grad_()
+        y = lib.reduce(x, 1)
+        (y * _c(rank)).sum().backward()
+        return (y.detach() if rank == 1 else None), x.grad  # only the destination's output is defined
+    if name == "gather":
+        x = _x(rank).requires_grad_()
+        ys = lib.gather(x, dst=1)
+        sum((y * _c(rank, i)).sum() for i, y in enumerate(ys)).backward()
+        return torch.stack([y.detach() for y in ys]), x.grad
+    if name == "scatter":
+        ins = [(_x(rank) + i).requires_grad_() for i in range(ws)]
+        y = lib.scatter(ins, src=1)
+        (y * _c(rank)).sum().backward()
+        return y.detach(), torch.stack([t.grad for t in ins])
+    if name == "all_to_all":
+        ins = [(_x(rank) + j).requires_grad_() for j in range(ws)]
+        ys = lib.all_to_all([torch.empty(N, dtype=torch.float64) for _ in range(ws)], ins)
+        sum((y * _c(rank, j)).sum() for j, y in enumerate(ys)).backward()
+        return torch.stack([y.detach() for y in ys]), torch.stack([t.grad for t in ins])
     x = _x(rank).requires_grad_()  # all_to_all_single, even splits
     y = lib.all_to_all_single(torch.empty(N, dtype=torch.float64), x)
     (y * _c(rank)).sum().backward()
     return y.detach(), x.grad
 
 
-OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single"]
+OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single", "reduce", "gather", "scatter",
+       "all_to_all"]
 
 
 def _expected(name: str, rank: int, ws: int):
@@ -74,6 +95,16 @@ def _expected(name: str, rank: int, ws: int):
         return sum(_x(r) + rank for r in range(ws)), torch.stack([_c(i) for i in range(ws)])
     if name == "broadcast":
         return _x(1), sum(_c(r) for r in range(ws)) if rank == 1 else torch.zeros(N, dtype=torch.float64)
+    zeros = torch.zeros(N, dtype=torch.float64)
+    if name == "reduce":  # every input fed the destination's sum once
+        return (sum(_x(r) for r in range(ws)) if rank == 1 else None), _c(1)
+    if name == "gather":  # zeros off the root, as torch's
+        return (torch.stack([_x(r) for r in range(ws)]) if rank == 1 else torch.zeros(ws, N, dtype=torch.float64),
+                _c(1, rank))
+    if name == "scatter":
+        return _x(1) + rank, torch.stack([_c(i) for i in range(ws)]) if rank == 1 else torch.stack([zeros] * ws)
+    if name == "all_to_all":
+        return torch.stack([_x(j) + rank for j in range(ws)]), torch.stack([_c(j, rank) for j in range(ws)])
     out = torch.cat([_x(j)[rank * b:(rank + 1) * b] for j in range(ws)])
     grad = torch.cat([_c(k)[rank * b:(rank + 1) * b] for k in range(ws)])
     return out, grad
@@ -87,6 +118,10 @@ def _autograd(rank, ws, backend):
     got = {(lib, name): _run(mod, name, rank, ws) for name in OPS for lib, mod in libs.items()}
     with pytest.raises(ValueError, match="autograd supports ReduceOp.SUM and AVG"):
         F.all_reduce(torch.ones(2, requires_grad=True), op=pt_dist.ReduceOp.MAX)
+    with pytest.raises(ValueError, match="reduce: autograd supports ReduceOp.SUM, got ReduceOp.MAX"):
+        F.reduce(torch.ones(2, requires_grad=True), 0, op="max")
+    with pytest.raises(ValueError, match=r"scatter: the tensors must share one shape, got \[\[2\], \[3\]\]"):
+        F.scatter([torch.ones(2), torch.ones(3)])
     util.leave()
     return got
 
@@ -98,7 +133,8 @@ def test_gradients_flow_back_through_collectives(backend):
         for name in OPS:
             out, grad = got[("ours", name)]
             want_out, want_grad = _expected(name, rank, ws)
-            assert torch.equal(out, want_out), (backend, rank, name, "forward")
+            assert (out is want_out is None) or torch.equal(out, want_out), (backend, rank, name, "forward")
             assert torch.equal(grad, want_grad), (backend, rank, name, grad, want_grad)
             if ("torch", name) in got:  # torch.distributed.nn.functional, same ranks, same inputs
-                assert all(torch.equal(a, b) for a, b in zip(got[("torch", name)], (out, grad))), (rank, name)
+                assert all(a is b is None or torch.equal(a, b) for a, b in zip(got[("torch", name)], (out, grad))), \
+                    (rank, name, got[("torch", name)], (out, grad))

@@ -3,7 +3,8 @@
 The plain collectives work below autograd (in place, no graph). These return new tensors and register a
 backward that is itself a collective: the adjoint of an all-gather is a reduce-scatter of the gradients
 (each rank's slice gets the sum of what every rank's loss said about it), of a broadcast a reduce to the
-source, of an all-to-all the reverse all-to-all, and a sum all-reduce is its own adjoint. Every rank must
+source (and of a reduce a broadcast from the destination), of a gather a scatter from the root (and the
+reverse), of an all-to-all the reverse all-to-all, and a sum all-reduce is its own adjoint. Every rank must
 run backward through the same collectives in the same order, as with DDP. What contrastive losses gather
 features with, and what sequence/tensor parallelism is built from.
 """
@@ -14,10 +15,12 @@ import torch
 from torch.autograd import Function
 
 from pt_dist import distributed_c10d as c10d
+from pt_dist.list_collectives import all_to_all as _all_to_all_list
 from pt_dist.list_collectives import reduce_scatter as _reduce_scatter_list
 from pt_dist.process_group import ReduceOp
 
-__all__ = ["all_gather", "all_reduce", "all_to_all_single", "broadcast", "reduce_scatter"]
+__all__ = ["all_gather", "all_reduce", "all_to_all", "all_to_all_single", "broadcast", "gather", "reduce",
+           "reduce_scatter", "scatter"]
 
 
 def _on_copy(tensor: torch.Tensor, collective) -> torch.Tensor:
@@ -77,6 +80,58 @@ class _Broadcast(Function):
         return None, None, total if c10d.get_rank() == ctx.src else torch.zeros_like(grad)
 
 
+class _Reduce(Function):
+    @staticmethod
+    def forward(ctx, dst, group, tensor):
+        ctx.dst, ctx.group = dst, group
+        return _on_copy(tensor, lambda out: c10d.reduce(out, dst=dst, group=group))
+
+    @staticmethod
+    def backward(ctx, grad):  # only the destination's output is the sum; every input fed it once
+        return None, None, _Broadcast.apply(ctx.dst, ctx.group, grad)
+
+
+class _Gather(Function):
+    @staticmethod
+    def forward(ctx, dst, group, tensor):
+        ctx.dst, ctx.group = dst, group
+        outs = [torch.zeros_like(tensor, memory_format=torch.contiguous_format)
+                for _ in range(c10d.get_world_size(group))]
+        c10d.gather(tensor.contiguous(), outs if c10d.get_rank() == dst else None, dst=dst, group=group)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):  # the root's gradients for each rank's piece go back to that rank
+        return None, None, _Scatter.apply(ctx.dst, ctx.group, *grads)
+
+
+class _Scatter(Function):
+    @staticmethod
+    def forward(ctx, src, group, *tensors):
+        ctx.src, ctx.group = src, group
+        out = torch.zeros_like(tensors[0], memory_format=torch.contiguous_format)
+        ins = [t.contiguous() for t in tensors] if c10d.get_rank() == src else None
+        c10d.scatter(out, ins, src=src, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # the source's pieces get back what each rank's loss said; others' got nowhere
+        return None, None, *_Gather.apply(ctx.src, ctx.group, grad)
+
+
+class _AllToAll(Function):
+    @staticmethod
+    def forward(ctx, group, shapes, *tensors):
+        ctx.group, ctx.shapes = group, [t.shape for t in tensors]
+        outs = [tensors[0].new_empty(shape) for shape in shapes]
+        _all_to_all_list(outs, [t.contiguous() for t in tensors], group=group)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return None, None, *_AllToAll.apply(ctx.group, ctx.shapes, *grads)
+
+
 class _AllToAllSingle(Function):
     @staticmethod
     def forward(ctx, group, out_splits, in_splits, tensor):
@@ -126,3 +181,30 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     if out_splits is None and output.shape[0] != input.shape[0]:
         raise ValueError("all_to_all_single: without split sizes, output and input need the same dim 0")
     return _AllToAllSingle.apply(group, out_splits, in_splits, input)
+
+
+def reduce(tensor: torch.Tensor, dst: int, op=ReduceOp.SUM, group=None) -> torch.Tensor:
+    """A new tensor: on ``dst`` (a global rank) the sum over the group (elsewhere undefined, as torch's); every
+    rank's input gets the gradient of ``dst``'s output."""
+    if ReduceOp.of(op) is not ReduceOp.SUM:
+        raise ValueError(f"reduce: autograd supports ReduceOp.SUM, got ReduceOp.{ReduceOp.of(op).name}")
+    return _Reduce.apply(dst, group, tensor)
+
+
+def gather(tensor: torch.Tensor, dst: int = 0, group=None) -> tuple[torch.Tensor, ...]:
+    """Every rank's ``tensor`` on ``dst`` (a global rank), by group rank; zeros elsewhere, as torch's."""
+    return _Gather.apply(dst, group, tensor)
+
+
+def scatter(tensors, src: int = 0, group=None) -> torch.Tensor:
+    """``tensors[i]`` of ``src`` (a global rank) on group rank i; every rank passes same-shaped ``tensors``."""
+    tensors = list(tensors)
+    if len({t.shape for t in tensors}) > 1:
+        raise ValueError(f"scatter: the tensors must share one shape, got {[list(t.shape) for t in tensors]}")
+    return _Scatter.apply(src, group, *tensors)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None) -> tuple[torch.Tensor, ...]:
+    """New tensors shaped like ``output_tensor_list`` (not written): this rank's ``input_tensor_list[j]`` lands in
+    rank j's entry i (i: this rank), as ``pt_dist.all_to_all``; shapes may differ per peer."""
+    return _AllToAll.apply(group, [t.shape for t in output_tensor_list], *input_tensor_list)
