@@ -8,11 +8,13 @@ import operator
 import os
 import random
 import socket
+import threading
 
 import pt_dist
 import torch
 from pt_dist import ReduceOp
-from pt_dist.store import TCPStore
+from pt_dist.backends.tcp import ProcessGroupTCP
+from pt_dist.store import PrefixStore, TCPStore
 
 import harness
 
@@ -94,3 +96,20 @@ class Checks:
         self.count += 1
         if not close(got, want):
             self.fails.append(f"{self.label} {name}: got {got.flatten()[:6]} want {want.flatten()[:6]}")
+
+
+def two_tcp_groups(name: str, timeout: float = 10.0, **kwargs) -> list:
+    """Two tcp groups of one process, ranks 0 and 1, built concurrently (each waits for the other's mesh)."""
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
+    groups = [None, None]
+
+    def make(rank):
+        store = PrefixStore(name, TCPStore("127.0.0.1", master.port, timeout=10, secret=b"s"))
+        groups[rank] = ProcessGroupTCP(store, rank, 2, timeout, name, secret=b"mesh", **kwargs)
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    assert all(groups)
+    groups[0].test_store = master  # keep the store (its server) alive as long as the groups
+    return groups

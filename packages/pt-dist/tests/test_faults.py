@@ -241,29 +241,12 @@ def test_wildcard_listen_address_for_the_torch_adapters_store(monkeypatch):
     assert real.get("k") == b"v"
 
 
-def _two_tcp_groups(name: str, timeout: float = 10.0, **kwargs) -> list:
-    """Two tcp groups of one process, ranks 0 and 1, built concurrently (each waits for the other's mesh)."""
-    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
-    groups = [None, None]
-
-    def make(rank):
-        store = PrefixStore(name, TCPStore("127.0.0.1", master.port, timeout=10, secret=b"s"))
-        groups[rank] = ProcessGroupTCP(store, rank, 2, timeout, name, secret=b"mesh", **kwargs)
-
-    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
-    [t.start() for t in threads]
-    [t.join(20) for t in threads]
-    assert all(groups)
-    groups[0].test_store = master  # keep the store (its server) alive as long as the groups
-    return groups
-
-
 def test_p2p_survives_an_unexpected_error_and_checks_tags_first(monkeypatch):
     """An error inside a p2p thread reaches the caller's Work (it once killed the thread, leaving that Work and every
     later send to the peer pending forever); a tag c10d could not carry is refused before anything is queued."""
     from pt_dist.backends import p2p
 
-    groups = _two_tcp_groups("p2p")
+    groups = util.two_tcp_groups("p2p")
     with pytest.raises(ValueError, match="tag must be an int"):
         groups[0].send(torch.ones(2), 1, tag=2**63)
     real, calls = p2p.byte_view, []
@@ -303,7 +286,7 @@ def test_an_unexpected_error_mid_collective_aborts_the_group_so_peers_fail_fast(
     """Any error inside a collective (here a planted RuntimeError, as torch raising half-way would be) leaves the
     peers mid-transfer: the failing rank aborts the group, so the peer raises at once instead of waiting out the
     timeout, and the failing rank refuses further collectives instead of running them out of step."""
-    groups = _two_tcp_groups("mid", timeout=20.0)
+    groups = util.two_tcp_groups("mid", timeout=20.0)
 
     def planted(t, op):
         raise RuntimeError("planted failure inside the ring")
@@ -331,7 +314,7 @@ def test_an_unexpected_error_mid_collective_aborts_the_group_so_peers_fail_fast(
 def test_a_p2p_channel_cut_mid_message_refuses_what_follows():
     """A send that times out half-way leaves part of a message in the stream: later sends on that channel must fail
     (they once went out after the fragment, and the receiver would read them as its tail)."""
-    groups = _two_tcp_groups("cut", timeout=1.0)
+    groups = util.two_tcp_groups("cut", timeout=1.0)
     t0 = time.monotonic()
     with pytest.raises(DistError, match="timed out|failed"):
         groups[0].send(torch.ones(16 << 20), 1).wait(timeout=20)  # 64 MiB, and rank 1 never receives
@@ -369,7 +352,7 @@ def test_receives_pending_at_shutdown_or_cut_mid_message_fail_instead_of_hanging
     forever: the first was dropped with the reader, the second taken off the posted list before it failed."""
     from pt_dist.backends import p2p
 
-    cut_pair, idle_pair = _two_tcp_groups("cut-mid"), _two_tcp_groups("idle")
+    cut_pair, idle_pair = util.two_tcp_groups("cut-mid"), util.two_tcp_groups("idle")
     waiting = idle_pair[1].recv(torch.zeros(4), 0, tag=5)  # nothing will ever be sent
     real = p2p.wire.recv_into_exact
 
@@ -392,7 +375,7 @@ def test_receives_pending_at_shutdown_or_cut_mid_message_fail_instead_of_hanging
 
 
 def test_a_receive_from_any_rank_fails_when_every_peer_is_gone():
-    groups = _two_tcp_groups("anygone")
+    groups = util.two_tcp_groups("anygone")
     work = groups[1].recv(torch.zeros(2), None, tag=1)
     groups[0].shutdown()  # the only peer goes away: no reader is left to serve the receive, or to time it out
     with pytest.raises(DistError, match="stream broke"):

@@ -1,6 +1,6 @@
 """Ctrl-C (KeyboardInterrupt) on the native backends: in the middle of a collective, and while init waits for a
-peer. Either way nothing is left half-done: the group is aborted (peers fail fast), or what the init had
-opened (threads, sockets, shared-memory segments) is released."""
+peer; and ``ProcessGroup.abort`` from a watchdog thread. Nothing is left half-done: the group is aborted (peers
+fail fast), or what the init had opened (threads, sockets, shared-memory segments) is released."""
 
 from __future__ import annotations
 
@@ -110,3 +110,61 @@ def test_ctrl_c_during_setup_leaves_no_thread_or_segment_behind(backend, tmp_pat
     (its name was removed, its memory held) after a peer never attached, by timeout or Ctrl-C."""
     got = run_ranks(_interrupted_setup, 1, backend, str(tmp_path / "rdzv"), backend=None, timeout=60)
     assert got == [([], [1.0, 1.0])]
+
+
+def _watchdog(rank, world_size, backend):
+    util.join(rank, world_size, backend, timeout=30, key=f"abort-{backend}")
+    hs, out = harness.store(), {}
+    try:
+        if rank == 0:  # the collective waits for rank 1, which is elsewhere; a watchdog thread gives up on it
+            group = pt_dist.group.WORLD
+            threading.Timer(0.5, group.abort).start()
+            t0 = time.monotonic()
+            with pytest.raises(pt_dist.DistBackendError):
+                pt_dist.all_reduce(torch.ones(1 << 18))
+            out["hung_for"] = time.monotonic() - t0
+            with pytest.raises(DistError, match="aborted"):
+                pt_dist.all_reduce(torch.ones(4))
+            hs.set(f"abort-{backend}-done", "1")
+        else:
+            hs.get(f"abort-{backend}-done")
+            t0 = time.monotonic()
+            with pytest.raises(pt_dist.DistBackendError):  # its peer aborted: it fails fast, not at the timeout
+                pt_dist.all_reduce(torch.ones(4))
+            out["peer_failed_in"] = time.monotonic() - t0
+    finally:
+        pt_dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_abort_from_a_watchdog_thread_ends_a_hung_collective(backend):
+    out = run_ranks(_watchdog, 2, backend, backend=None, timeout=90)
+    assert 0.4 < out[0]["hung_for"] < 5, out  # the group's timeout is 30 s
+    assert out[1]["peer_failed_in"] < 5, out
+
+
+def test_abort_ends_a_transfer_waiting_for_a_stalled_peer():
+    """Past the header exchange, in the ring's data transfer: the peer agreed to the collective, then stalls."""
+    groups = util.two_tcp_groups("stalled", timeout=30.0)
+    stalled = threading.Event()
+    groups[1]._all_reduce = lambda t, op: stalled.wait(30)  # joins the collective, then sends nothing
+    seen = {}
+
+    def run(rank):
+        t0 = time.monotonic()
+        try:
+            groups[rank].all_reduce(torch.ones(1 << 20))
+        except DistError as e:
+            seen[rank] = (str(e), time.monotonic() - t0)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    time.sleep(0.5)
+    groups[0].abort()
+    threads[0].join(10)
+    stalled.set()
+    threads[1].join(10)
+    assert "aborted or shut down mid-collective" in seen[0][0] and seen[0][1] < 3, seen
+    for g in groups:
+        g.shutdown()

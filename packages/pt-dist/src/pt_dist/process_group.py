@@ -167,6 +167,10 @@ class ProcessGroup(abc.ABC):
                 timeout: float | None = None) -> Work:
         """``timeout`` (seconds): this call's own, instead of the group's."""
 
+    def abort(self) -> None:
+        """Make operations in flight fail and later ones refuse (torch's ``ProcessGroup.abort``)."""
+        raise NotImplementedError(f"backend {self.name()!r} cannot abort")
+
     def set_timeout(self, seconds: float) -> None:
         """The group's timeout for the operations issued from now on (torch's ``ProcessGroup.set_timeout``)."""
         raise NotImplementedError(f"backend {self.name()!r} cannot change its timeout")

@@ -53,6 +53,15 @@ class Work:
             raise self._exc
         return True
 
+    def synchronize(self) -> None:
+        """CPU tensors have no stream to order: the result is ready once the Work is (torch's, for gloo's)."""
+        self.wait()
+
+    block_current_stream = synchronize
+
+    def source_rank(self) -> int:
+        return self._source_rank()
+
     def is_completed(self) -> bool:
         return self._done.is_set()
 

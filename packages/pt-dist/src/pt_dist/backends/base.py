@@ -158,6 +158,12 @@ class NativeProcessGroup(ProcessGroup):
     def _abort(self) -> None:  # noqa: B027 - backends close their transport so peers fail fast
         """Tear down the transport after a failure so peers blocked on us fail fast."""
 
+    def abort(self) -> None:
+        """torch's ``ProcessGroup.abort``, from any thread (a watchdog's): a collective hung in the group raises
+        now, later ones refuse, peers blocked on this rank fail fast; ``shutdown`` still releases the rest."""
+        self._broken = self._broken or "the group was aborted (ProcessGroup.abort)"
+        self._abort()
+
     def _check_root(self, root: int, what: str, op_name: str) -> None:
         if not isinstance(root, int) or not 0 <= root < self._size:
             raise ValueError(f"{op_name}: {what}={root!r} is not a rank of group {self.group_name!r} "
@@ -387,8 +393,7 @@ class NativeProcessGroup(ProcessGroup):
         if src == self._rank or (src is None and self._size == 1):
             raise ValueError(f"recv: src={src} is this rank" if src is not None else "recv: no other rank to receive "
                              "from in a group of one")
-        tensor = tensor.detach()
-        buf = contig(tensor)
+        buf = contig(tensor := tensor.detach())
         return self._p2p("recv", buf, src, tag, None if buf is tensor else tensor)
 
     def shutdown(self) -> None:

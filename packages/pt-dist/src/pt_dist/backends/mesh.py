@@ -139,6 +139,8 @@ class PeerMesh:
 
     # collectives ---------------------------------------------------------------------------------
     def _fail(self, op: str, why: str, peers) -> DistBackendError:
+        if self._closed and "aborted" not in why:  # the sockets' own errors (EBADF, reset) hide the cause
+            why = f"the group was aborted or shut down mid-collective ({why})"
         return DistBackendError(f"{op} on group {self.group_name!r} (rank {self.rank} of {self.size}): {why}; "
                                 f"{missing_text(peers)}")
 
@@ -184,6 +186,9 @@ class PeerMesh:
                         folded = hi
             if progressed:
                 continue
+            if self._closed:  # aborted from another thread: the sockets may be gone from under the poll
+                raise self._fail(op, "the group was aborted or shut down mid-collective",
+                                 [p for p in (src, dst) if p is not None])
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 waiting = ([src] if got < nr else []) + ([dst] if sent < ns else [])
@@ -216,6 +221,8 @@ class PeerMesh:
             for p in pending:
                 sel.register(self.socks[(p, COLL)], selectors.EVENT_READ, p)
             while pending:
+                if self._closed:
+                    raise self._fail(op, "the group was aborted or shut down while waiting for peers", pending)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self._fail(op, f"timed out after {self.timeout:.1f}s waiting for peers to join the "

@@ -145,6 +145,9 @@ class TorchProcessGroup(ProcessGroup):
     def name(self):
         return self.backend
 
+    def abort(self):
+        self.pg.abort()  # torch's own: gloo's leaves an operation in flight waiting for its peers (torch 2.15)
+
     def set_timeout(self, seconds):
         self.pg.set_timeout(datetime.timedelta(seconds=seconds))
 
