@@ -112,34 +112,38 @@ def test_ctrl_c_during_setup_leaves_no_thread_or_segment_behind(backend, tmp_pat
     assert got == [([], [1.0, 1.0])]
 
 
-def _watchdog(rank, world_size, backend):
-    util.join(rank, world_size, backend, timeout=30, key=f"abort-{backend}")
+def _watchdog(rank, world_size, backend, how):
+    util.join(rank, world_size, backend, timeout=30, key=f"{how}-{backend}")
     hs, out = harness.store(), {}
     try:
-        if rank == 0:  # the collective waits for rank 1, which is elsewhere; a watchdog thread gives up on it
+        if rank == 0:  # the collective waits for rank 1, which is elsewhere; another thread gives up on it
             group = pt_dist.group.WORLD
-            threading.Timer(0.5, group.abort).start()
+            threading.Timer(0.5, group.abort if how == "abort" else pt_dist.destroy_process_group).start()
             t0 = time.monotonic()
-            with pytest.raises(pt_dist.DistBackendError):
+            with pytest.raises(pt_dist.DistBackendError, match="aborted|shut"):
                 pt_dist.all_reduce(torch.ones(1 << 18))
             out["hung_for"] = time.monotonic() - t0
-            with pytest.raises(DistError, match="aborted"):
+            with pytest.raises(DistError if how == "abort" else ValueError, match="aborted|not initialized"):
                 pt_dist.all_reduce(torch.ones(4))
-            hs.set(f"abort-{backend}-done", "1")
+            hs.set(f"{how}-{backend}-done", "1")
         else:
-            hs.get(f"abort-{backend}-done")
+            hs.get(f"{how}-{backend}-done")
             t0 = time.monotonic()
-            with pytest.raises(pt_dist.DistBackendError):  # its peer aborted: it fails fast, not at the timeout
+            with pytest.raises(pt_dist.DistBackendError):  # its peer is gone: it fails fast, not at the timeout
                 pt_dist.all_reduce(torch.ones(4))
             out["peer_failed_in"] = time.monotonic() - t0
     finally:
-        pt_dist.destroy_process_group()
+        if pt_dist.is_initialized():
+            pt_dist.destroy_process_group()
     return out
 
 
+@pytest.mark.parametrize("how", ["abort", "destroy"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_abort_from_a_watchdog_thread_ends_a_hung_collective(backend):
-    out = run_ranks(_watchdog, 2, backend, backend=None, timeout=90)
+def test_abort_or_destroy_from_another_thread_ends_a_hung_collective(backend, how):
+    """A watchdog calling ``ProcessGroup.abort``, or a SIGTERM handler calling ``destroy_process_group``, while
+    the main thread waits in a collective for a rank that is elsewhere."""
+    out = run_ranks(_watchdog, 2, backend, how, backend=None, timeout=90)
     assert 0.4 < out[0]["hung_for"] < 5, out  # the group's timeout is 30 s
     assert out[1]["peer_failed_in"] < 5, out
 

@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from pt_dist.backends.counters import ABORT
 from pt_dist.backends.huge_pages import HugePageAdvisor
 from pt_dist.errors import DistBackendError, missing_text
 from pt_dist.process_group import combiner, finish_avg_
@@ -26,7 +27,6 @@ MIN_BYTES = int(os.environ.get("PT_DIST_SHM_CMA_BYTES", 256 << 10))
 # Reductions go chunk by chunk, small enough that a chunk read from a peer is still in L2 when it is
 # folded in and pushed back out.
 CHUNK_BYTES = 256 << 10
-ABORT = 0  # the shm control word holding rank+1 of a rank that gave up
 
 
 class _IOVec(ctypes.Structure):

@@ -15,7 +15,8 @@ Synchronisation is by monotonically increasing per-rank counters on separate cac
 means spinning on the others' counters, never an OS barrier, which is what makes small messages fast;
 a peer that is late is waited for with ``futex`` on its counter's address (``futex.py``), so an
 oversubscribed CPU is not burnt by spinning. A waiter also watches an abort word and the peers' pids,
-so a dead or failed rank turns into a ``DistError`` in milliseconds, or at worst at the timeout.
+so a dead or failed rank turns into a ``DistError`` in milliseconds, or at worst at the timeout
+(``counters.py``).
 Point-to-point ``send``/``recv`` go over the authenticated socket mesh.
 """
 
@@ -24,36 +25,28 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import time
 
 import torch
 
 from pt_dist.backends import cma, segment
 from pt_dist.backends.arguments import contig
 from pt_dist.backends.base import NativeProcessGroup
-from pt_dist.backends.futex import Futex, pid_dead
+from pt_dist.backends.counters import LINE, CounterBarrier
+from pt_dist.backends.futex import Futex
 from pt_dist.backends.mesh import PeerMesh
 from pt_dist.backends.segment import map_shared_segment
 from pt_dist.backends.symmetric_memory import SymmetricCollectives
-from pt_dist.errors import DistBackendError, missing_text
 from pt_dist.process_group import combine_, finish_avg_
 
 logger = logging.getLogger(__name__)
-LINE = 64  # one counter per cache line: no false sharing between spinning ranks
 HEADER_BYTES = 4096
 SLOT_BYTES = int(os.environ.get("PT_DIST_SHM_SLOT_BYTES", 64 << 20))  # sparse: pages appear on first use
 # All-reduces with size x world_size up to this take the one-barrier path: every rank then reads all N
 # copies, which costs more memory traffic than the sliced path but saves two synchronisations.
 SMALL_BYTES = 2 << 20
-# How long a waiter spins on a peer's counter before sleeping on it with futex. Barrier skew between
-# ranks is typically tens to hundreds of microseconds, and a futex sleep+wake costs about as much, so
-# spinning through it is what keeps small messages fast. With more ranks than cores the spinner yields
-# its core between polls so the rank it is waiting for can run.
-SPIN_S = float(os.environ.get("PT_DIST_SHM_SPIN_US", 2000)) / 1e6
-_ABORT = cma.ABORT  # control word 0: rank+1 of a rank that gave up, 0 while healthy
 
 
-class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativeProcessGroup):
+class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, CounterBarrier, NativeProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: float, group_name: str = "", secret: bytes = b"",
                  slot_bytes: int | None = None, single_copy: bool = True):
         super().__init__(rank, size, timeout, group_name)
@@ -97,64 +90,10 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, NativePro
     def name(self) -> str:
         return "shm"
 
-    # synchronisation -------------------------------------------------------------------------
-    def _arrive_and_wait(self, op: str) -> None:
-        """Barrier on the counters: bump ours and wake its sleepers, then wait for every peer's."""
-        self._epoch += 1
-        target, ctl = self._epoch, self._ctl
-        me = (1 + self._rank) * 8
-        ctl[me] = target
-        self._futex.wake(self._base + me * 8)
-        for j in range(self._size):
-            idx = (1 + j) * 8
-            if ctl[idx] < target:
-                self._wait_for(op, idx, target)
-
-    def _wait_for(self, op: str, idx: int, target: int) -> None:
-        ctl = self._ctl
-        spin_end, yield_ = time.monotonic() + SPIN_S, self._oversubscribed
-        while True:
-            for _ in range(64):
-                if ctl[idx] >= target:
-                    return
-            if yield_:
-                os.sched_yield()
-            if time.monotonic() >= spin_end:
-                break
-        deadline = time.monotonic() + self.timeout
-        next_check = 0.0
-        while True:
-            seen = ctl[idx]
-            if seen >= target:
-                return
-            now = time.monotonic()
-            if now >= next_check:
-                self._check_peers(op, target, now >= deadline)
-                next_check = now + 0.005
-            self._futex.wait(self._base + idx * 8, seen, 0.005)
-
-    def _check_peers(self, op: str, target: int, timed_out: bool) -> None:
-        ctl = self._ctl
-        lagging = [j for j in range(self._size) if ctl[(1 + j) * 8] < target]
-        if ctl[_ABORT]:
-            raise DistBackendError(f"{op} on shm group {self.group_name!r}: rank {ctl[_ABORT] - 1} aborted the group "
-                                   f"after a failure; {missing_text(lagging)}")
-        pids = {j: ctl[(1 + self._size + j) * LINE // 8] for j in lagging}
-        dead = [j for j, pid in pids.items() if pid_dead(pid)]
-        if dead:
-            raise DistBackendError(f"{op} on shm group {self.group_name!r}: ranks {dead} exited; {missing_text(dead)}")
-        if timed_out:
-            raise DistBackendError(f"{op} on shm group {self.group_name!r} timed out after {self.timeout:.1f}s; "
-                                   f"{missing_text(lagging)}")
-
-    def _abort(self) -> None:
-        if not self._ctl[_ABORT]:
-            self._ctl[_ABORT] = self._rank + 1
-        for j in range(self._size):  # sleepers re-check the abort word at once
-            self._futex.wake(self._base + (1 + j) * LINE)
-        self.mesh.close()
-
     def shutdown(self) -> None:
+        self._closing = True  # a collective still waiting in another thread raises now, not at the timeout,
+        self._ctl[(1 + self._size + self._rank) * LINE // 8] = 0  # and so do peers waiting for this rank
+        self._wake_sleepers()
         super().shutdown()
         self.mesh.close()
         self._pages.close()
