@@ -7,8 +7,10 @@ different barrier sequences. Each slice is reduced by exactly one rank, so resul
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
+import time
 from pathlib import Path
 
 import pt_dist
@@ -228,8 +230,6 @@ def test_many_shm_groups_overrunning_a_small_dev_shm_raise_instead_of_sigbus(tmp
 
 def test_a_segment_no_peer_attaches_to_is_still_removed(tmp_path):
     """Rank 0 gives up on a peer that never maps the segment: it raises, and leaves no file in /dev/shm."""
-    import glob
-
     from pt_dist import DistError, FileStore
     from pt_dist.backends import segment
 
@@ -238,6 +238,35 @@ def test_a_segment_no_peer_attaches_to_is_still_removed(tmp_path):
     with pytest.raises(DistError, match="peers did not attach"):
         segment.map_shared_segment(store, 0, 2, 1 << 16, "seg", 0.3, "lonely")
     assert glob.glob(pattern) == []
+
+
+def test_a_segment_left_by_a_killed_creator_is_removed_by_the_next_group(tmp_path):
+    """SIGKILL (or torchrun's SIGTERM) while rank 0 waits for its peers to attach leaves the segment's name; the
+    next segment made on the host removes it, and only names whose creator is gone."""
+    import subprocess
+    import textwrap
+
+    from pt_dist import FileStore
+    from pt_dist.backends import segment
+
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        from pt_dist import FileStore
+        from pt_dist.backends import segment
+        segment.map_shared_segment(FileStore({str(tmp_path / 'killed')!r}, 1), 0, 2, 1 << 16, "seg", 60, "g")
+    """)])
+    deadline = time.monotonic() + 60
+    while not (left := glob.glob(os.path.join(segment.shm_dir(), f"pt_dist_{child.pid}_*"))):
+        assert time.monotonic() < deadline and child.poll() is None, "the child never made its segment"
+        time.sleep(0.05)
+    child.kill()
+    child.wait()
+    alive = os.path.join(segment.shm_dir(), f"pt_dist_{os.getpid()}_{'0' * 16}")  # a live creator's: kept
+    open(alive, "w").close()
+    try:
+        segment.map_shared_segment(FileStore(str(tmp_path / "next"), 1), 0, 1, 1 << 16, "seg", 5, "next").close()
+        assert not os.path.exists(left[0]) and os.path.exists(alive)
+    finally:
+        os.unlink(alive)
 
 
 def test_a_rank_on_another_host_fails_fast_and_says_why(monkeypatch):

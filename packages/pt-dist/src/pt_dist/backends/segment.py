@@ -2,17 +2,21 @@
 
 Rank 0 creates the file (``O_EXCL``, mode 0600, a random name) and publishes its path in the group's store;
 the others open it; once every rank has it mapped, rank 0 unlinks it, so nothing is left behind even if a
-rank is killed later. The file is sized with ``ftruncate``: pages appear only when first touched, and
-touching one the filesystem has no room for kills the process (SIGBUS), so ``PageReservation`` reserves
-them with ``fallocate`` before first use, where running out is an error every rank can raise.
+rank is killed later. A rank 0 killed before that (torchrun and ``mp.spawn`` SIGTERM every rank when one
+fails) leaves the name behind; the next group made on the host removes the names of dead creators. The
+file is sized with ``ftruncate``: pages appear only when first touched, and touching one the filesystem has
+no room for kills the process (SIGBUS), so ``PageReservation`` reserves them with ``fallocate`` before first
+use, where running out is an error every rank can raise.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import mmap
 import os
+import re
 import secrets
 import tempfile
 import time
@@ -51,12 +55,31 @@ def fit_slots(store, rank: int, size: int, want: int, fixed: int, group_name: st
     return int(store.get("shm/slot_bytes"))
 
 
+def sweep_stale_segments() -> list[str]:
+    """Remove segment names whose creator (the pid in the name) is gone: what a rank killed mid-setup left."""
+    removed, me = [], os.getuid()
+    for name in os.listdir(shm_dir()):
+        m = re.fullmatch(r"pt_dist_(\d+)_[0-9a-f]{16}", name)
+        path = os.path.join(shm_dir(), name)
+        try:
+            if m and os.stat(path).st_uid == me:
+                os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(FileNotFoundError):  # another group's sweep may take it first
+                os.unlink(path)
+                removed.append(path)
+        except OSError:  # gone already, or a pid of another user's
+            pass
+    return removed
+
+
 def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeout: float,
                        group_name: str, keep_fd: bool = False):
     """Collective: every rank of the group calls it with the same ``key`` and ``nbytes``.
 
     Returns the mapping, or ``(mapping, fd)`` with ``keep_fd`` (to reserve pages later with fallocate)."""
     if rank == 0:
+        sweep_stale_segments()
         path = os.path.join(shm_dir(), f"pt_dist_{os.getpid()}_{secrets.token_hex(8)}")
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     else:
