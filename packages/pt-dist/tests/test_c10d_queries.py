@@ -72,23 +72,30 @@ def _shortened(rank, ws, backend):
         if rank == 1:  # never joins the collective; leaves once rank 0 has given up
             hs.get(f"settimeout-{backend}-done")
             return None
+        p2p_s = None
+        if backend != "gloo":  # a gloo receive that times out breaks the pair: the all-reduce would fail at once
+            t0 = time.monotonic()
+            with pytest.raises(DistBackendError):  # point-to-point too: nothing is sent for this receive
+                pt_dist.recv(torch.empty(3), src=1, tag=5)
+            p2p_s = time.monotonic() - t0
         t0 = time.monotonic()
         try:
             pt_dist.all_reduce(torch.ones(10))
         except DistBackendError as e:
-            return str(e), time.monotonic() - t0
+            return str(e), time.monotonic() - t0, p2p_s
         finally:
             hs.set(f"settimeout-{backend}-done", "1")
-        return None, time.monotonic() - t0
+        return None, time.monotonic() - t0, p2p_s
     finally:
         pt_dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
 def test_set_timeout_holds_for_the_next_collective(backend):
-    (msg, elapsed), _ = run_ranks(_shortened, 2, backend, backend=None, timeout=90)
+    (msg, elapsed, p2p_s), _ = run_ranks(_shortened, 2, backend, backend=None, timeout=90)
     assert msg is not None and "all_reduce" in msg, msg
     assert 1.0 < elapsed < 10, f"failed after {elapsed:.1f}s: the group was made with 30s, set to 1.5s"
+    assert backend == "gloo" or 1.0 < p2p_s < 10, f"the receive failed after {p2p_s:.1f}s, not at 1.5s"
 
 
 def test_error_kinds_are_torchs():

@@ -118,6 +118,10 @@ class OpQueue:
             work.wait()
         return work
 
+    @property
+    def busy(self) -> bool:
+        return self._pending > 0
+
     def _ensure_thread(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=f"pt_dist-{self._name}", daemon=True)

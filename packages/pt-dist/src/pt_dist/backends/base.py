@@ -73,13 +73,13 @@ class NativeProcessGroup(ProcessGroup):
     def _barrier(self) -> None: ...
 
     def set_timeout(self, seconds: float) -> None:
-        """Queued behind the operations already issued, so it holds from the next one on, not mid-way in one."""
-        self._queue.submit("set_timeout", lambda: self._set_timeout(seconds), async_op=True)
+        """Now; or, with operations still queued, right behind them (from the next one on, not mid-way in one)."""
+        self._queue.submit("set_timeout", lambda: self._set_timeout(seconds), async_op=self._queue.busy)
 
     def _set_timeout(self, seconds: float) -> None:
         self.timeout = seconds
-        if hasattr(self, "mesh"):  # the socket mesh keeps its own copy for its waits
-            self.mesh.timeout = seconds
+        if hasattr(self, "mesh"):  # the socket mesh keeps its own copy for its waits, and so do its p2p channels
+            self.mesh.set_timeout(seconds)
 
     def _fence(self) -> None:
         """A full barrier between two transport steps of one collective's body."""

@@ -126,6 +126,10 @@ class PeerMesh:
                                            f"{_loopback_hint(host)}") from e
                 time.sleep(0.02)
 
+    def set_timeout(self, seconds: float) -> None:
+        self.timeout = seconds
+        self.channels.set_timeout(seconds)
+
     def close(self) -> None:
         self._closed = True
         self.channels.stop()

@@ -239,6 +239,12 @@ class P2PChannels:
                                                   f"{self._timeout:.1f}s", [r.peer] if r.peer is not None else
                                           sorted(self._socks)))
 
+    def set_timeout(self, seconds: float) -> None:
+        """For receives posted from now on, and for the sockets' blocking sends and reads."""
+        self._timeout = seconds
+        for sock in self._socks.values():
+            sock.settimeout(seconds)
+
     def stop(self) -> None:
         """First step of the mesh's close, before it shuts the sockets: from now on failures read as a shutdown, and
         receives still waiting fail now (no reader will serve them)."""
