@@ -168,6 +168,10 @@ def test_invalid_collective_arguments_fail_locally():
             pt_dist.broadcast(torch.ones(1), src=3)
         with pytest.raises(ValueError, match="src=3 is not a rank"):
             GroupMember.WORLD.broadcast(torch.ones(1), src=3)
+        with pytest.raises(TypeError, match="must be an int rank, got 0.0"):  # torch refuses it too
+            pt_dist.broadcast(torch.ones(1), src=0.0)
+        with pytest.raises(ValueError, match="group rank -1 is not in group"):  # not the last rank, silently
+            pt_dist.get_global_rank(None, -1)
         with pytest.raises(ValueError, match="AVG needs a floating"):
             pt_dist.all_reduce(torch.ones(2, dtype=torch.int64), op=ReduceOp.AVG)
         for dtype in (torch.float8_e4m3fn, torch.uint16):  # torch has no CPU add for them: refuse before sending

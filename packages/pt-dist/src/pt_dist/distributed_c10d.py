@@ -17,6 +17,7 @@ import secrets
 import torch
 
 from pt_dist.backends import Backend
+from pt_dist.backends.arguments import as_rank
 from pt_dist.errors import DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp
 from pt_dist.rendezvous import rendezvous
@@ -238,12 +239,15 @@ def get_process_group_ranks(group) -> list[int]:
 
 
 def get_global_rank(group, group_rank: int) -> int:
-    return _world.ranks[_group(group)][group_rank]
+    ranks = _world.ranks[_group(group)]
+    if not 0 <= (group_rank := as_rank(group_rank, "group_rank")) < len(ranks):
+        raise ValueError(f"group rank {group_rank} is not in group {_group(group).group_name!r} of size {len(ranks)}")
+    return ranks[group_rank]
 
 
 def get_group_rank(group, global_rank: int) -> int:
     ranks = _world.ranks[_group(group)]
-    if global_rank not in ranks:
+    if (global_rank := as_rank(global_rank, "global rank")) not in ranks:
         raise ValueError(f"global rank {global_rank} is not in group {_group(group).group_name!r} ({ranks})")
     return ranks.index(global_rank)
 

@@ -62,3 +62,10 @@ def check_tag(tag, op_name: str) -> int:
     if value is None or not -(2 ** 31) <= value < 2 ** 31:  # c10d's tags are C ints
         raise ValueError(f"{op_name}: tag must be an int in [-2**31, 2**31), got {tag!r}")
     return value
+
+
+def as_rank(rank, what: str) -> int:
+    """An int (numpy's too); 1.0 or "1" is a caller's mistake, refused as torch refuses it."""
+    if isinstance(rank, bool) or not hasattr(rank, "__index__"):
+        raise TypeError(f"{what} must be an int rank, got {rank!r}")
+    return operator.index(rank)
