@@ -14,6 +14,7 @@ every pending receive from it and every later one.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import queue
 import select
@@ -243,7 +244,8 @@ class P2PChannels:
         """For receives posted from now on, and for the sockets' blocking sends and reads."""
         self._timeout = seconds
         for sock in self._socks.values():
-            sock.settimeout(seconds)
+            with contextlib.suppress(OSError):  # closed already: the group failed or was shut down
+                sock.settimeout(seconds)
 
     def stop(self) -> None:
         """First step of the mesh's close, before it shuts the sockets: from now on failures read as a shutdown, and
