@@ -7,12 +7,15 @@ torch.distributed.nn.functional runs in the same ranks on the same inputs and mu
 
 from __future__ import annotations
 
+import functools
 import sys
+import types
 from pathlib import Path
 
 import pt_dist
 import pytest
 import torch
+import torch.distributed
 import torch.distributed.nn.functional as torch_functional
 from pt_dist.nn import functional as F
 
@@ -113,8 +116,11 @@ def _expected(name: str, rank: int, ws: int):
 def _autograd(rank, ws, backend):
     util.join(rank, ws, backend, key=f"autograd-{backend}")
     libs = {"ours": F}
-    if backend == "gloo":
-        libs["torch"] = torch_functional
+    if backend == "gloo":  # torch's defaults are ``group=group.WORLD`` as it was when the module was first imported
+        # (a pooled rank process may have imported it under an earlier job's group): pass today's explicitly
+        world = torch.distributed.group.WORLD
+        libs["torch"] = types.SimpleNamespace(**{name: functools.partial(getattr(torch_functional, name), group=world)
+                                                 for name in OPS})
     got = {(lib, name): _run(mod, name, rank, ws) for name in OPS for lib, mod in libs.items()}
     with pytest.raises(ValueError, match="autograd supports ReduceOp.SUM and AVG"):
         F.all_reduce(torch.ones(2, requires_grad=True), op=pt_dist.ReduceOp.MAX)
