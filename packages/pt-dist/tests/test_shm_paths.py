@@ -242,7 +242,7 @@ def test_a_segment_no_peer_attaches_to_is_still_removed(tmp_path):
 
 def test_a_segment_left_by_a_killed_creator_is_removed_by_the_next_group(tmp_path):
     """SIGKILL (or torchrun's SIGTERM) while rank 0 waits for its peers to attach leaves the segment's name; the
-    next segment made on the host removes it, and only names whose creator is gone."""
+    next segment made on the host removes it, and only names whose creator is gone from this pid namespace."""
     import subprocess
     import textwrap
 
@@ -260,13 +260,17 @@ def test_a_segment_left_by_a_killed_creator_is_removed_by_the_next_group(tmp_pat
         time.sleep(0.05)
     child.kill()
     child.wait()
-    alive = os.path.join(segment.shm_dir(), f"pt_dist_{os.getpid()}_{'0' * 16}")  # a live creator's: kept
-    open(alive, "w").close()
+    ns = segment._pid_namespace()
+    alive = os.path.join(segment.shm_dir(), f"pt_dist_{os.getpid()}_{'0' * 16}_ns{ns}")  # a live creator's: kept
+    elsewhere = os.path.join(segment.shm_dir(), f"pt_dist_{child.pid}_{'1' * 16}_ns1")  # another container's: kept
+    for path in (alive, elsewhere):
+        open(path, "w").close()
     try:
         segment.map_shared_segment(FileStore(str(tmp_path / "next"), 1), 0, 1, 1 << 16, "seg", 5, "next").close()
-        assert not os.path.exists(left[0]) and os.path.exists(alive)
+        assert not os.path.exists(left[0]) and os.path.exists(alive) and os.path.exists(elsewhere)
     finally:
         os.unlink(alive)
+        os.unlink(elsewhere)
 
 
 def test_a_rank_on_another_host_fails_fast_and_says_why(monkeypatch):

@@ -55,11 +55,23 @@ def fit_slots(store, rank: int, size: int, want: int, fixed: int, group_name: st
     return int(store.get("shm/slot_bytes"))
 
 
+def _pid_namespace() -> str:
+    """Which pid namespace this process sees (containers sharing one /dev/shm each have their own)."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "unknown"
+
+
 def sweep_stale_segments() -> list[str]:
-    """Remove segment names whose creator (the pid in the name) is gone: what a rank killed mid-setup left."""
-    removed, me = [], os.getuid()
+    """Remove segment names whose creator (the pid in the name, in this pid namespace) is gone: what a rank killed
+    mid-setup left. Names made in other pid namespaces (another container on a shared /dev/shm) are not ours to
+    judge: their pids mean nothing here."""
+    removed, me, ns = [], os.getuid(), _pid_namespace()
+    if ns == "unknown":
+        return removed
     for name in os.listdir(shm_dir()):
-        m = re.fullmatch(r"pt_dist_(\d+)_[0-9a-f]{16}", name)
+        m = re.fullmatch(rf"pt_dist_(\d+)_[0-9a-f]{{16}}_ns{ns}", name)
         path = os.path.join(shm_dir(), name)
         try:
             if m and os.stat(path).st_uid == me:
@@ -80,7 +92,7 @@ def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeo
     Returns the mapping, or ``(mapping, fd)`` with ``keep_fd`` (to reserve pages later with fallocate)."""
     if rank == 0:
         sweep_stale_segments()
-        path = os.path.join(shm_dir(), f"pt_dist_{os.getpid()}_{secrets.token_hex(8)}")
+        path = os.path.join(shm_dir(), f"pt_dist_{os.getpid()}_{secrets.token_hex(8)}_ns{_pid_namespace()}")
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     else:
         path = store.get(f"{key}/path").decode()
