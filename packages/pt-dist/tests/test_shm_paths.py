@@ -240,6 +240,29 @@ def test_a_segment_no_peer_attaches_to_is_still_removed(tmp_path):
     assert glob.glob(pattern) == []
 
 
+def test_ranks_disagreeing_on_the_segment_size_both_fail_at_once():
+    """Ranks started with different world sizes size the segment differently: the peer says so (it once failed
+    with mmap's "length is greater than file size") and rank 0 stops waiting for it."""
+    import threading
+
+    from pt_dist import DistError, HashStore
+    from pt_dist.backends import segment
+
+    store, seen = HashStore(), {}
+
+    def rank(r):
+        t0 = time.monotonic()
+        try:
+            segment.map_shared_segment(store, r, 2, (1 << 16) * (r + 1), "seg", 20, "sizes").close()
+        except DistError as e:
+            seen[r] = (str(e), time.monotonic() - t0)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    [t.start() for t in threads], [t.join(30) for t in threads]
+    assert "rank 1 expects a segment of 131072 bytes, rank 0 made 65536" in seen[1][0], seen
+    assert "a peer refused" in seen[0][0] and "131072" in seen[0][0] and seen[0][1] < 5, seen  # not at 20 s
+
+
 def test_a_segment_left_by_a_killed_creator_is_removed_by_the_next_group(tmp_path):
     """SIGKILL (or torchrun's SIGTERM) while rank 0 waits for its peers to attach leaves the segment's name; the
     next segment made on the host removes it, and only names whose creator is gone from this pid namespace."""

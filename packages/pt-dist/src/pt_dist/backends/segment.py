@@ -95,19 +95,21 @@ def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeo
         path = os.path.join(shm_dir(), f"pt_dist_{os.getpid()}_{secrets.token_hex(8)}_ns{_pid_namespace()}")
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     else:
-        path = store.get(f"{key}/path").decode()
+        made, path = store.get(f"{key}/path").decode().split(" ", 1)
+        if int(made) != nbytes:
+            _refuse(store, key, group_name, f"rank {rank} expects a segment of {nbytes} bytes, rank 0 made {made}: "
+                                            f"the ranks disagree on the group (different world sizes?)")
         try:
             fd = os.open(path, os.O_RDWR)
         except FileNotFoundError:
-            store.set(f"{key}/missing", str(rank))  # rank 0 stops waiting for us at once
-            raise DistError(f"shm group {group_name!r}: rank {rank} cannot see rank 0's segment {path}; the 'shm' "
-                            f"backend needs every rank on one host (and one /dev/shm): use 'tcp', 'gloo' or "
-                            f"'nccl' across hosts") from None
+            _refuse(store, key, group_name, f"rank {rank} cannot see rank 0's segment {path}; the 'shm' backend "
+                                            f"needs every rank on one host (and one /dev/shm): use 'tcp', 'gloo' or "
+                                            f"'nccl' across hosts")
     mm = None
     try:
         if rank == 0:
             os.ftruncate(fd, nbytes)
-            store.set(f"{key}/path", path)
+            store.set(f"{key}/path", f"{nbytes} {path}")
         mm = mmap.mmap(fd, nbytes)
         store.add(f"{key}/attached", 1)
         if rank == 0:
@@ -126,12 +128,17 @@ def map_shared_segment(store, rank: int, size: int, nbytes: int, key: str, timeo
     return (mm, fd) if keep_fd else mm
 
 
+def _refuse(store, key: str, group_name: str, why: str) -> None:
+    store.set(f"{key}/missing", why)  # rank 0 stops waiting for us at once
+    raise DistError(f"shm group {group_name!r}: {why}")
+
+
 def _wait_attached(store, size: int, key: str, path: str, timeout: float, group_name: str) -> None:
     deadline = time.monotonic() + timeout
     while int(store.get(f"{key}/attached")) < size:
         if store.check([f"{key}/missing"]):
-            raise DistError(f"shm group {group_name!r}: rank {store.get(f'{key}/missing').decode()} cannot "
-                            f"see this host's {path}; the 'shm' backend needs every rank on one host")
+            raise DistError(f"shm group {group_name!r}: a peer refused this host's {path}: "
+                            f"{store.get(f'{key}/missing').decode()}")
         if time.monotonic() > deadline:
             raise DistError(f"shm group {group_name!r}: peers did not attach {path} within {timeout:.1f}s")
         time.sleep(0.001)
