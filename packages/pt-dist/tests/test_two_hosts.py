@@ -3,7 +3,8 @@ on each (``--nnodes 2 --nproc-per-node 2``, node 0 at 10.77.0.1, node 1 at 10.77
 
 Each namespace has its own network stack, loopback included, so a rank can reach the other node only through
 the addresses it was given, as across machines. Needs root (or unprivileged user namespaces) and iproute2;
-skipped, saying so, where the sandbox forbids creating namespaces.
+skipped, saying so, where the sandbox forbids creating namespaces. Also here, on one host: what a rank
+listening on the wildcard address advertises.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
+import torch
+from pt_dist.backends.tcp import ProcessGroupTCP
+from pt_dist.store import PrefixStore, TCPStore
 
 JOB = """
 import json, os, sys, torch, pt_dist
@@ -128,3 +133,41 @@ def test_ranks_left_on_loopback_fail_clearly_across_hosts(tmp_path):
     assert "nodes 0 0" not in out, out
     assert "DistNetworkError" in logs and "PT_DIST_LISTEN_ADDR=0.0.0.0" in logs, logs
     assert "cannot reach rank" in logs or "missing ranks" in logs, logs
+
+
+def test_wildcard_listen_address_advertises_the_route_to_the_store():
+    """Multi-host jobs listen on 0.0.0.0; peers must be told a dialable address, not the wildcard."""
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
+    groups = [None, None]
+
+    def make(rank):
+        store = PrefixStore("wild", TCPStore("127.0.0.1", master.port, timeout=10, secret=b"s"))
+        groups[rank] = ProcessGroupTCP(store, rank, 2, 10.0, "wild", secret=b"mesh", host="0.0.0.0")
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    assert all(groups)
+    assert [master.get(f"wild/mesh/{r}").decode().split()[1].rsplit(":", 1)[0] for r in range(2)] == ["127.0.0.1"] * 2
+    ts = [torch.full((7,), float(r + 1)) for r in range(2)]
+    works = [threading.Thread(target=groups[r].all_reduce, args=(ts[r],)) for r in range(2)]
+    [w.start() for w in works]
+    [w.join(20) for w in works]
+    assert all(torch.equal(t, torch.full((7,), 3.0)) for t in ts)
+    for g in groups:
+        g.shutdown()
+
+
+def test_wildcard_listen_address_for_the_torch_adapters_store(monkeypatch):
+    """The gloo/nccl adapters' c10d store is found the same way: never advertised as 0.0.0.0."""
+    import datetime
+
+    from pt_dist.backends.torch_adapter import torch_store
+
+    monkeypatch.setenv("PT_DIST_LISTEN_ADDR", "0.0.0.0")
+    ours = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
+    real = torch_store(ours, 0, 1, datetime.timedelta(seconds=10))
+    host, port = ours.get("torch_store").decode().rsplit(":", 1)
+    assert (host, int(port)) == ("127.0.0.1", real.port)
+    real.set("k", "v")
+    assert real.get("k") == b"v"

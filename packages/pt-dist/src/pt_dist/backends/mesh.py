@@ -22,7 +22,7 @@ import torch
 
 from pt_dist import wire
 from pt_dist.backends.p2p import P2PChannels
-from pt_dist.errors import DistBackendError, DistNetworkError, missing_text
+from pt_dist.errors import DistBackendError, DistError, DistNetworkError, missing_text
 from pt_dist.work import Work
 
 COLL, P2P = 0, 1
@@ -60,16 +60,26 @@ class PeerMesh:
             return
         listener = wire.listen(host, 0, backlog=4 * size)
         try:
-            store.set(f"mesh/{rank}", f"{advertised_address(host, store)}:{listener.getsockname()[1]}")
+            store.set(f"mesh/{rank}", f"{size} {advertised_address(host, store)}:{listener.getsockname()[1]}")
             expected = 2 * (size - 1 - rank)
             acceptor = threading.Thread(target=self._accept, args=(listener, secret, expected), daemon=True,
                                         name=f"pt_dist-mesh-accept-{group_name}")
             acceptor.start()
             for peer in range(rank):
-                peer_host, port = store.get(f"mesh/{peer}").decode().rsplit(":", 1)
+                their_size, where = store.get(f"mesh/{peer}").decode().split(" ", 1)
+                if int(their_size) != size:  # say so now; rank 0 would otherwise wait out the timeout for us
+                    store.set("mesh/refused", f"rank {rank} was started with a group of {size}, rank {peer} with "
+                                              f"{their_size} (different world sizes?)")
+                    raise DistError(f"group {group_name!r}: {store.get('mesh/refused').decode()}")
+                peer_host, port = where.rsplit(":", 1)
                 for chan in (COLL, P2P):
                     self.socks[(peer, chan)] = self._connect(peer, peer_host, int(port), secret, chan)
-            acceptor.join(self.timeout + 1)
+            deadline = time.monotonic() + self.timeout + 1
+            while acceptor.is_alive() and time.monotonic() < deadline:
+                acceptor.join(0.1)
+                if store.check(["mesh/refused"]):
+                    raise DistError(f"group {group_name!r}: a peer refused the group: "
+                                    f"{store.get('mesh/refused').decode()}")
             missing = sorted({p for p in range(rank + 1, size) for c in (COLL, P2P) if (p, c) not in self.socks})
             if missing:
                 raise DistNetworkError(f"group {group_name!r}: mesh setup timed out after {timeout:.1f}s; "
