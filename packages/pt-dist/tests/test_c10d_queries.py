@@ -1,8 +1,9 @@
 """torch.distributed's small queries and settings, answered as torch answers them: ``group.WORLD``,
 ``get_pg_count``, ``get_backend_config``, ``is_backend_available``, ``is_torchelastic_launched``,
-``supports_complex``, ``get_default_backend_for_device``; ``set_timeout`` (a later operation fails at the new
-timeout) on tcp, shm and the gloo adapter; and the error kinds (``DistBackendError`` for a collective,
-``DistNetworkError`` for a connection, ``DistStoreError`` for a store wait), each a ``DistError``."""
+``supports_complex``, ``get_default_backend_for_device``; one store serving init after init;
+``set_timeout`` (a later operation fails at the new timeout) on tcp, shm and the gloo adapter; and the error
+kinds (``DistBackendError`` for a collective, ``DistNetworkError`` for a connection, ``DistStoreError`` for a
+store wait), each a ``DistError``."""
 
 from __future__ import annotations
 
@@ -102,3 +103,30 @@ def test_error_kinds_are_torchs():
     assert all(issubclass(k, DistError) and issubclass(k, RuntimeError)
                for k in (DistBackendError, DistNetworkError, DistStoreError))
     assert not issubclass(DistNetworkError, DistStoreError)  # a refused connection is not a store timeout
+
+
+def _cycles(rank, ws, backend):
+    import harness
+
+    if rank == 0:
+        store = pt_dist.TCPStore("127.0.0.1", 0, ws, is_master=True, wait_for_workers=False, timeout=20)
+        harness.store().set(f"cycles-{backend}", str(store.port))
+    else:
+        store = pt_dist.TCPStore("127.0.0.1", int(harness.store().get(f"cycles-{backend}")), ws, timeout=20)
+    sums = []
+    for cycle in range(3):  # torch's own serves this: init, destroy, init again on the caller's store
+        pt_dist.init_process_group(backend, store=store, rank=rank, world_size=ws, timeout=20)
+        t = torch.full((2,), float(cycle + 1))
+        pt_dist.all_reduce(t)
+        sums.append(t[0].item())
+        pt_dist.destroy_process_group()
+    store.set(f"after/{rank}", "ok")  # still the caller's, still open
+    return sums, store.get(f"after/{1 - rank}")
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
+def test_one_store_serves_init_after_init(backend):
+    """destroy_process_group used to close the caller's store (the next init could not connect), and a second init
+    on it would have read the first one's keys (mesh addresses, secret, segment paths)."""
+    for sums, other in run_ranks(_cycles, 2, backend, backend=None, timeout=90):
+        assert sums == [2.0, 4.0, 6.0] and other == b"ok"

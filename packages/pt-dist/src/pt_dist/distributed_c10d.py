@@ -51,6 +51,7 @@ class _World:
         self.group_count = 0
         self.local_counts: dict[tuple[int, ...], int] = {}  # new_group(use_local_synchronization=True) per ranks
         self.split_counts: dict[str, int] = {}  # split_group calls per parent group
+        self.owns_store = False
 
 
 _world = _World()
@@ -92,6 +93,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         if rank < 0 or world_size < 1:
             raise ValueError(f"init_process_group: a store needs explicit rank and world_size, got rank={rank}, "
                              f"world_size={world_size}")
+        # a caller's store may serve init after init, as torch's may: a key space per init, no stale keys read
+        store = PrefixStore(f"pt_dist/init{store.add(f'pt_dist/inits/{rank}', 1)}", store)
     else:
         rdzv = rendezvous(init_method or "env://", rank, world_size, t)
         store, rank, world_size = rdzv.store, rdzv.rank, rdzv.world_size
@@ -104,6 +107,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             store.close()  # a failed init must not keep the port (or file) from the next attempt
         raise
     _world.store, _world.secret, _world.timeout, _world.group_count = store, secret, t, 0
+    _world.owns_store = owned  # the caller's store stays open after destroy_process_group, as in torch
     _world.local_counts.clear()
     _world.split_counts.clear()
     GroupMember.WORLD = pg
@@ -175,7 +179,7 @@ def destroy_process_group(group=None) -> None:
     if group is GroupMember.NON_GROUP_MEMBER:
         return
     if group is None:
-        store, _world.store = _world.store, None
+        store, _world.store = _world.store if _world.owns_store else None, None
         if isinstance(store, TCPStore) and store.is_master:
             store.close()  # first, since the other ranks wait for it below
         for pg in sorted(_world.ranks, key=lambda g: g is GroupMember.WORLD):
