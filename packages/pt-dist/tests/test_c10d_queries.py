@@ -121,7 +121,12 @@ def _cycles(rank, ws, backend):
         sums.append(t[0].item())
         pt_dist.destroy_process_group()
     store.set(f"after/{rank}", "ok")  # still the caller's, still open
-    return sums, store.get(f"after/{1 - rank}")
+    other = store.get(f"after/{1 - rank}")
+    if rank == 1:
+        store.set("read", "1")  # its last call: rank 0, whose process serves the store, may leave now
+    else:
+        store.get("read")
+    return sums, other
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
