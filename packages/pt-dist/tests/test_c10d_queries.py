@@ -122,10 +122,10 @@ def _cycles(rank, ws, backend):
         pt_dist.destroy_process_group()
     store.set(f"after/{rank}", "ok")  # still the caller's, still open
     other = store.get(f"after/{1 - rank}")
-    if rank == 1:
-        store.set("read", "1")  # its last call: rank 0, whose process serves the store, may leave now
+    if rank == 1:  # its last call on the store is done: rank 0, whose process serves it, may leave now
+        harness.store().set(f"cycles-{backend}-read", "1")
     else:
-        store.get("read")
+        harness.store().get(f"cycles-{backend}-read")
     return sums, other
 
 
