@@ -172,8 +172,7 @@ def gather_single(tensor, gather_tensor=None, dst: int | None = None, group=None
         if gather_tensor.numel() != world * tensor.numel():
             raise ValueError(f"gather_single: gather_tensor has {gather_tensor.numel()} elements, the group needs "
                              f"{world} x {tensor.numel()}")
-        parts = [p.view(tensor.shape) for p in gather_tensor.view(-1).chunk(world)] if tensor.numel() else \
-            [gather_tensor.view(-1)[:0].view(tensor.shape) for _ in range(world)]
+        parts = [row.view(tensor.shape) for row in gather_tensor.view(world, tensor.numel()).unbind(0)]
     return c10d.gather(tensor, parts, group=group, async_op=async_op, group_dst=root)
 
 
