@@ -359,3 +359,27 @@ def test_buffers_used_twice_are_collapsed_into_huge_pages(monkeypatch):
         off.note(big.data_ptr(), big.numel() * 4)
     assert off.collapsed == 0
 
+
+
+def test_a_cross_memory_copy_the_kernel_splits_is_finished_and_a_stalled_one_raises():
+    """process_vm_readv may move fewer bytes than asked (it stops at a page it cannot pin): the rest is asked
+    for again until done; a call that moves nothing raises instead of looping forever."""
+    from pt_dist.backends.cma import CrossMemory
+
+    if not _self_read_works():
+        pytest.skip("this kernel does not let a process read its own memory with process_vm_readv")
+    cma, calls = CrossMemory(), []
+    real = cma._readv
+
+    def at_most_a_page(pid, here, n_here, there, n_there, flags):  # the kernel's partial progress, page by page
+        cma._here.iov_len = cma._there.iov_len = min(cma._here.iov_len, 4096)  # the structs behind here/there
+        calls.append(cma._here.iov_len)
+        return real(pid, here, n_here, there, n_there, flags)
+
+    cma._readv = at_most_a_page
+    src, dst = torch.arange(2500.0), torch.zeros(2500)  # 10000 bytes: 4096 + 4096 + 1808
+    cma.read(os.getpid(), src.data_ptr(), dst.data_ptr(), 10000)
+    assert torch.equal(src, dst) and calls == [4096, 4096, 1808]
+    cma._readv = lambda *_: 0
+    with pytest.raises(OSError, match="process_vm_readv"):
+        cma.read(os.getpid(), src.data_ptr(), dst.data_ptr(), 16)

@@ -66,16 +66,22 @@ class CrossMemory:
 
     def _move(self, fn, pid: int, base: int, nbytes: int, addr: int) -> None:
         """One contiguous range; the kernel may move less than asked (page by page), so loop on the rest."""
-        here, there, done = self._here, self._there, 0
-        while done < nbytes:
+        here, there = self._here, self._there
+        here.iov_base, there.iov_base = base, addr
+        here.iov_len = there.iov_len = nbytes
+        got = fn(pid, self._here_ref, 1, self._there_ref, 1, 0)
+        if got == nbytes:  # nearly always: one call, no loop
+            return
+        done = max(got, 0)
+        while got > 0 and done < nbytes:
             here.iov_base, there.iov_base = base + done, addr + done
             here.iov_len = there.iov_len = nbytes - done
             got = fn(pid, self._here_ref, 1, self._there_ref, 1, 0)
-            if got <= 0:
-                err = ctypes.get_errno() if got < 0 else errno.EIO
-                raise OSError(err, f"{'process_vm_readv' if fn is self._readv else 'process_vm_writev'} "
-                                   f"pid {pid} at {addr + done:#x}: {os.strerror(err)}")
-            done += got
+            done += max(got, 0)
+        if got <= 0:
+            err = ctypes.get_errno() if got < 0 else errno.EIO
+            raise OSError(err, f"{'process_vm_readv' if fn is self._readv else 'process_vm_writev'} "
+                               f"pid {pid} at {addr + done:#x}: {os.strerror(err)}")
 
 
 def _addr(t: torch.Tensor) -> tuple[int, int]:
@@ -128,45 +134,56 @@ class SingleCopyCollectives:
                                 f"{missing_text([j])}")
 
     def _chunk_scratch(self, dtype: torch.dtype) -> tuple[int, torch.Tensor]:
+        """(elements per chunk, a chunk of scratch of ``dtype``)."""
         step = max(1, CHUNK_BYTES // dtype.itemsize)
         if self._scratch.numel() < step * dtype.itemsize:
             self._scratch = torch.empty(step * dtype.itemsize, dtype=torch.uint8)
-        return step, self._scratch
+        return step, self._scratch[:step * dtype.itemsize].view(dtype)
 
     def _cma_all_reduce(self, flat: torch.Tensor, op, mine: str | None) -> None:
         """For my 1/N slice, chunk by chunk: read each peer's part into L2-sized scratch and fold it into
         mine, then write the result straight into every peer's tensor. Rank r only reads and writes slice r
         of a peer's tensor, which the peer itself never touches, so nothing races; every slice is reduced
-        once, so all ranks get bitwise the same result."""
+        once, so all ranks get bitwise the same result. The loop is the hot path of large all-reduces with
+        more ranks than cores (CPU-bound), so it keeps Python per chunk to the copies and the folds."""
         n, r, size, item = flat.numel(), self._rank, self._size, flat.element_size()
         peers = self._meet("all_reduce", flat, mine)
-        step, scratch = self._chunk_scratch(flat.dtype)
-        fold, base, sbase = combiner(op, flat.dtype), flat.data_ptr(), scratch.data_ptr()
-        for a in range((n * r) // size, (hi := (n * (r + 1)) // size), step):
-            part = flat[a:min(hi, a + step)]
-            nbytes, off = part.numel() * item, a * item
-            tmp = scratch[:nbytes].view(flat.dtype)
-            for peer in peers:
-                self._pull("all_reduce", peer, off, sbase, nbytes)
-                fold(part, tmp, out=part)
-            finish_avg_(part, op, size)
-            for peer in peers:
-                self._push("all_reduce", base + off, nbytes, peer, off)
+        step, tmp = self._chunk_scratch(flat.dtype)
+        fold, base, sbase, ctl = combiner(op, flat.dtype), flat.data_ptr(), tmp.data_ptr(), self._ctl
+        read, write, peer = self._cma.read, self._cma.write, peers[0]
+        try:
+            for part in flat[(n * r) // size:(n * (r + 1)) // size].split(step):
+                nbytes, off = part.numel() * item, part.data_ptr() - base
+                got = tmp if part.numel() == step else tmp[:part.numel()]
+                for peer in peers:
+                    read(peer[1], peer[2] + off, sbase, nbytes)
+                    fold(part, got, out=part)
+                finish_avg_(part, op, size)
+                if ctl[ABORT]:  # a peer gave up: its tensor may be gone, so write nothing more into it
+                    self._check_peers("all_reduce", self._epoch + 1, False)
+                for peer in peers:
+                    write(peer[1], base + off, nbytes, peer[2] + off)
+        except OSError as e:
+            raise self._copy_failed("all_reduce", peer[0], e) from e
         self._arrive_and_wait("all_reduce")
 
     def _cma_reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op) -> None:
         """Fold block r of every peer's input into my output, chunk by chunk, reading it where it lies."""
         m, r, item = out.numel(), self._rank, out.element_size()
         peers = self._meet("reduce_scatter_tensor", inp)
-        step, scratch = self._chunk_scratch(out.dtype)
-        fold = combiner(op, out.dtype)
-        for a in range(0, m, step):
-            part, b = out[a:a + step], min(m, a + step)
-            tmp = scratch[:part.numel() * item].view(out.dtype)
-            for k, peer in enumerate(peers):  # the first fold reads my own block and writes the output
-                self._pull("reduce_scatter_tensor", peer, (r * m + a) * item, *_addr(tmp))
-                fold(inp[r * m + a:r * m + b] if k == 0 else part, tmp, out=part)
-            finish_avg_(part, op, self._size)
+        step, tmp = self._chunk_scratch(out.dtype)
+        fold, sbase, read, peer = combiner(op, out.dtype), tmp.data_ptr(), self._cma.read, peers[0]
+        mine = inp[r * m:(r + 1) * m]
+        try:
+            for part, own in zip(out.split(step), mine.split(step)):
+                nbytes, off = part.numel() * item, own.data_ptr() - inp.data_ptr()
+                got = tmp if part.numel() == step else tmp[:part.numel()]
+                for k, peer in enumerate(peers):  # the first fold reads my own block and writes the output
+                    read(peer[1], peer[2] + off, sbase, nbytes)
+                    fold(own if k == 0 else part, got, out=part)
+                finish_avg_(part, op, self._size)
+        except OSError as e:
+            raise self._copy_failed("reduce_scatter_tensor", peer[0], e) from e
         self._arrive_and_wait("reduce_scatter_tensor")
 
     def _cma_all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
