@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import secrets
 
 import torch
@@ -20,7 +19,7 @@ from pt_dist.backends import Backend
 from pt_dist.backends.arguments import as_rank
 from pt_dist.errors import DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp
-from pt_dist.rendezvous import rendezvous
+from pt_dist.rendezvous import get_node_local_rank, is_torchelastic_launched, rendezvous
 from pt_dist.store import PrefixStore, Store, TCPStore
 
 log = logging.getLogger(__name__)
@@ -138,21 +137,6 @@ def is_available() -> bool:
     return True
 
 
-def is_torchelastic_launched() -> bool:
-    """Whether torchrun (torch.distributed.elastic) started this process: it sets ``TORCHELASTIC_RUN_ID``."""
-    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
-
-
-def get_node_local_rank(fallback_rank: int | None = None) -> int:
-    """This process's rank on its host: torchrun's ``LOCAL_RANK``, else ``fallback_rank``, as torch's."""
-    if "LOCAL_RANK" in os.environ:
-        return int(os.environ["LOCAL_RANK"])
-    if fallback_rank is not None:
-        return int(fallback_rank)
-    raise RuntimeError("LOCAL_RANK is not in the environment (torchrun sets it); pass fallback_rank= to run "
-                       "outside a multi-process launch")
-
-
 def _mesh_secret(store: Store, rank: int) -> bytes:
     """A fresh random secret for the backends' sockets, handed out through the (authenticated) store."""
     if rank == 0:
@@ -175,17 +159,18 @@ def _group(group) -> ProcessGroup:
 
 
 def destroy_process_group(group=None) -> None:
-    """Shut down ``group`` (default: every group, then forget the rendezvous)."""
+    """Shut down ``group`` (default: every group, then forget the rendezvous). Groups are forgotten first, so a
+    collective the shutdown wakes in another thread finds no group (torch's order leaves that a race)."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return
     if group is None:
         store, _world.store = _world.store if _world.owns_store else None, None
         if isinstance(store, TCPStore) and store.is_master:
             store.close()  # first, since the other ranks wait for it below
-        for pg in sorted(_world.ranks, key=lambda g: g is GroupMember.WORLD):
-            pg.shutdown()
+        groups, GroupMember.WORLD = sorted(_world.ranks, key=lambda g: g is GroupMember.WORLD), None
         _world.ranks.clear()
-        GroupMember.WORLD = None
+        for pg in groups:
+            pg.shutdown()
         if isinstance(store, TCPStore):
             if not store.is_master:
                 # return only once the master's server is down: a re-init on the same port (tcp://, env://) could
@@ -194,8 +179,9 @@ def destroy_process_group(group=None) -> None:
         elif hasattr(store, "close"):
             store.close()
         return
-    _group(group).shutdown()
-    del _world.ranks[group]
+    pg = _group(group)
+    del _world.ranks[pg]
+    pg.shutdown()
 
 
 def get_rank(group=None) -> int:
@@ -396,5 +382,5 @@ __all__ = ["DistError", "GroupMember", "ReduceOp", "all_gather", "all_gather_int
            "all_to_all_single", "barrier", "broadcast", "destroy_process_group", "gather", "get_backend",
            "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
            "get_node_local_rank", "get_world_size", "init_process_group", "irecv", "is_available",
-           "is_initialized", "isend", "recv", "reduce", "reduce_scatter_tensor", "scatter",
+           "is_initialized", "is_torchelastic_launched", "isend", "recv", "reduce", "reduce_scatter_tensor", "scatter",
            "send"]

@@ -108,3 +108,18 @@ def _beside_agent_store(host: str, port: int, rank: int, world_size: int, timeou
         agent.set(slot, f"{ours.port}")
         return ours
     return TCPStore(host, int(agent.get(slot)), world_size, timeout=timeout, secret=key)
+
+
+def is_torchelastic_launched() -> bool:
+    """Whether torchrun (torch.distributed.elastic) started this process: it sets ``TORCHELASTIC_RUN_ID``."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """This process's rank on its host: torchrun's ``LOCAL_RANK``, else ``fallback_rank``, as torch's."""
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError("LOCAL_RANK is not in the environment (torchrun sets it); pass fallback_rank= to run "
+                       "outside a multi-process launch")
