@@ -74,6 +74,8 @@ def test_hanging_rank_times_out_and_is_named():
     with pytest.raises(RankError) as err:
         run_ranks(_hang_on_one, 2, backend="gloo", timeout=3)
     assert "ranks [1] did not finish (timed out" in str(err.value)
+    # and where it hung: its threads' stacks, taken before it was killed
+    assert "rank 1's threads when it was given up on" in str(err.value) and "in _hang_on_one" in str(err.value)
     assert time.monotonic() - t0 < 20
 
 

@@ -21,7 +21,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from harness.worker import FnRef, worker_main
+from harness.worker import FnRef, stacks_path, worker_main
 
 DEFAULT_TIMEOUT = float(os.environ.get("HARNESS_TIMEOUT", "120"))
 STARTUP_TIMEOUT = 300.0
@@ -49,6 +49,8 @@ class _Pool:
                     os.kill(p.pid, signal.SIGKILL)
         for p in self.procs:
             p.join(timeout=5)
+            with contextlib.suppress(OSError):
+                os.unlink(stacks_path(p.pid))
         for q in [*self.cmd_queues, self.results]:
             if q is not None:
                 q.close()
@@ -192,9 +194,28 @@ def _collect(pool: _Pool, world_size: int, timeout: float) -> list:
         if missing:
             why = "timed out" if first_error_at is None else "were killed after another rank failed"
             parts.append(f"ranks {missing} did not finish ({why}; timeout {timeout:.0f}s)")
+            parts += _stacks(pool, missing)
         failed = sorted(errors) + missing
         raise RankError(f"{len(failed)} of {world_size} ranks failed: {failed}\n\n" + "\n\n".join(parts))
     return [results[r] for r in range(world_size)]
+
+
+def _stacks(pool: _Pool, ranks: list[int]) -> list[str]:
+    """Every thread's stack in each of ``ranks`` (still running: hung or slow), as faulthandler prints it."""
+    for r in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pool.procs[r].pid, signal.SIGUSR1)
+    time.sleep(0.5)
+    out = []
+    for r in ranks:
+        try:
+            with open(stacks_path(pool.procs[r].pid)) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text:
+            out.append(f"rank {r}'s threads when it was given up on (most recent call first):\n{text}")
+    return out
 
 
 def _describe_exit(code) -> str:

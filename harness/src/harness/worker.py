@@ -8,16 +8,24 @@ and the worker loads the file itself.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import importlib
 import importlib.util
 import os
 import pickle
+import signal
 import sys
+import tempfile
 import traceback
 import types
 from dataclasses import dataclass
 
 _store = None
+
+
+def stacks_path(pid: int) -> str:
+    """Where rank process ``pid`` writes every thread's stack when the parent sends it SIGUSR1 (a hang)."""
+    return os.path.join(tempfile.gettempdir(), f"harness-stacks-{pid}.txt")
 
 
 def store():
@@ -139,6 +147,10 @@ def worker_main(rank: int, commands, results) -> None:
     """Run jobs until told to stop; on failure the parent kills this process with the pool."""
     import torch.distributed  # noqa: F401 - the slow import happens before the job's clock starts
 
+    # a hung rank is asked for its stacks before it is killed (faulthandler writes them from the signal handler,
+    # whatever the main thread is stuck in), so a timeout says where each thread was
+    stacks = open(stacks_path(os.getpid()), "w")  # noqa: SIM115 - open for the life of the process
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     results.put((rank, "ready", None))
     while True:
         job = commands.get()
