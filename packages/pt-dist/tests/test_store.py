@@ -255,3 +255,36 @@ def test_a_forked_child_collecting_its_copy_leaves_the_parents_store_serving():
     assert master.get("before") == b"1" and client.get("after") == b"2"
     client.close()
     master.close()
+
+
+def test_ctrl_c_inside_a_file_store_call_leaves_the_file_unlocked(tmp_path, monkeypatch):
+    """A KeyboardInterrupt landing just after the store took the file's flock (Ctrl-C while init waits for a peer,
+    under load) must not leave that lock held by a file object only the traceback still references: init's
+    cleanup, running while that traceback is alive, closes the store and would wait on the lock forever."""
+    import fcntl
+    import threading
+
+    from pt_dist import file_store
+
+    store = FileStore(str(tmp_path / "f"), 1, timeout=5)
+    pressed = []
+
+    class InterruptedAfterLocking:
+        LOCK_EX, LOCK_UN = fcntl.LOCK_EX, fcntl.LOCK_UN
+
+        @staticmethod
+        def flock(f, how):
+            fcntl.flock(f, how)
+            if how == fcntl.LOCK_EX and not pressed:
+                pressed.append(1)
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(file_store, "fcntl", InterruptedAfterLocking)
+    try:
+        store.set("k", "v")
+    except KeyboardInterrupt:  # as init_process_group's cleanup: the store is closed while the exception is alive
+        closer = threading.Thread(target=store.close, daemon=True)
+        closer.start()
+        closer.join(5)
+        assert not closer.is_alive(), "closing the store waits forever on the flock the interrupted call kept"
+    assert pressed

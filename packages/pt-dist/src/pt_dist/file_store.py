@@ -46,12 +46,15 @@ class FileStore(Store):
         """The file at ``path`` (created if absent), flocked; retried if a closing user removed it meanwhile."""
         while True:
             f = open(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600), "r+b")
-            fcntl.flock(f, fcntl.LOCK_EX)
             try:
+                fcntl.flock(f, fcntl.LOCK_EX)
                 if os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
                     return f
             except FileNotFoundError:
                 pass
+            except BaseException:  # Ctrl-C: a lock left on a file object only a traceback holds would block the
+                f.close()  # cleanup that runs while that traceback is alive (closing the store) forever
+                raise
             f.close()  # we locked a file that was unlinked before we got the lock
 
     def _locked(self, cmd: int | None, fields=(), remove_if=None) -> bytes:
