@@ -26,22 +26,27 @@ BACKENDS = ["tcp", "shm"]
 
 
 class CtrlC:
-    """Presses Ctrl-C (SIGINT to this process) after ``delay`` and again every 0.3 s until the interrupted call has
-    returned, as a user does when a press is lost (one landing in a finalizer, ``__del__``, is ignored by Python).
+    """Presses Ctrl-C (SIGINT to this process) after ``delay``, and again every 2 s while the interrupted call has
+    not returned, as a user does when a press is lost (one landing in a finalizer, ``__del__``, is ignored by
+    Python); 2 s leaves the call's own cleanup, after a press that did land, time to finish undisturbed.
     Use as ``with CtrlC(): call()``: the call's KeyboardInterrupt is swallowed, later presses are ignored."""
+
+    AGAIN_AFTER = 2.0
 
     def __init__(self, delay: float = 0.5):
         self.delay, self.armed, self.interrupted = delay, threading.Event(), False
+        self._raised_at = float("-inf")
 
     def _handler(self, signum, frame):
         if self.armed.is_set():
-            self.armed.clear()
+            self._raised_at = time.monotonic()
             raise KeyboardInterrupt
 
     def _press(self):
         time.sleep(self.delay)
         while self.armed.is_set():
-            os.kill(os.getpid(), signal.SIGINT)
+            if time.monotonic() - self._raised_at >= self.AGAIN_AFTER:
+                os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.3)
 
     def __enter__(self):
