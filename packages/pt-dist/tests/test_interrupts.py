@@ -177,3 +177,29 @@ def test_abort_ends_a_transfer_waiting_for_a_stalled_peer():
     assert "aborted or shut down mid-collective" in seen[0][0] and seen[0][1] < 3, seen
     for g in groups:
         g.shutdown()
+
+
+def test_the_mesh_acceptor_ends_quietly_when_a_failed_setup_closes_its_listener():
+    """A setup that gives up (a refused group, Ctrl-C) closes the listener under the acceptor thread; the thread used
+    to die on EBADF from ``settimeout`` (an unhandled thread exception printed to the user's stderr) when the close
+    fell between its polls, and a connection it accepted after the setup had closed the others stayed open."""
+    from pt_dist import wire
+    from pt_dist.backends.mesh import COLL, PeerMesh
+
+    mesh = PeerMesh(None, 0, 1, b"s", 5.0, "acceptor")  # world 1: no sockets; the acceptor is driven by hand
+    mesh.size = 2
+    listener = wire.listen("127.0.0.1", 0, backlog=4)
+    listener.close()
+    mesh._accept(listener, b"s", 1)  # raised OSError (EBADF) before the fix
+
+    listener = wire.listen("127.0.0.1", 0, backlog=4)
+    other = PeerMesh(None, 0, 1, b"s", 5.0, "acceptor")
+    other.rank = 1  # dials in as rank 1
+    peer = threading.Thread(target=lambda: other._connect(0, "127.0.0.1", listener.getsockname()[1], b"s", COLL))
+    mesh._closed = True  # the setup has given up; a peer's connection still arrives
+    peer.start()
+    mesh._accept(listener, b"s", 2)
+    peer.join(5)
+    listener.close()
+    assert [s.fileno() for s in mesh.socks.values()] == [-1], "the late connection must be closed"
+    mesh.socks.clear()

@@ -85,7 +85,8 @@ class PeerMesh:
                 raise DistNetworkError(f"group {group_name!r}: mesh setup timed out after {timeout:.1f}s; "
                                        f"{missing_text(missing)}{_loopback_hint(host)}")
         except BaseException:  # a timeout, or Ctrl-C while waiting for a peer: release what is connected already
-            for sock in self.socks.values():
+            self._closed = True  # before the snapshot: a connection the acceptor adds later, it closes itself
+            for sock in list(self.socks.values()):
                 sock.close()
             raise
         finally:
@@ -105,8 +106,8 @@ class PeerMesh:
         deadline = time.monotonic() + self.timeout
         got = 0
         while got < expected and time.monotonic() < deadline:
-            listener.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
+            try:  # the setup closes the listener when it gives up (a refusal, Ctrl-C): then this thread just ends
+                listener.settimeout(max(0.01, deadline - time.monotonic()))
                 conn, _ = listener.accept()
             except OSError:
                 return
@@ -121,6 +122,9 @@ class PeerMesh:
                 continue
             self.socks[(peer, chan)] = conn
             got += 1
+            if self._closed:  # the setup gave up meanwhile and closed the connections it saw
+                conn.close()
+                return
 
     def _connect(self, peer: int, host: str, port: int, secret: bytes, chan: int) -> socket.socket:
         deadline = time.monotonic() + self.timeout
