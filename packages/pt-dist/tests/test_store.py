@@ -168,12 +168,15 @@ def _raw(port) -> socket.socket:
 
 
 def _closed(sock) -> bool:
+    """Whether the server closes ``sock`` within its 3 s timeout (a reset counts; silence does not)."""
     try:
         while True:
             if sock.recv(4096) == b"":
                 return True
-    except (TimeoutError, ConnectionError):
+    except ConnectionError:
         return True
+    except TimeoutError:
+        return False
 
 
 def test_garbage_bytes_close_only_that_connection():
@@ -192,6 +195,33 @@ def test_garbage_bytes_close_only_that_connection():
         assert _closed(sock)
     client.set("still", "alive")
     assert master.get("still") == b"alive" and client.add("c", 2) == 2
+
+
+def test_a_flood_of_silent_connections_is_refused_past_a_bound_and_clients_still_get_in(monkeypatch):
+    """Connections that never send the handshake each hold a server thread for up to its timeout; past
+    ``MAX_UNAUTHENTICATED`` of them at once the server closes new ones on arrival, and a client with the
+    secret gets in as soon as places free up."""
+    from pt_dist import store_server
+
+    monkeypatch.setattr(store_server, "MAX_UNAUTHENTICATED", 4)
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=5, secret=SECRET)
+    silent = [_raw(master.port) for _ in range(4)]
+    time.sleep(0.3)  # the server has taken them into their handshakes
+    extra = [_raw(master.port) for _ in range(3)]
+    assert all(_closed(sock) for sock in extra)
+    got = {}
+    joining = threading.Thread(target=lambda: got.update(client=TCPStore("127.0.0.1", master.port, timeout=5,
+                                                                         secret=SECRET)))
+    joining.start()  # refused while the four hold every place, it retries, as a rank does until its timeout
+    time.sleep(0.5)
+    for sock in silent:
+        sock.close()  # their handshakes fail now and free their places
+    joining.join(10)
+    client = got["client"]
+    client.set("k", "v")
+    assert master.get("k") == b"v"
+    for sock in silent + extra:
+        sock.close()
 
 
 def test_file_store_is_shared_through_the_file(tmp_path):

@@ -23,6 +23,10 @@ from pt_dist.errors import DistNetworkError
 log = logging.getLogger("pt_dist.store")
 
 MAX_FRAME = 64 << 20
+# Connections still in their handshake (not yet proven to hold the secret) served at once; more are closed on
+# arrival, so a flood of silent connections (a port scanner, a stuck client) cannot pile up a thread each
+# until the process runs out, while the job's own clients (a few per rank) still get in.
+MAX_UNAUTHENTICATED = 64
 SET, GET, ADD, CAS, WAIT, DELETE, NUM_KEYS, CHECK, APPEND, MULTI_SET = range(1, 11)
 
 
@@ -89,6 +93,7 @@ class StoreServer:
         self._closed = False
         self._conns: set[socket.socket] = set()
         self._pid = os.getpid()
+        self._handshakes = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
 
     def start(self, secret: bytes) -> None:
         """Serve once the secret is known (a derived secret depends on the port just bound)."""
@@ -119,13 +124,25 @@ class StoreServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), name="pt_dist-store-conn", daemon=True).start()
+            if not self._handshakes.acquire(blocking=False):
+                log.warning("pt_dist store: %d connections are already in their handshake; closing another",
+                            MAX_UNAUTHENTICATED)
+                conn.close()
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="pt_dist-store-conn", daemon=True).start()
+            except RuntimeError:  # no thread to spare: refuse this one, keep accepting
+                self._handshakes.release()
+                conn.close()
 
     def _serve(self, conn: socket.socket) -> None:
         self._conns.add(conn)
         try:
-            conn.settimeout(wire.HANDSHAKE_TIMEOUT)
-            wire.server_handshake(conn, self._secret)
+            try:
+                conn.settimeout(wire.HANDSHAKE_TIMEOUT)
+                wire.server_handshake(conn, self._secret)
+            finally:
+                self._handshakes.release()
             conn.settimeout(None)
             wire.tune(conn, 1 << 20)
             while True:
