@@ -94,6 +94,7 @@ class StoreServer:
         self._conns: set[socket.socket] = set()
         self._pid = os.getpid()
         self._handshakes = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
+        self._refused = 0  # connections closed for want of a handshake place (logged once)
 
     def start(self, secret: bytes) -> None:
         """Serve once the secret is known (a derived secret depends on the port just bound)."""
@@ -124,9 +125,11 @@ class StoreServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            if not self._handshakes.acquire(blocking=False):
-                log.warning("pt_dist store: %d connections are already in their handshake; closing another",
-                            MAX_UNAUTHENTICATED)
+            if not self._handshakes.acquire(blocking=False):  # a client refused so retries, as on a busy port
+                (log.debug if self._refused else log.warning)(
+                    "pt_dist store: %d connections are in their handshake already; closing new ones until one "
+                    "ends (a crowd of ranks starting retries; a flood of strangers is kept out)", MAX_UNAUTHENTICATED)
+                self._refused += 1
                 conn.close()
                 continue
             try:
