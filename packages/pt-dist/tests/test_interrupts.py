@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -179,27 +180,40 @@ def test_abort_ends_a_transfer_waiting_for_a_stalled_peer():
         g.shutdown()
 
 
-def test_the_mesh_acceptor_ends_quietly_when_a_failed_setup_closes_its_listener():
-    """A setup that gives up (a refused group, Ctrl-C) closes the listener under the acceptor thread; the thread used
-    to die on EBADF from ``settimeout`` (an unhandled thread exception printed to the user's stderr) when the close
-    fell between its polls, and a connection it accepted after the setup had closed the others stayed open."""
+def test_the_mesh_acceptor_ends_quietly_greets_in_parallel_and_refuses_late_connections():
+    """The acceptor died on EBADF (an unhandled thread exception on the user's stderr) when a setup that gave
+    up closed the listener between its polls; it greeted connections one at a time, so a silent stranger held
+    a real peer off for the whole handshake timeout (10 s); and a connection it took after the setup had closed
+    the others stayed open."""
     from pt_dist import wire
-    from pt_dist.backends.mesh import COLL, PeerMesh
+    from pt_dist.backends.mesh import COLL, P2P, PeerMesh
 
     mesh = PeerMesh(None, 0, 1, b"s", 5.0, "acceptor")  # world 1: no sockets; the acceptor is driven by hand
-    mesh.size = 2
+    mesh.size, mesh._expected = 3, 2  # rank 1's two connections complete it; rank 2 then comes late
+    mesh._all_in.clear()
     listener = wire.listen("127.0.0.1", 0, backlog=4)
     listener.close()
-    mesh._accept(listener, b"s", 1)  # raised OSError (EBADF) before the fix
+    mesh._accept(listener, b"s")  # raised OSError (EBADF) before
 
     listener = wire.listen("127.0.0.1", 0, backlog=4)
+    port = listener.getsockname()[1]
+    acceptor = threading.Thread(target=mesh._accept, args=(listener, b"s"), daemon=True)
+    acceptor.start()
+    stranger = socket.create_connection(("127.0.0.1", port))  # connects first, then says nothing
     other = PeerMesh(None, 0, 1, b"s", 5.0, "acceptor")
     other.rank = 1  # dials in as rank 1
-    peer = threading.Thread(target=lambda: other._connect(0, "127.0.0.1", listener.getsockname()[1], b"s", COLL))
-    mesh._closed = True  # the setup has given up; a peer's connection still arrives
-    peer.start()
-    mesh._accept(listener, b"s", 2)
-    peer.join(5)
+    t0 = time.monotonic()
+    client = [other._connect(0, "127.0.0.1", port, b"s", chan) for chan in (COLL, P2P)]
+    assert mesh._all_in.wait(5) and time.monotonic() - t0 < 3, "the silent stranger held the real peer off"
+    mesh._accepting = False  # the setup is over (as it sets it); a peer arrives late
+    other.rank = 2
+    late = other._connect(0, "127.0.0.1", port, b"s", COLL)
+    late.settimeout(5)
+    assert late.recv(1) == b"", "the late connection must be closed"
+    assert sorted(mesh.socks) == [(1, COLL), (1, P2P)]
+    listener.shutdown(socket.SHUT_RDWR)
     listener.close()
-    assert [s.fileno() for s in mesh.socks.values()] == [-1], "the late connection must be closed"
-    mesh.socks.clear()
+    acceptor.join(5)
+    assert not acceptor.is_alive()
+    for sock in [stranger, late, *client, *mesh.socks.values()]:
+        sock.close()

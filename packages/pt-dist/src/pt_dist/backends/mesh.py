@@ -3,10 +3,11 @@
 Every rank listens on ``host:0`` (127.0.0.1 unless told otherwise; with ``0.0.0.0`` it advertises its
 address on the route to the store), publishes the address in the group's store, and the higher rank of
 each pair connects to the lower one (as gloo's full-mesh pairs do). A connector must pass the
-shared-secret handshake before it may even name its rank; strangers are dropped and the listener is
-closed once the mesh is complete. Collectives use ``sendrecv`` (full-duplex streaming into preallocated
-``memoryview`` s, no per-chunk copies); point-to-point traffic gets its own sockets and threads so an
-``isend`` never blocks behind, or interleaves with, a collective.
+shared-secret handshake (each in its own thread, so a silent stranger holds no one off) before it may even
+name its rank; strangers are dropped and the listener is closed once the mesh is complete. Collectives
+use ``sendrecv`` (full-duplex streaming into preallocated ``memoryview`` s, no per-chunk copies);
+point-to-point traffic gets its own sockets and threads so an ``isend`` never blocks behind, or
+interleaves with, a collective.
 """
 
 from __future__ import annotations
@@ -55,16 +56,19 @@ class PeerMesh:
         self.rank, self.size, self.timeout, self.group_name = rank, size, timeout, group_name
         self.socks: dict[tuple[int, int], socket.socket] = {}
         self._closed = False
+        # accepted connections (from the higher ranks): counted by the handshake threads under the lock
+        self._accept_lock, self._all_in = threading.Lock(), threading.Event()
+        self._expected, self._accepted, self._accepting = 2 * (size - 1 - rank), 0, True
+        if not self._expected:
+            self._all_in.set()
         self.channels = P2PChannels({}, group_name, timeout, self._fail)
         if size == 1:
             return
         listener = wire.listen(host, 0, backlog=4 * size)
         try:
             store.set(f"mesh/{rank}", f"{size} {advertised_address(host, store)}:{listener.getsockname()[1]}")
-            expected = 2 * (size - 1 - rank)
-            acceptor = threading.Thread(target=self._accept, args=(listener, secret, expected), daemon=True,
-                                        name=f"pt_dist-mesh-accept-{group_name}")
-            acceptor.start()
+            threading.Thread(target=self._accept, args=(listener, secret), daemon=True,
+                             name=f"pt_dist-mesh-accept-{group_name}").start()
             for peer in range(rank):
                 their_size, where = store.get(f"mesh/{peer}").decode().split(" ", 1)
                 if int(their_size) != size:  # say so now; rank 0 would otherwise wait out the timeout for us
@@ -74,20 +78,22 @@ class PeerMesh:
                 peer_host, port = where.rsplit(":", 1)
                 for chan in (COLL, P2P):
                     self.socks[(peer, chan)] = self._connect(peer, peer_host, int(port), secret, chan)
-            deadline = time.monotonic() + self.timeout + 1
-            while acceptor.is_alive() and time.monotonic() < deadline:
-                acceptor.join(0.1)
+            deadline = time.monotonic() + self.timeout
+            while not self._all_in.wait(0.1) and time.monotonic() < deadline:
                 if store.check(["mesh/refused"]):
                     raise DistError(f"group {group_name!r}: a peer refused the group: "
                                     f"{store.get('mesh/refused').decode()}")
+            with self._accept_lock:
+                self._accepting = False  # a handshake finishing from now on closes its connection
             missing = sorted({p for p in range(rank + 1, size) for c in (COLL, P2P) if (p, c) not in self.socks})
             if missing:
                 raise DistNetworkError(f"group {group_name!r}: mesh setup timed out after {timeout:.1f}s; "
                                        f"{missing_text(missing)}{_loopback_hint(host)}")
         except BaseException:  # a timeout, or Ctrl-C while waiting for a peer: release what is connected already
-            self._closed = True  # before the snapshot: a connection the acceptor adds later, it closes itself
-            for sock in list(self.socks.values()):
-                sock.close()
+            with self._accept_lock:
+                self._closed = True  # a handshake finishing later closes its own connection
+                for sock in self.socks.values():
+                    sock.close()
             raise
         finally:
             try:  # wakes the acceptor if setup failed half-way (a close alone leaves it blocked until the timeout)
@@ -102,29 +108,45 @@ class PeerMesh:
                 sock.settimeout(timeout)
                 self.channels.add_peer(peer, sock)
 
-    def _accept(self, listener: socket.socket, secret: bytes, expected: int) -> None:
-        deadline = time.monotonic() + self.timeout
-        got = 0
-        while got < expected and time.monotonic() < deadline:
-            try:  # the setup closes the listener when it gives up (a refusal, Ctrl-C): then this thread just ends
+    def _accept(self, listener: socket.socket, secret: bytes) -> None:
+        """Take connections until the setup closes the listener (all peers in, or it gave up). Each handshake
+        runs in its own thread (a bounded number at once), so a silent stranger delays no one: a serial
+        acceptor waited out its handshake timeout before greeting the next connection."""
+        greeting, deadline = threading.BoundedSemaphore(2 * self.size + 16), time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            try:  # the setup closes the listener when it is done or gives up: then this thread ends
                 listener.settimeout(max(0.01, deadline - time.monotonic()))
                 conn, _ = listener.accept()
             except OSError:
                 return
+            if not greeting.acquire(blocking=False):
+                conn.close()  # a crowd of strangers: refused; a real peer retries
+                continue
             try:
-                conn.settimeout(wire.HANDSHAKE_TIMEOUT)
-                wire.server_handshake(conn, secret)
-                peer, chan = struct.unpack("<ii", wire.recv_exact(conn, 8))
+                threading.Thread(target=self._greet, args=(conn, secret, greeting), daemon=True,
+                                 name=f"pt_dist-mesh-greet-{self.group_name}").start()
+            except RuntimeError:  # no thread to spare: refuse this one (a real peer retries)
+                greeting.release()
+                conn.close()
+
+    def _greet(self, conn: socket.socket, secret: bytes, greeting: threading.BoundedSemaphore) -> None:
+        try:
+            conn.settimeout(wire.HANDSHAKE_TIMEOUT)
+            wire.server_handshake(conn, secret)
+            peer, chan = struct.unpack("<ii", wire.recv_exact(conn, 8))
+            with self._accept_lock:
                 if not (self.rank < peer < self.size and chan in (COLL, P2P)) or (peer, chan) in self.socks:
                     raise wire.ProtocolError(f"bad mesh identity rank={peer} channel={chan}")
-            except (OSError, wire.ProtocolError, struct.error):
-                conn.close()  # a stranger or a garbled peer: drop it, keep waiting for the real ones
-                continue
-            self.socks[(peer, chan)] = conn
-            got += 1
-            if self._closed:  # the setup gave up meanwhile and closed the connections it saw
-                conn.close()
-                return
+                if not self._accepting or self._closed:  # too late: the setup is over, or gave up
+                    raise wire.ProtocolError("mesh setup is over")
+                self.socks[(peer, chan)] = conn
+                self._accepted += 1
+                if self._accepted == self._expected:
+                    self._all_in.set()
+        except (OSError, wire.ProtocolError, struct.error):
+            conn.close()  # a stranger or a garbled peer: drop it, keep waiting for the real ones
+        finally:
+            greeting.release()
 
     def _connect(self, peer: int, host: str, port: int, secret: bytes, chan: int) -> socket.socket:
         deadline = time.monotonic() + self.timeout
