@@ -65,23 +65,18 @@ class CrossMemory:
         self._move(self._writev, pid, local_addr, nbytes, addr)
 
     def _move(self, fn, pid: int, base: int, nbytes: int, addr: int) -> None:
-        """One contiguous range; the kernel may move less than asked (page by page), so loop on the rest."""
-        here, there = self._here, self._there
-        here.iov_base, there.iov_base = base, addr
-        here.iov_len = there.iov_len = nbytes
-        got = fn(pid, self._here_ref, 1, self._there_ref, 1, 0)
-        if got == nbytes:  # nearly always: one call, no loop
-            return
-        done = max(got, 0)
-        while got > 0 and done < nbytes:
+        """One contiguous range, nearly always in one call; the kernel may move less than asked (page by page),
+        so loop on the rest."""
+        here, there, done = self._here, self._there, 0
+        while done < nbytes:
             here.iov_base, there.iov_base = base + done, addr + done
             here.iov_len = there.iov_len = nbytes - done
             got = fn(pid, self._here_ref, 1, self._there_ref, 1, 0)
-            done += max(got, 0)
-        if got <= 0:
-            err = ctypes.get_errno() if got < 0 else errno.EIO
-            raise OSError(err, f"{'process_vm_readv' if fn is self._readv else 'process_vm_writev'} "
-                               f"pid {pid} at {addr + done:#x}: {os.strerror(err)}")
+            if got <= 0:
+                err = ctypes.get_errno() if got < 0 else errno.EIO
+                raise OSError(err, f"{'process_vm_readv' if fn is self._readv else 'process_vm_writev'} "
+                                   f"pid {pid} at {addr + done:#x}: {os.strerror(err)}")
+            done += got
 
 
 def _addr(t: torch.Tensor) -> tuple[int, int]:
