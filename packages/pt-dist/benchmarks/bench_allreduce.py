@@ -50,6 +50,15 @@ def _buffers(op: str, nbytes: int, world: int, rank: int):
             "gather": (part, parts, 0), "scatter": (part, parts, 0)}[op]
 
 
+def _progress(sizes: list[int], rank: int, desc: str):
+    """Rank 0 shows a bar over the message sizes (tqdm, where installed: it is not a dependency of pt-dist)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return sizes
+    return tqdm(sizes, desc=desc, unit="size", leave=False, disable=rank != 0)
+
+
 def _rank(rank: int, world: int, port: int, sizes: list[int], backends: list[str], op: str, out) -> None:
     import torch
     import torch.distributed as dist
@@ -79,7 +88,7 @@ def _rank(rank: int, world: int, port: int, sizes: list[int], backends: list[str
     run["shm-symm"] = lambda *_: getattr(groups["shm"], method)(*symm["t"])
     run = {name: fn for name, fn in run.items() if name in backends and not (op in ROOTED and name == "shm-symm")}
     rows = []
-    for nbytes in sizes:
+    for nbytes in _progress(sizes, rank, f"world {world} {op}"):
         t = _buffers(op, nbytes, world, rank)
         if "shm-symm" in run:  # the input (the last buffer) on the heap; outputs stay plain tensors
             symm["t"] = t[:-1] + (groups["shm"].symmetric_empty(t[-1].numel()).zero_(),)
