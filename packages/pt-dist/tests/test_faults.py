@@ -337,11 +337,17 @@ def test_receives_pending_at_shutdown_or_cut_mid_message_fail_instead_of_hanging
 
 
 def test_a_receive_from_any_rank_fails_when_every_peer_is_gone():
+    """Posted before the only peer goes, or after (a retry): no reader is left to serve it or to time it out, so
+    it fails at once; the retry used to be queued where nothing would ever look at it, and waited forever."""
     groups = util.two_tcp_groups("anygone")
     work = groups[1].recv(torch.zeros(2), None, tag=1)
-    groups[0].shutdown()  # the only peer goes away: no reader is left to serve the receive, or to time it out
+    groups[0].shutdown()
     with pytest.raises(DistError, match="stream broke"):
         work.wait(timeout=5)
+    t0 = time.monotonic()
+    with pytest.raises(DistError, match=r"any-source receive, but the channel with every peer is unusable"):
+        groups[1].recv(torch.zeros(2), None, tag=1).wait(timeout=5)
+    assert time.monotonic() - t0 < 1
     groups[1].shutdown()
 
 

@@ -119,6 +119,9 @@ class P2PChannels:
             if self._closed or peer in self._broken:
                 raise self._unusable("recv", peer)
             sources = list(self._socks) if peer is None else [peer]
+            if peer is None and sources and all(p in self._broken for p in sources):  # no reader left for it
+                raise self._fail("recv", "any-source receive, but the channel with every peer is unusable after "
+                                 f"an earlier failure ({self._broken[sources[0]]})", sources)
             source = next((p for p in sources if self._unexpected[p].get(tag)), None)
             msg = self._unexpected[source][tag].popleft() if source is not None else None
             if msg is None:
