@@ -111,6 +111,9 @@ def _matrix(rank, world_size, backend, dtypes):
             pt_dist.all_to_all_single(out, blocks[me], [splits[j][me] for j in range(ws)], splits[me])
             want = torch.cat([torch.split(blocks[j], splits[j])[me] for j in range(ws)])
             check(f"all_to_all_single {dtype} splits={splits}", out, want)
+            flat = torch.zeros(out.numel(), dtype=dtype)  # rows of 1 element out, of 3 in: torch counts elements
+            pt_dist.all_to_all_single(flat, blocks[me], [3 * splits[j][me] for j in range(ws)], splits[me])
+            check(f"all_to_all_single into 1-D {dtype} splits={splits}", flat, want.reshape(-1))
             if ws > 1:  # a ring of isend/irecv; the receive buffer is non-contiguous
                 got = torch.zeros(5, 6, dtype=dtype).t()
                 works = [pt_dist.isend(shaped(me, "nc", dtype, 9), (me + 1) % ws),
@@ -138,7 +141,7 @@ def _matrix(rank, world_size, backend, dtypes):
 
 def _expected_checks(ws, dtypes):
     per_size = sum(len(ops_for(d)) for d in dtypes) + len(dtypes) * (6 + ws)
-    return per_size * len(SIZES) + len(dtypes) * (1 + (ws > 1)) + 6
+    return per_size * len(SIZES) + len(dtypes) * (2 + (ws > 1)) + 6
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm"])

@@ -296,22 +296,24 @@ class NativeProcessGroup(ProcessGroup):
         row_in, row_out = math.prod(input.shape[1:]), math.prod(output.shape[1:])
         in_splits = self._splits(input, input_split_sizes, "input_split_sizes")
         out_splits = self._splits(output, output_split_sizes, "output_split_sizes")
+        # agreed in elements, as torch counts them: rows may differ in shape as long as r sends j what j expects
+        sends, takes = [s * row_in for s in in_splits], [s * row_out for s in out_splits]
 
         def body(infos):
             ins, outs = zip(*([list(map(int, p.split(","))) for p in info.split(";")] for info in infos))
             bad = [(r, j) for r in range(self._size) for j in range(self._size) if ins[r][j] != outs[j][r]]
-            if bad:  # every rank sees every rank's splits, so all of them raise together
+            if bad:  # every rank sees every rank's counts, so all of them raise together
                 r, j = bad[0]
                 raise HeaderMismatch(f"all_to_all_single on group {self.group_name!r}: rank {r} sends {ins[r][j]} "
-                                     f"rows to rank {j}, which expects {outs[j][r]}")
+                                     f"elements to rank {j}, which expects {outs[j][r]} (split sizes count slices "
+                                     "of dim 0)")
             out = contig(output)
-            self._all_to_all(out.view(-1), contig(input).view(-1), [s * row_out for s in out_splits],
-                             [s * row_in for s in in_splits], max(max(row) for row in ins) * row_in)
+            self._all_to_all(out.view(-1), contig(input).view(-1), takes, sends, max(max(row) for row in ins))
             if out is not output:
                 output.copy_(out)
             return [output]
-        return self._launch("all_to_all_single", body, async_op, f"{input.dtype}|row={list(input.shape[1:])}",
-                            f"{','.join(map(str, in_splits))};{','.join(map(str, out_splits))}")
+        return self._launch("all_to_all_single", body, async_op, str(input.dtype),
+                            f"{','.join(map(str, sends))};{','.join(map(str, takes))}")
 
     # gather and scatter: rooted collectives ---------------------------------------------------------
     def _rooted_list(self, tensors, tensor, root: int, op_name: str, what: str) -> list[torch.Tensor]:
