@@ -183,12 +183,13 @@ def test_abort_ends_a_transfer_waiting_for_a_stalled_peer():
 def test_the_mesh_acceptor_ends_quietly_greets_in_parallel_and_refuses_late_connections():
     """The acceptor died on EBADF (an unhandled thread exception on the user's stderr) when a setup that gave
     up closed the listener between its polls; it greeted connections one at a time, so a silent stranger held
-    a real peer off for the whole handshake timeout (10 s); and a connection it took after the setup had closed
-    the others stayed open."""
+    a real peer off for the whole handshake timeout (10 s), and then, bounded, a crowd of them still did (the
+    oldest silent one is now cut for each newcomer past the bound); and a connection it took after the setup
+    had closed the others stayed open."""
     from pt_dist import wire
     from pt_dist.backends.mesh import COLL, P2P, PeerMesh
 
-    mesh = PeerMesh(None, 0, 1, b"s", 5.0, "acceptor")  # world 1: no sockets; the acceptor is driven by hand
+    mesh = PeerMesh(None, 0, 1, b"s", 30.0, "acceptor")  # world 1: no sockets; the acceptor is driven by hand
     mesh.size, mesh._expected = 3, 2  # rank 1's two connections complete it; rank 2 then comes late
     mesh._all_in.clear()
     listener = wire.listen("127.0.0.1", 0, backlog=4)
@@ -199,12 +200,13 @@ def test_the_mesh_acceptor_ends_quietly_greets_in_parallel_and_refuses_late_conn
     port = listener.getsockname()[1]
     acceptor = threading.Thread(target=mesh._accept, args=(listener, b"s"), daemon=True)
     acceptor.start()
-    stranger = socket.create_connection(("127.0.0.1", port))  # connects first, then says nothing
+    strangers = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]  # connect, then say nothing
     other = PeerMesh(None, 0, 1, b"s", 5.0, "acceptor")
     other.rank = 1  # dials in as rank 1
     t0 = time.monotonic()
     client = [other._connect(0, "127.0.0.1", port, b"s", chan) for chan in (COLL, P2P)]
-    assert mesh._all_in.wait(5) and time.monotonic() - t0 < 3, "the silent stranger held the real peer off"
+    assert mesh._all_in.wait(10) and time.monotonic() - t0 < 4, "the silent strangers held the real peer off"
+    assert len([t for t in threading.enumerate() if t.name.startswith("pt_dist-mesh-greet")]) <= 2 * (2 * 3 + 16)
     mesh._accepting = False  # the setup is over (as it sets it); a peer arrives late
     other.rank = 2
     late = other._connect(0, "127.0.0.1", port, b"s", COLL)
@@ -215,5 +217,5 @@ def test_the_mesh_acceptor_ends_quietly_greets_in_parallel_and_refuses_late_conn
     listener.close()
     acceptor.join(5)
     assert not acceptor.is_alive()
-    for sock in [stranger, late, *client, *mesh.socks.values()]:
+    for sock in [*strangers, late, *client, *mesh.socks.values()]:
         sock.close()

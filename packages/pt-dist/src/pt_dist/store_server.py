@@ -23,9 +23,9 @@ from pt_dist.errors import DistNetworkError
 log = logging.getLogger("pt_dist.store")
 
 MAX_FRAME = 64 << 20
-# Connections still in their handshake (not yet proven to hold the secret) served at once; more are closed on
-# arrival, so a flood of silent connections (a port scanner, a stuck client) cannot pile up a thread each
-# until the process runs out, while the job's own clients (a few per rank) still get in.
+# Connections in their handshake (not yet proven to hold the secret) at once; past it the oldest is cut
+# (``wire.HandshakeGate``), so a flood of silent connections (a port scanner, a stuck client) can neither pile
+# up a thread each until the process runs out nor keep the job's own clients (a few per rank) out.
 MAX_UNAUTHENTICATED = 64
 SET, GET, ADD, CAS, WAIT, DELETE, NUM_KEYS, CHECK, APPEND, MULTI_SET = range(1, 11)
 
@@ -93,7 +93,7 @@ class StoreServer:
         self._closed = False
         self._conns: set[socket.socket] = set()
         self._pid = os.getpid()
-        self._handshakes = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
+        self._gate = wire.HandshakeGate(MAX_UNAUTHENTICATED)
         self._refused = 0  # connections closed for want of a handshake place (logged once)
 
     def start(self, secret: bytes) -> None:
@@ -125,17 +125,17 @@ class StoreServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            if not self._handshakes.acquire(blocking=False):  # a client refused so retries, as on a busy port
+            if not self._gate.enter(conn):  # a client refused so retries, as on a busy port
                 (log.debug if self._refused else log.warning)(
-                    "pt_dist store: %d connections are in their handshake already; closing new ones until one "
-                    "ends (a crowd of ranks starting retries; a flood of strangers is kept out)", MAX_UNAUTHENTICATED)
+                    "pt_dist store: %d connections are in their handshake already; closing new ones until some "
+                    "end (a crowd of ranks starting retries; a flood of strangers is kept out)", 2 * self._gate.limit)
                 self._refused += 1
                 conn.close()
                 continue
             try:
                 threading.Thread(target=self._serve, args=(conn,), name="pt_dist-store-conn", daemon=True).start()
             except RuntimeError:  # no thread to spare: refuse this one, keep accepting
-                self._handshakes.release()
+                self._gate.leave(conn)
                 conn.close()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -143,9 +143,9 @@ class StoreServer:
         try:
             try:
                 conn.settimeout(wire.HANDSHAKE_TIMEOUT)
-                wire.server_handshake(conn, self._secret)
+                wire.server_handshake(conn, self._secret, self._gate)
             finally:
-                self._handshakes.release()
+                self._gate.leave(conn)  # (passed: it left already)
             conn.settimeout(None)
             wire.tune(conn, 1 << 20)
             while True:

@@ -14,6 +14,7 @@ import hmac
 import os
 import socket
 import struct
+import threading
 
 import torch
 
@@ -54,14 +55,52 @@ def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
-def server_handshake(sock: socket.socket, secret: bytes) -> None:
-    """Challenge the connector; raise ``ProtocolError`` (caller closes) unless it proves the secret."""
+def server_handshake(sock: socket.socket, secret: bytes, gate: HandshakeGate | None = None) -> None:
+    """Challenge the connector; raise ``ProtocolError`` (caller closes) unless it proves the secret (and, with a
+    ``gate``, unless the gate cut it off meanwhile: checked before the connector hears it is in)."""
     nonce = os.urandom(NONCE_BYTES)
     sock.sendall(MAGIC + nonce)
     answer = recv_exact(sock, DIGEST_BYTES)
     if not hmac.compare_digest(answer, hmac.new(secret, nonce, hashlib.sha256).digest()):
         raise ProtocolError("client failed the shared-secret handshake")
+    if gate is not None and not gate.leave(sock):
+        raise ProtocolError("cut off in the handshake to make room for newer connections")
     sock.sendall(b"OK")
+
+
+class HandshakeGate:
+    """Bounds the connections in their handshake (each has a thread reading it) without letting silent ones
+    lock the door: past ``limit`` waiting, the oldest is cut to make room. A client that holds the secret
+    answers the nonce within a round trip, so only a silent or stuck one gets that old, and a flood of them
+    can no longer keep the job's own clients out for the handshake timeout. Threads stay bounded: with
+    ``2 * limit`` handshakes still running (cut ones end at once), a newcomer is refused and retries."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._conns: dict[socket.socket, bool] = {}  # in arrival order: True while waiting, False once cut
+
+    def enter(self, conn: socket.socket) -> bool:
+        """Admit ``conn`` (False: refused, close it), cutting the oldest waiting one if the gate is full."""
+        with self._lock:
+            if len(self._conns) >= 2 * self.limit:
+                return False
+            waiting = [c for c, w in self._conns.items() if w]
+            oldest = waiting[0] if len(waiting) >= self.limit else None
+            if oldest is not None:
+                self._conns[oldest] = False
+            self._conns[conn] = True
+        if oldest is not None:
+            try:  # wakes the thread reading it, which fails its handshake and leaves
+                oldest.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        return True
+
+    def leave(self, conn: socket.socket) -> bool:
+        """The handshake of ``conn`` is over: True if it was still waiting (not cut). Repeat calls return False."""
+        with self._lock:
+            return self._conns.pop(conn, False)
 
 
 def client_handshake(sock: socket.socket, secret: bytes) -> None:

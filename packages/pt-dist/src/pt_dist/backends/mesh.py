@@ -112,27 +112,30 @@ class PeerMesh:
         """Take connections until the setup closes the listener (all peers in, or it gave up). Each handshake
         runs in its own thread (a bounded number at once), so a silent stranger delays no one: a serial
         acceptor waited out its handshake timeout before greeting the next connection."""
-        greeting, deadline = threading.BoundedSemaphore(2 * self.size + 16), time.monotonic() + self.timeout
+        gate, deadline = wire.HandshakeGate(2 * self.size + 16), time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             try:  # the setup closes the listener when it is done or gives up: then this thread ends
                 listener.settimeout(max(0.01, deadline - time.monotonic()))
                 conn, _ = listener.accept()
             except OSError:
                 return
-            if not greeting.acquire(blocking=False):
+            if not gate.enter(conn):
                 conn.close()  # a crowd of strangers: refused; a real peer retries
                 continue
             try:
-                threading.Thread(target=self._greet, args=(conn, secret, greeting), daemon=True,
+                threading.Thread(target=self._greet, args=(conn, secret, gate), daemon=True,
                                  name=f"pt_dist-mesh-greet-{self.group_name}").start()
             except RuntimeError:  # no thread to spare: refuse this one (a real peer retries)
-                greeting.release()
+                gate.leave(conn)
                 conn.close()
 
-    def _greet(self, conn: socket.socket, secret: bytes, greeting: threading.BoundedSemaphore) -> None:
+    def _greet(self, conn: socket.socket, secret: bytes, gate: wire.HandshakeGate) -> None:
         try:
             conn.settimeout(wire.HANDSHAKE_TIMEOUT)
-            wire.server_handshake(conn, secret)
+            try:
+                wire.server_handshake(conn, secret, gate)
+            finally:
+                gate.leave(conn)  # (passed: it left already)
             peer, chan = struct.unpack("<ii", wire.recv_exact(conn, 8))
             with self._accept_lock:
                 if not (self.rank < peer < self.size and chan in (COLL, P2P)) or (peer, chan) in self.socks:
@@ -145,8 +148,6 @@ class PeerMesh:
                     self._all_in.set()
         except (OSError, wire.ProtocolError, struct.error):
             conn.close()  # a stranger or a garbled peer: drop it, keep waiting for the real ones
-        finally:
-            greeting.release()
 
     def _connect(self, peer: int, host: str, port: int, secret: bytes, chan: int) -> socket.socket:
         deadline = time.monotonic() + self.timeout
