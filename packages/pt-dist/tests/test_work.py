@@ -37,6 +37,38 @@ def test_async_ops_run_in_submission_order_and_sync_ops_wait_behind_them():
     q.shutdown()
 
 
+def test_threads_submitting_first_async_ops_at_once_start_one_worker():
+    """Each first async op started the worker thread outside the queue's lock, so threads racing to submit could
+    start several workers on one queue: the extra ones outlived ``shutdown`` and, taking consecutive items,
+    ran ops one thread had submitted in order out of order (a collective order differing across ranks)."""
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible, so a window in submit shows
+    try:
+        for trial in range(30):
+            q = OpQueue(f"race{trial}")
+            start = threading.Barrier(4)
+
+            def submit(q=q, start=start):
+                start.wait()
+                q.submit("op", lambda: None, async_op=True).wait(timeout=10)
+
+            threads = [threading.Thread(target=submit) for _ in range(4)]
+            [t.start() for t in threads]
+            [t.join(10) for t in threads]
+            workers = [t for t in threading.enumerate() if t.name == f"pt_dist-race{trial}"]
+            assert len(workers) == 1, f"trial {trial}: {len(workers)} workers for one queue"
+            ran = []
+            works = [q.submit("op", (lambda i=i, ran=ran: ran.append(i)), async_op=True) for i in range(500)]
+            works[-1].wait(timeout=10)
+            assert ran == list(range(500))
+            q.shutdown()
+            assert not workers[0].is_alive()
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def test_a_blocking_call_from_a_callback_runs_right_after_its_op():
     """A ``then`` callback runs on the queue's thread; a blocking collective in it once waited on that very
     thread forever. Now it runs inline, before ops queued later (the same order on every rank)."""

@@ -104,16 +104,18 @@ class OpQueue:
         self._thread: threading.Thread | None = None
 
     def submit(self, op_name: str, fn: Callable[[], object], async_op: bool) -> Work:
-        with self._lock:
+        with self._lock:  # (also: threads submitting their first async ops at once start one worker, not several)
             inline = not async_op and (self._pending == 0 or threading.current_thread() is self._thread)
             if not inline:
                 self._pending += 1
+                work = Work(op_name)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name=f"pt_dist-{self._name}", daemon=True)
+                    self._thread.start()
+                self._queue.put((work, fn))
         if inline:
             with self._run_lock:
                 return Work.completed(op_name, fn())
-        work = Work(op_name)
-        self._ensure_thread()
-        self._queue.put((work, fn))
         if not async_op:
             work.wait()
         return work
@@ -122,16 +124,13 @@ class OpQueue:
     def busy(self) -> bool:
         return self._pending > 0
 
-    def _ensure_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=f"pt_dist-{self._name}", daemon=True)
-            self._thread.start()
-
     def _loop(self) -> None:
         while True:
             item = self._queue.get()
-            if item is None:
-                return
+            if not isinstance(item, tuple):  # a stop sign
+                if item is threading.current_thread():
+                    return
+                continue
             work, fn = item
             try:
                 with self._run_lock:
@@ -145,7 +144,12 @@ class OpQueue:
                     self._pending -= 1
 
     def shutdown(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=5)
-            self._thread = None
+        with self._lock:
+            thread = self._thread
+            if thread is None:
+                return
+            self._queue.put(thread)  # stops that worker (only: a stale one left by a second call stops no other)
+        thread.join(timeout=5)  # (meanwhile a blocking call from one of its callbacks still runs inline)
+        with self._lock:
+            if self._thread is thread:
+                self._thread = None
