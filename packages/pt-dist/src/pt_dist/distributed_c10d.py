@@ -163,7 +163,7 @@ def destroy_process_group(group=None) -> None:
     collective the shutdown wakes in another thread finds no group (torch's order leaves that a race)."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return
-    if group is None:
+    if group is None or group is GroupMember.WORLD:  # the default group means everything, as in torch
         store, _world.store = _world.store if _world.owns_store else None, None
         if isinstance(store, TCPStore) and store.is_master:
             store.close()  # first, since the other ranks wait for it below
