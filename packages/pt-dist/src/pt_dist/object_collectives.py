@@ -66,14 +66,15 @@ def _brief(x) -> str:
     return f"a {type(x).__name__} of {len(x)}" if isinstance(x, (list, tuple)) else repr(x)[:80]
 
 
-def _root_only(op: str, what: str, objects, root: int, group) -> tuple[int, bool]:
-    """Check, as torch does, that only the root passes ``objects``, one per rank; (group size, am I the root)."""
+def _root_only(op: str, what: str, objects, root: int, group, ignored_elsewhere: bool = False) -> tuple[int, bool]:
+    """Check, as torch does, that the root passes ``objects``, one per rank, and (unless torch ignores them there)
+    that the other ranks do not; (group size, am I the root)."""
     c10d.get_group_rank(group, root)  # the root must be in the group, before any communication
     world, mine = c10d.get_world_size(group), c10d.get_rank() == root
     if mine and (not isinstance(objects, list) or len(objects) != world):
         raise ValueError(f"{op}: {what} on rank {root} must be a list of group size={world} entries, got "
                          f"{_brief(objects)}")
-    if not mine and objects:
+    if not mine and objects and not ignored_elsewhere:
         raise ValueError(f"{op}: {what} must NOT be given on rank {c10d.get_rank()}, only on rank {root}")
     return world, mine
 
@@ -155,7 +156,7 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
                          f"entry receives the object), got {_brief(scatter_object_output_list)}")
     src = _root(group, src, group_src, "src")
     world, mine = _root_only("scatter_object_list", "scatter_object_input_list", scatter_object_input_list, src,
-                             group)
+                             group, ignored_elsewhere=True)  # "can be any list on non-src ranks" (torch's docs)
     device = _device(group)
     payloads = [_to_bytes(o, weights_only) for o in scatter_object_input_list] if mine else []
     head = torch.tensor([p.numel() for p in payloads] if mine else [0] * world, dtype=torch.int64, device=device)
