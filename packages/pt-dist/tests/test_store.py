@@ -197,6 +197,42 @@ def test_garbage_bytes_close_only_that_connection():
     assert master.get("still") == b"alive" and client.add("c", 2) == 2
 
 
+def test_a_client_trusts_only_a_server_that_proves_the_secret():
+    """The handshake was one-way: an impostor on the store's address (another user who took the port first)
+    could greet with any nonce, say OK and then feed the ranks any value, the mesh secret included."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def impostor():
+        conn, _ = listener.accept()
+        conn.sendall(wire.MAGIC + os.urandom(wire.NONCE_BYTES))
+        wire.recv_exact(conn, wire.DIGEST_BYTES + wire.NONCE_BYTES)  # it cannot check the client's proof either
+        conn.sendall(b"OK" + os.urandom(wire.DIGEST_BYTES))
+        time.sleep(2)
+        conn.close()
+
+    threading.Thread(target=impostor, daemon=True).start()
+    with pytest.raises(DistNetworkError, match="did not prove the shared secret"):
+        TCPStore("127.0.0.1", listener.getsockname()[1], timeout=3, secret=SECRET)
+    listener.close()
+
+
+def test_a_handshake_dripping_a_byte_at_a_time_is_cut_at_the_handshake_timeout(monkeypatch):
+    """A socket timeout bounds each read, not the handshake: a stranger sending one byte of its answer just
+    within it held a handshake place for 48 timeouts."""
+    monkeypatch.setattr(wire, "HANDSHAKE_TIMEOUT", 1.0)
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=5, secret=SECRET)
+    drip = _raw(master.port)
+    wire.recv_exact(drip, len(wire.MAGIC) + wire.NONCE_BYTES)
+    t0 = time.monotonic()
+    with pytest.raises(OSError):
+        for _ in range(wire.DIGEST_BYTES + wire.NONCE_BYTES):
+            time.sleep(0.3)
+            drip.sendall(b"x")
+        drip.recv(1) or drip.sendall(b"x")  # (closed: the read says so, or the write after it fails)
+    assert time.monotonic() - t0 < 4
+    drip.close()
+
+
 def test_a_flood_of_silent_connections_neither_keeps_clients_out_nor_piles_up_threads(monkeypatch):
     """Connections that never send the handshake each hold a server thread for up to its timeout. Past
     ``MAX_UNAUTHENTICATED`` of them waiting, the oldest is cut for each newcomer, so a client with the secret

@@ -1,9 +1,13 @@
 """Bytes on the wire: exact reads, length-prefixed fields and the shared-secret handshake.
 
-Every socket pt_dist opens (store and backend mesh) starts with a challenge-response: the listener
-sends a random nonce and the connector must answer ``HMAC-SHA256(secret, nonce)``. Nothing else is
-read from a connection before that check passes, so a stranger on the port can neither inject a
-tensor nor reach a parser. Frames are plain length-prefixed binary (no pickle anywhere).
+Every socket pt_dist opens (store and backend mesh) starts with a mutual challenge-response: the listener
+sends a random nonce, the connector answers ``HMAC-SHA256(secret, "client" + nonce)`` with a nonce of its
+own, and the listener answers that in turn (the keyed-hash handshake of ``multiprocessing.connection``, both
+ways). Nothing else is read from a connection before the connector has proven the secret, so a stranger on
+the port can neither inject a tensor nor reach a parser; and a connector trusts nothing from a listener that
+has not proven it, so an impostor on the store's address cannot feed ranks keys. The whole handshake has one
+deadline, so a stranger dripping a byte at a time holds its place no longer than a silent one. Frames are
+plain length-prefixed binary (no pickle anywhere).
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ import os
 import socket
 import struct
 import threading
+import time
 
 import torch
 
-MAGIC = b"PTD1"
+MAGIC = b"PTD2"  # 2: the listener proves the secret too
 NONCE_BYTES = 16
 DIGEST_BYTES = 32
 SECRET_ENV = "PT_DIST_SECRET"
@@ -55,17 +60,57 @@ def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
+def _proof(secret: bytes, who: bytes, *nonces: bytes) -> bytes:
+    return hmac.new(secret, who + b"".join(nonces), hashlib.sha256).digest()
+
+
+def _recv_by(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """``n`` bytes, all of them before ``deadline`` (a socket timeout bounds each read, not their sum)."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ProtocolError(f"handshake not finished within {HANDSHAKE_TIMEOUT:.0f}s")
+        sock.settimeout(left)
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionResetError("peer closed the connection")
+        got += k
+    return bytes(buf)
+
+
 def server_handshake(sock: socket.socket, secret: bytes, gate: HandshakeGate | None = None) -> None:
     """Challenge the connector; raise ``ProtocolError`` (caller closes) unless it proves the secret (and, with a
-    ``gate``, unless the gate cut it off meanwhile: checked before the connector hears it is in)."""
+    ``gate``, unless the gate cut it off meanwhile: checked before the connector hears it is in). Leaves the
+    socket's timeout at what is left of the handshake's."""
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
     nonce = os.urandom(NONCE_BYTES)
     sock.sendall(MAGIC + nonce)
-    answer = recv_exact(sock, DIGEST_BYTES)
-    if not hmac.compare_digest(answer, hmac.new(secret, nonce, hashlib.sha256).digest()):
+    answer = _recv_by(sock, DIGEST_BYTES + NONCE_BYTES, deadline)
+    if not hmac.compare_digest(answer[:DIGEST_BYTES], _proof(secret, b"client", nonce)):
+        sock.sendall(b"NO")
         raise ProtocolError("client failed the shared-secret handshake")
     if gate is not None and not gate.leave(sock):
         raise ProtocolError("cut off in the handshake to make room for newer connections")
-    sock.sendall(b"OK")
+    sock.sendall(b"OK" + _proof(secret, b"server", answer[DIGEST_BYTES:], nonce))
+
+
+def client_handshake(sock: socket.socket, secret: bytes) -> None:
+    """Prove the secret to the listener and have it prove the secret back. ``ProtocolError``: refused, or not
+    the endpoint we meant (do not retry); another ``OSError``: the listener closed on us (busy; retry)."""
+    head = recv_exact(sock, len(MAGIC) + NONCE_BYTES)
+    if head[: len(MAGIC)] != MAGIC:
+        raise ProtocolError(f"not a pt_dist endpoint of this version (greeting {head[:4]!r}, want {MAGIC!r})")
+    mine = os.urandom(NONCE_BYTES)
+    sock.sendall(_proof(secret, b"client", head[len(MAGIC):]) + mine)
+    verdict = recv_exact(sock, 2)
+    if verdict == b"NO":
+        raise ProtocolError("the server refused our shared secret (PT_DIST_SECRET differs?)")
+    if verdict != b"OK" or not hmac.compare_digest(recv_exact(sock, DIGEST_BYTES),
+                                                   _proof(secret, b"server", mine, head[len(MAGIC):])):
+        raise ProtocolError("the server did not prove the shared secret: not this job's (an impostor at the "
+                            "address, or PT_DIST_SECRET differs)")
 
 
 class HandshakeGate:
@@ -101,19 +146,6 @@ class HandshakeGate:
         """The handshake of ``conn`` is over: True if it was still waiting (not cut). Repeat calls return False."""
         with self._lock:
             return self._conns.pop(conn, False)
-
-
-def client_handshake(sock: socket.socket, secret: bytes) -> None:
-    head = recv_exact(sock, len(MAGIC) + NONCE_BYTES)
-    if head[: len(MAGIC)] != MAGIC:
-        raise ProtocolError(f"not a pt_dist endpoint (greeting {head[:4]!r})")
-    sock.sendall(hmac.new(secret, head[len(MAGIC):], hashlib.sha256).digest())
-    try:
-        ok = recv_exact(sock, 2)
-    except ConnectionError:
-        ok = b""
-    if ok != b"OK":
-        raise ProtocolError("the server refused our shared secret (PT_DIST_SECRET differs?)")
 
 
 def pack_fields(*fields: bytes) -> bytes:
