@@ -42,6 +42,7 @@ def _script(s) -> list:
     out += [s.delete_key("b"), s.delete_key("b"), s.check(["b"])]
     out += [s.append("ap", "x"), s.append("ap", b"\x00yz"), s.get("ap")]     # append creates, then extends
     out += [s.multi_set(["m1", "m2"], ["1", b"2"]), s.multi_get(["m1", "m2", "a"])]
+    out += [s.add("wrap", (1 << 63) - 1), s.add("wrap", 1), s.get("wrap")]  # int64 wraps (we dropped the client)
     return [x.encode() if isinstance(x, str) else x for x in out]
 
 
@@ -195,6 +196,24 @@ def test_garbage_bytes_close_only_that_connection():
         assert _closed(sock)
     client.set("still", "alive")
     assert master.get("still") == b"alive" and client.add("c", 2) == 2
+
+
+def test_closing_the_master_ends_the_server_threads_blocked_in_get():
+    """They waited for their key until their client's timeout (300 s by default), each keeping the closed
+    server's data alive, across every init/destroy cycle."""
+    before = set(threading.enumerate())
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=60, secret=SECRET)
+    client = TCPStore("127.0.0.1", master.port, timeout=60, secret=SECRET)
+    for _ in range(3):
+        threading.Thread(target=lambda: pytest.raises(DistNetworkError, client.get, "never"), daemon=True).start()
+    time.sleep(0.5)
+    serving = [t for t in threading.enumerate() if t not in before and t.name == "pt_dist-store-conn"]
+    assert len(serving) >= 3
+    master.close()
+    client.close()
+    for t in serving:
+        t.join(3)
+    assert not any(t.is_alive() for t in serving)
 
 
 def test_a_client_trusts_only_a_server_that_proves_the_secret():

@@ -51,6 +51,7 @@ def _apply(data: dict, cmd: int, fields: list[bytes]) -> bytes:
         except ValueError:
             raise StoreValueError(f"add({fields[0].decode(errors='replace')!r}): the key holds {old[:40]!r}, not "
                                   f"an integer") from None
+        value = (value + (1 << 63)) % (1 << 64) - (1 << 63)  # int64 arithmetic, wrapping as c10d's stores do
         data[fields[0]] = str(value).encode()
         return struct.pack("<q", value)
     if cmd == CAS:
@@ -106,7 +107,9 @@ class StoreServer:
             for sock in [self._sock, *self._conns]:  # cut the parent's sockets too, so only drop our descriptors
                 sock.close()
             return
-        self._closed = True
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()  # threads blocked in get/wait give up now, not at their clients' timeout
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -173,7 +176,9 @@ class StoreServer:
             if cmd in (GET, WAIT):
                 keys = [fields[0]] if cmd == GET else wire.unpack_all(fields[0])
                 (timeout,) = struct.unpack("<d", fields[1])
-                ok = self._cond.wait_for(lambda: all(k in self._data for k in keys), timeout=timeout)
+                ok = self._cond.wait_for(lambda: self._closed or all(k in self._data for k in keys), timeout=timeout)
+                if self._closed:  # no reply: the client hears the connection drop, not a timeout
+                    raise ConnectionAbortedError("the store server closed")
                 if not ok:
                     return b"\x00"
                 return b"\x01" + (self._data[keys[0]] if cmd == GET else b"")
