@@ -198,6 +198,14 @@ def test_garbage_bytes_close_only_that_connection():
     assert master.get("still") == b"alive" and client.add("c", 2) == 2
 
 
+def test_a_timeout_of_timedelta_max_means_no_timeout(store):
+    """Such timeouts overflowed the socket and lock waits (OverflowError, or a dropped connection)."""
+    store.set_timeout(datetime.timedelta.max)
+    threading.Timer(0.2, lambda: store.set("late", "v")).start()
+    assert store.get("late") == b"v"
+    store.wait(["late"], datetime.timedelta.max)
+
+
 def test_closing_the_master_ends_the_server_threads_blocked_in_get():
     """They waited for their key until their client's timeout (300 s by default), each keeping the closed
     server's data alive, across every init/destroy cycle."""

@@ -21,6 +21,7 @@ from pt_dist.errors import DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp
 from pt_dist.rendezvous import get_node_local_rank, is_torchelastic_launched, rendezvous
 from pt_dist.store import PrefixStore, Store, TCPStore
+from pt_dist.store import _seconds as store_seconds
 
 log = logging.getLogger(__name__)
 default_pg_timeout = datetime.timedelta(minutes=10)
@@ -61,9 +62,7 @@ def is_initialized() -> bool:
 
 
 def _seconds(timeout) -> float:
-    if timeout is None:
-        return _world.timeout
-    return timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return _world.timeout if timeout is None else store_seconds(timeout)
 
 
 def init_process_group(backend: str | None = None, init_method: str | None = None, timeout=None,

@@ -43,8 +43,12 @@ DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
 _WORKERS_KEY = "__pt_dist_store_workers__"
 
 
+# "No timeout" in practice (users pass timedelta.max and the like): socket and lock waits overflow near 292 years
+MAX_TIMEOUT_S = 10 * 365 * 86400.0
+
+
 def _seconds(timeout) -> float:
-    return timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return min(MAX_TIMEOUT_S, timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout))
 
 
 def _b(value) -> bytes:

@@ -43,8 +43,8 @@ class Work:
 
     def wait(self, timeout=None) -> bool:
         """Block until done; re-raise the collective's error. ``timeout`` (seconds or timedelta) bounds the wait."""
-        if timeout is not None and not isinstance(timeout, (int, float)):
-            timeout = timeout.total_seconds()
+        if timeout is not None:
+            timeout = min(timeout if isinstance(timeout, (int, float)) else timeout.total_seconds(), 1e9)
         if not self._done.wait(timeout):
             from pt_dist.errors import DistBackendError
 
