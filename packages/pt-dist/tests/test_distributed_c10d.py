@@ -357,6 +357,15 @@ def _monitored(rank, ws, backend):
         pt_dist.monitored_barrier(timeout=10)
         pt_dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
         results = {}
+        store = pt_dist.distributed_c10d._world.store
+        pt_dist.barrier()
+        keys = store.num_keys()
+        pt_dist.barrier()
+        for _ in range(5):
+            pt_dist.monitored_barrier(timeout=datetime.timedelta.max)  # "no timeout" (overflowed the waits)
+        pt_dist.barrier()
+        results["new keys"] = store.num_keys() - keys  # each call once left world size + 1 keys for good
+        pt_dist.barrier()
         # rank 2 is stuck elsewhere (alive, not calling): the others name it, within the timeout
         if rank != 2:
             start = time.monotonic()
@@ -375,6 +384,9 @@ def _monitored(rank, ws, backend):
         t = torch.ones(2)
         pt_dist.all_reduce(t)  # it never touched the transport: the group goes on
         results["sum"] = t.tolist()
+        world = pt_dist.new_group([0, 1, 2])  # (the world group's call count is off by rank 2's skipped call)
+        pt_dist.monitored_barrier(world, timeout=10)
+        pt_dist.destroy_process_group()  # at once: rank 0 closed the store under the others still reading it
         return results
     finally:
         util.leave()
@@ -383,6 +395,6 @@ def _monitored(rank, ws, backend):
 @pytest.mark.parametrize("backend", ["tcp", "gloo"])
 def test_monitored_barrier_names_the_ranks_that_did_not_arrive(backend):
     res = run_ranks(_monitored, 3, backend, backend=None, timeout=90)
-    assert [r["sum"] for r in res] == [[3.0, 3.0]] * 3
+    assert [r["sum"] for r in res] == [[3.0, 3.0]] * 3 and [r["new keys"] for r in res] == [0] * 3
     for r in res[:2]:
         assert r["took"] < 5, res

@@ -5,7 +5,9 @@ waiting silently, group rank 0 reports who is missing. Each rank checks in under
 job's store; rank 0 waits for the others until ``timeout`` and posts the verdict, which the others wait
 for, so every rank that arrived raises the same ``DistError``. It goes through the store, not the
 group's transport, so it works on every backend, and a rank that is alive but stuck elsewhere (not
-dead, so no transport sees it fail) is still named.
+dead, so no transport sees it fail) is still named. When all arrived, rank 0 returns only once the others
+have read the verdict (so a ``destroy_process_group`` right after cannot close the store under them) and
+then deletes the call's keys (so a barrier every step does not grow the store).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
                 time.sleep(_POLL_S)
         late = [ranks[r] for r in (pending if wait_all_ranks else pending[:1])]
         store.set("verdict", ",".join(map(str, late)).encode())
+        if not late:
+            _clear(store, pg.size(), time.monotonic() + min(t, 10.0))
     else:
         deadline = time.monotonic() + t + min(t, 10.0)  # rank 0 may take all of ``timeout`` to decide
         while not store.check(["verdict"]):
@@ -54,7 +58,16 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
                                        f"rank 0, which checks the others in) did not report within {t:.1f}s")
             time.sleep(_POLL_S)
         late = [int(r) for r in store.get("verdict").decode().split(",") if r]
+        store.add("read", 1)
     if late:
         more = "" if wait_all_ranks else " (the first found; pass wait_all_ranks=True for all)"
         raise DistBackendError(f"monitored_barrier on group {pg.group_name!r}: rank(s) {late}{more} did not reach it "
                                f"within {t:.1f}s")
+
+
+def _clear(store, size: int, deadline: float) -> None:
+    """Rank 0, after a barrier all reached: wait until the others have read the verdict, then delete the keys."""
+    while store.add("read", 0) < size - 1 and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+    for key in [f"arrived/{r}" for r in range(size)] + ["verdict", "read"]:
+        store.delete_key(key)
