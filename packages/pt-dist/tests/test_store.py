@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import socket
 import struct
@@ -310,6 +311,11 @@ def test_file_store_is_removed_by_its_last_user_and_starts_empty_again(tmp_path)
     assert c.opened_as == 1 and c.num_keys() == 0
     with pytest.raises(DistStoreError, match="timed out"):
         c.get("addr")
+    d = FileStore(path, 2, timeout=0.5)
+    c.set("addr", "new")
+    del c, d  # dropped without close(), as c10d's destructor signs off too (the file was left, keys and all)
+    gc.collect()
+    assert not os.path.exists(path)
 
 
 def test_a_store_nobody_serves_is_a_network_error_within_the_timeout():

@@ -36,7 +36,7 @@ class FileStore(Store):
         self._data: dict[bytes, bytes] = {}
         self._pos, self._inode = 0, None
         self._lock = threading.Lock()
-        self._closed = False
+        self._closed, self._pid = False, os.getpid()
         self._locked(ADD, (_USERS, struct.pack("<q", 1)))
         # the how-manieth user of this file this instance is (1, 2, ...): ``world_size`` ranks opening it for
         # one init take consecutive numbers, since no rank can re-init before all have opened it for this one
@@ -93,6 +93,13 @@ class FileStore(Store):
             return users == 0 and 0 < self.world_size <= done
 
         self._locked(ADD, (_USERS, minus_one), remove_if=last)
+
+    def __del__(self) -> None:  # dropped without close(): sign off all the same, as c10d's destructor does
+        try:  # (not a forked child's copy: the parent still uses the file)
+            if not getattr(self, "_closed", True) and self._pid == os.getpid():
+                self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the file or the modules may be gone already
+            pass
 
     def _replay(self, buf: bytes) -> None:
         pos = 0
