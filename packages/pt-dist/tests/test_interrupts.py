@@ -206,7 +206,8 @@ def test_the_mesh_acceptor_ends_quietly_greets_in_parallel_and_refuses_late_conn
     t0 = time.monotonic()
     client = [other._connect(0, "127.0.0.1", port, b"s", chan) for chan in (COLL, P2P)]
     assert mesh._all_in.wait(10) and time.monotonic() - t0 < 4, "the silent strangers held the real peer off"
-    assert len([t for t in threading.enumerate() if t.name.startswith("pt_dist-mesh-greet")]) <= 2 * (2 * 3 + 16)
+    greeters = [t for t in threading.enumerate() if t.name == "pt_dist-mesh-greet-acceptor"]
+    assert len(greeters) <= 2 * (2 * 3 + 16)
     mesh._accepting = False  # the setup is over (as it sets it); a peer arrives late
     other.rank = 2
     late = other._connect(0, "127.0.0.1", port, b"s", COLL)
