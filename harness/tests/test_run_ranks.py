@@ -68,15 +68,87 @@ def _hang_on_one(rank, world_size):
     return rank
 
 
-def test_hanging_rank_times_out_and_is_named():
-    _warm_pool(2)
+@pytest.mark.parametrize("tmpdir_env", [False, True])
+def test_hanging_rank_times_out_and_is_named(tmpdir_env, tmp_path):
+    """With ``TMPDIR`` set for the ranks, the stacks once went to a file the parent never read (or removed)."""
+    env = {"TMPDIR": str(tmp_path)} if tmpdir_env else None
+    if not env:
+        _warm_pool(2)
     t0 = time.monotonic()
     with pytest.raises(RankError) as err:
-        run_ranks(_hang_on_one, 2, backend="gloo", timeout=3)
+        run_ranks(_hang_on_one, 2, backend="gloo", timeout=3 if not env else 6, env=env)
     assert "ranks [1] did not finish (timed out" in str(err.value)
     # and where it hung: its threads' stacks, taken before it was killed
     assert "rank 1's threads when it was given up on" in str(err.value) and "in _hang_on_one" in str(err.value)
-    assert time.monotonic() - t0 < 20
+    assert time.monotonic() - t0 < 40
+    assert list(tmp_path.iterdir()) == []
+
+
+def _change_process_state(rank, world_size, cwd):
+    os.environ["HARNESS_LEFT_BEHIND"] = "yes"
+    os.chdir(cwd)
+    torch.set_default_dtype(torch.float64)
+    torch.set_grad_enabled(False)
+    torch.manual_seed(1234)
+
+
+def _process_state(rank, world_size):
+    return (os.environ.get("HARNESS_LEFT_BEHIND"), os.environ.get("HARNESS_PARENT_VAR"), os.getcwd(),
+            torch.get_default_dtype(), torch.is_grad_enabled(), torch.rand(1).item())
+
+
+def test_pooled_ranks_start_each_call_fresh(tmp_path, monkeypatch):
+    """What one test's ranks changed process-wide leaked into the next test on the pool, and the parent's own
+    environment reached the ranks only as it was when the pool was spawned."""
+    fresh = run_ranks(_process_state, 2, backend=None)
+    pids = run_ranks(_pid, 2, backend=None)
+    run_ranks(_change_process_state, 2, str(tmp_path), backend=None)
+    monkeypatch.setenv("HARNESS_PARENT_VAR", "now")
+    after = run_ranks(_process_state, 2, backend=None)
+    assert run_ranks(_pid, 2, backend=None) == pids  # the same pooled processes
+    assert [a[0] for a in after] == [None, None] and [a[1] for a in after] == ["now", "now"]
+    assert [a[2:] for a in after] == [f[2:] for f in fresh]
+
+
+def _pid(rank, world_size):
+    return os.getpid()
+
+
+def _fork_child(rank, world_size):
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=os._exit, args=(7,))
+    child.start()  # refused in a daemonic process ("daemonic processes are not allowed to have children")
+    child.join(30)
+    return child.exitcode
+
+
+def test_ranks_may_start_processes_of_their_own():
+    assert run_ranks(_fork_child, 2, backend=None) == [7, 7]
+
+
+def test_pooled_ranks_exit_when_the_parent_is_killed(tmp_path):
+    """Without the session's teardown (pytest killed by a CI timeout or the OOM killer) ranks waited forever."""
+    script = textwrap.dedent(f'''
+        import os, signal, sys
+        sys.path.insert(0, {str(os.path.dirname(__file__))!r})
+        from harness import run_ranks
+        from test_run_ranks import _pid
+        if __name__ == "__main__":
+            print(*run_ranks(_pid, 2, backend=None, timeout=60), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    ''')
+    (tmp_path / "parent.py").write_text(script)
+    out = subprocess.run([sys.executable, str(tmp_path / "parent.py")], capture_output=True, text=True, timeout=120)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2, out.stderr[-2000:]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+        time.sleep(0.2)
+    alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    assert alive == []
 
 
 def _die_on_one(rank, world_size):

@@ -11,6 +11,7 @@ as DeepSpeed's test harness does; a failed call throws the pool away.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import multiprocessing as mp
@@ -37,6 +38,7 @@ class RankError(AssertionError):
 class _Pool:
     procs: list = field(default_factory=list)
     cmd_queues: list = field(default_factory=list)
+    stacks: list = field(default_factory=list)  # per rank: the file it writes its threads' stacks to
     results: object = None
 
     def alive(self) -> bool:
@@ -49,8 +51,9 @@ class _Pool:
                     os.kill(p.pid, signal.SIGKILL)
         for p in self.procs:
             p.join(timeout=5)
+        for path in self.stacks:
             with contextlib.suppress(OSError):
-                os.unlink(stacks_path(p.pid))
+                os.unlink(path)
         for q in [*self.cmd_queues, self.results]:
             if q is not None:
                 q.close()
@@ -69,7 +72,10 @@ def _spawn(world_size: int, env: dict | None) -> _Pool:
             os.environ.update({k: str(v) for k, v in env.items()})
         for rank in range(world_size):
             cmd = ctx.Queue()
-            p = ctx.Process(target=worker_main, args=(rank, cmd, pool.results), daemon=True)
+            pool.stacks.append(stacks_path(rank))
+            # not daemonic, so a rank may start processes of its own (DataLoader workers), as torch's test ranks
+            # may; the pool is killed at the session's end, or at exit (below)
+            p = ctx.Process(target=worker_main, args=(rank, cmd, pool.results, pool.stacks[-1], os.getpid()))
             p.start()
             pool.procs.append(p)
             pool.cmd_queues.append(cmd)
@@ -107,11 +113,15 @@ def _get_pool(world_size: int) -> _Pool:
 
 
 def shutdown() -> None:
-    """Kill the pooled ranks (called at the end of the pytest session)."""
+    """Kill the pooled ranks (called at the end of the pytest session, and at exit: multiprocessing would wait
+    for them otherwise)."""
     global _pool
     if _pool is not None:
         _pool.kill()
         _pool = None
+
+
+atexit.register(shutdown)
 
 
 def resolve_backend(backend: str | None, world_size: int) -> str | None:
@@ -131,6 +141,8 @@ def run_ranks(fn, world_size: int, *args, backend: str | None = "auto", timeout:
     still get RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR and ``harness.store()``).
     env: variables set in fresh rank processes before they import anything (implies ``fresh``).
     fresh: use new processes for this call instead of the reused pool.
+    Pooled ranks start each call as a fresh one would: the parent's environment as of this call, the
+    working directory, default dtype, grad mode and RNG states they started with, no default group.
     Raises ``RankError`` naming the ranks that raised (with their tracebacks), died or hung.
     """
     if world_size < 1:
@@ -143,7 +155,8 @@ def run_ranks(fn, world_size: int, *args, backend: str | None = "auto", timeout:
     store = TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
                      timeout=datetime.timedelta(seconds=timeout))
     job = {"fn": ref, "args": pickle.dumps(args), "world_size": world_size, "backend": backend,
-           "store_port": store.port, "timeout": timeout}
+           "store_port": store.port, "timeout": timeout,
+           "environ": {**os.environ, **{k: str(v) for k, v in (env or {}).items()}}}
     pool = _spawn(world_size, env) if (fresh or env) else _get_pool(world_size)
     ok = False
     try:
@@ -209,7 +222,7 @@ def _stacks(pool: _Pool, ranks: list[int]) -> list[str]:
     out = []
     for r in ranks:
         try:
-            with open(stacks_path(pool.procs[r].pid)) as f:
+            with open(pool.stacks[r]) as f:
                 text = f.read().strip()
         except OSError:
             continue

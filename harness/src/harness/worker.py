@@ -7,6 +7,7 @@ and the worker loads the file itself.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import importlib
@@ -23,9 +24,12 @@ from dataclasses import dataclass
 _store = None
 
 
-def stacks_path(pid: int) -> str:
-    """Where rank process ``pid`` writes every thread's stack when the parent sends it SIGUSR1 (a hang)."""
-    return os.path.join(tempfile.gettempdir(), f"harness-stacks-{pid}.txt")
+def stacks_path(rank: int) -> str:
+    """A fresh file (named by the parent, in its temp dir) where a rank writes every thread's stack when the parent
+    sends it SIGUSR1 (a hang): the rank's own TMPDIR may differ, through ``run_ranks(env=...)``."""
+    fd, path = tempfile.mkstemp(prefix=f"harness-stacks-{os.getpid()}-r{rank}-", suffix=".txt")
+    os.close(fd)
+    return path
 
 
 def store():
@@ -134,29 +138,75 @@ def init_gloo_together(store, rank: int, world_size: int, connect, destroy) -> i
     raise AssertionError("unreachable")
 
 
+# c10d-style modules whose default group a job may leave up: destroyed after it, so the next job on the pooled
+# rank starts clean (looked up in sys.modules, never imported here)
+_C10D_MODULES = ("torch.distributed", "pt_dist")
+
+
 def _teardown():
     global _store
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    for name in _C10D_MODULES:
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "is_available", lambda: True)() and mod.is_initialized():
+            mod.destroy_process_group()
     _store = None
 
 
-def worker_main(rank: int, commands, results) -> None:
-    """Run jobs until told to stop; on failure the parent kills this process with the pool."""
+class _Fresh:
+    """What a job may change process-wide, put back as a fresh rank had it before the next job: the parent's
+    environment as of this call (sent with each job), working directory, default dtype, grad mode, RNG states."""
+
+    def __init__(self):
+        import random
+
+        import torch
+
+        self.cwd, self.torch_rng, self.py_rng = os.getcwd(), torch.get_rng_state(), random.getstate()
+
+    def apply(self, environ: dict) -> None:
+        import random
+
+        import torch
+
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(self.cwd)
+        torch.set_default_dtype(torch.float32)
+        torch.set_grad_enabled(True)
+        torch.set_rng_state(self.torch_rng)
+        random.setstate(self.py_rng)
+
+
+def _orphaned(parent: int) -> bool:
+    return os.getppid() != parent
+
+
+def worker_main(rank: int, commands, results, stacks_file: str, parent: int) -> None:
+    """Run jobs until told to stop; on failure the parent kills this process with the pool. A rank whose parent
+    died without stopping it (pytest killed: no session teardown) exits instead of waiting forever."""
+    import queue
+
     import torch.distributed  # noqa: F401 - the slow import happens before the job's clock starts
 
     # a hung rank is asked for its stacks before it is killed (faulthandler writes them from the signal handler,
     # whatever the main thread is stuck in), so a timeout says where each thread was
-    stacks = open(stacks_path(os.getpid()), "w")  # noqa: SIM115 - open for the life of the process
+    stacks = open(stacks_file, "w")  # noqa: SIM115 - open for the life of the process
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    fresh = _Fresh()
     results.put((rank, "ready", None))
     while True:
-        job = commands.get()
+        try:
+            job = commands.get(timeout=1.0)
+        except queue.Empty:
+            if _orphaned(parent):
+                with contextlib.suppress(OSError):
+                    os.unlink(stacks_file)
+                return
+            continue
         if job is None:
             return
         try:
+            fresh.apply(job["environ"])
             _setup(rank, job)
             fn = job["fn"].resolve()
             args = pickle.loads(job["args"])

@@ -97,6 +97,29 @@ def test_destroy_then_init_on_the_same_port_while_the_master_lingers():
     assert run_ranks(_reinit_same_port, 3, util.free_port(), backend=None, timeout=120) == [[3.0, 3.0]] * 3
 
 
+def _init_and_forget(rank, world_size, port):
+    pt_dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                               timeout=20)
+    return pt_dist.is_initialized()  # and no destroy_process_group
+
+
+def _init_fresh(rank, world_size, port):
+    assert not pt_dist.is_initialized()
+    pt_dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                               timeout=20)
+    t = torch.ones(1)
+    pt_dist.all_reduce(t)
+    util.leave()
+    return t.item()
+
+
+def test_a_group_a_test_leaves_up_does_not_fail_the_next_one_on_the_pooled_ranks():
+    """The harness destroyed only torch.distributed's default group after a job; pt_dist's stayed up in the
+    pooled ranks, and the next test's init failed ("already initialized"), blamed on the wrong test."""
+    assert run_ranks(_init_and_forget, 2, util.free_port(), backend=None) == [True, True]
+    assert run_ranks(_init_fresh, 2, util.free_port(), backend=None) == [2.0, 2.0]
+
+
 def _gloo_groups(rank, world_size):
     util.join(rank, world_size, "gloo", key="gloo_groups")
     import torch.distributed as dist
