@@ -49,7 +49,8 @@ def _run(lib, name: str, rank: int, ws: int):
         return torch.stack([y.detach() for y in ys]), x.grad
     if name == "reduce_scatter":
         ins = [(_x(rank) + i).requires_grad_() for i in range(ws)]
-        y = lib.reduce_scatter(torch.empty(N, dtype=torch.float64), ins)
+        y = lib.reduce_scatter(out := torch.empty(N, dtype=torch.float64), ins)
+        assert torch.equal(out, y.detach())  # torch's write into the output passed in (ours once did not)
         (y * _c(rank)).sum().backward()
         return y.detach(), torch.stack([t.grad for t in ins])
     if name == "broadcast":
@@ -74,17 +75,35 @@ def _run(lib, name: str, rank: int, ws: int):
         return y.detach(), torch.stack([t.grad for t in ins])
     if name == "all_to_all":
         ins = [(_x(rank) + j).requires_grad_() for j in range(ws)]
-        ys = lib.all_to_all([torch.empty(N, dtype=torch.float64) for _ in range(ws)], ins)
+        ys = lib.all_to_all(outs := [torch.empty(N, dtype=torch.float64) for _ in range(ws)], ins)
+        assert all(torch.equal(o, y.detach()) for o, y in zip(outs, ys))
         sum((y * _c(rank, j)).sum() for j, y in enumerate(ys)).backward()
         return torch.stack([y.detach() for y in ys]), torch.stack([t.grad for t in ins])
+    if name.startswith("all_to_all_single "):  # rank r sends r+1 rows to each rank / receives r+1 from each
+        size = [r + 1 for r in range(ws)]
+        out_only = name.endswith("output splits")
+        x = _rows(rank, ws * size[rank] if out_only else sum(size)).requires_grad_()
+        out = torch.empty(sum(size) if out_only else ws * size[rank], dtype=torch.float64)
+        y = (lib.all_to_all_single(out, x, output_split_sizes=size) if out_only else
+             lib.all_to_all_single(out, x, input_split_sizes=size))
+        assert torch.equal(out, y.detach())
+        (y * _rows(rank, out.numel(), weights=True)).sum().backward()
+        return y.detach(), x.grad
     x = _x(rank).requires_grad_()  # all_to_all_single, even splits
-    y = lib.all_to_all_single(torch.empty(N, dtype=torch.float64), x)
+    y = lib.all_to_all_single(out := torch.empty(N, dtype=torch.float64), x)
+    assert torch.equal(out, y.detach())
     (y * _c(rank)).sum().backward()
     return y.detach(), x.grad
 
 
+def _rows(r: int, n: int, weights: bool = False) -> torch.Tensor:
+    """Rank r's input of n rows (or its loss's weights for n output rows), for the uneven all-to-alls."""
+    i = torch.arange(n, dtype=torch.float64)
+    return i * 0.5 + r if weights else (i + 1) * (r + 1)
+
+
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single", "reduce", "gather", "scatter",
-       "all_to_all"]
+       "all_to_all", "all_to_all_single output splits", "all_to_all_single input splits"]
 
 
 def _expected(name: str, rank: int, ws: int):
@@ -108,6 +127,17 @@ def _expected(name: str, rank: int, ws: int):
         return _x(1) + rank, torch.stack([_c(i) for i in range(ws)]) if rank == 1 else torch.stack([zeros] * ws)
     if name == "all_to_all":
         return torch.stack([_x(j) + rank for j in range(ws)]), torch.stack([_c(j, rank) for j in range(ws)])
+    size = [r + 1 for r in range(ws)]
+    off = [sum(size[:r]) for r in range(ws)]
+    if name == "all_to_all_single output splits":  # rank j's input: ws blocks of size[j]; my output: block j's
+        out = torch.cat([_rows(j, ws * size[j])[rank * size[j]:(rank + 1) * size[j]] for j in range(ws)])
+        grad = torch.cat([_rows(j, sum(size), weights=True)[off[rank]:off[rank] + size[rank]] for j in range(ws)])
+        return out, grad  # (block j of my input went to rank j, after the blocks of the ranks before me)
+    if name == "all_to_all_single input splits":  # every input: blocks of size[0], size[1], ...
+        out = torch.cat([_rows(j, sum(size))[off[rank]:off[rank] + size[rank]] for j in range(ws)])
+        grad = torch.cat([_rows(j, ws * size[j], weights=True)[rank * size[j]:(rank + 1) * size[j]]
+                          for j in range(ws)])
+        return out, grad
     out = torch.cat([_x(j)[rank * b:(rank + 1) * b] for j in range(ws)])
     grad = torch.cat([_c(k)[rank * b:(rank + 1) * b] for k in range(ws)])
     return out, grad
@@ -120,7 +150,7 @@ def _autograd(rank, ws, backend):
         # (a pooled rank process may have imported it under an earlier job's group): pass today's explicitly
         world = torch.distributed.group.WORLD
         libs["torch"] = types.SimpleNamespace(**{name: functools.partial(getattr(torch_functional, name), group=world)
-                                                 for name in OPS})
+                                                 for name in OPS if " " not in name})
     got = {(lib, name): _run(mod, name, rank, ws) for name in OPS for lib, mod in libs.items()}
     with pytest.raises(ValueError, match="autograd supports ReduceOp.SUM and AVG"):
         F.all_reduce(torch.ones(2, requires_grad=True), op=pt_dist.ReduceOp.MAX)

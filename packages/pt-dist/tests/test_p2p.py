@@ -27,7 +27,10 @@ def _batch(rank, world_size, backend):
     out = {}
     # a ring shift, the receive listed first on even ranks and second on odd ones
     a, b = torch.full((n,), float(me)), torch.empty(n)
-    ops = [pt_dist.P2POp(pt_dist.isend, a, right), pt_dist.P2POp(pt_dist.irecv, b, left)]
+    # (one op on no group, one on group.WORLD and named by group_peer: the same group, as torch takes them)
+    ops = [pt_dist.P2POp(pt_dist.isend, a, right),
+           pt_dist.P2POp(pt_dist.irecv, b, group=pt_dist.group.WORLD, group_peer=left)]
+    assert ops[1].peer == left  # a group_peer is also told as its global rank
     for w in pt_dist.batch_isend_irecv(ops if me % 2 else ops[::-1]):
         w.wait()
     out["ring"] = (b[0].item(), b[-1].item(), bool((b == left).all()))

@@ -112,6 +112,11 @@ def _lists(rank, ws, backend):
             pt_dist.barrier(device_ids=0)
         with pytest.raises(ValueError, match="input_tensor_list must be a list of group size"):
             pt_dist.all_to_all([torch.zeros(1)] * ws, [torch.zeros(1)] * (ws + 1))
+        with pytest.raises(ValueError, match=r"input_list\[0\] is torch.float64, expected torch.float32 like the outp"):
+            pt_dist.reduce_scatter(torch.zeros(2), [torch.zeros(2, dtype=torch.float64)] * ws)
+        with pytest.raises(ValueError, match=r"output_tensor_list\[0\] is torch.float32, expected torch.float64 like "
+                                             r"input_tensor_list"):
+            pt_dist.all_to_all([torch.zeros(1)] * ws, [torch.zeros(1, dtype=torch.float64)] * ws)
         with pytest.raises(ValueError, match=r"input_list\[1\] has shape"):
             pt_dist.reduce_scatter(torch.zeros(2), [torch.zeros(2), torch.zeros(3)] + [torch.zeros(2)] * (ws - 2))
         if backend != "gloo":  # rank 0 expects one row too many from rank 1: every rank raises, the group goes on

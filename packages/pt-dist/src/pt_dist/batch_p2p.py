@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from pt_dist.distributed_c10d import GroupMember, _group, _peer, irecv, isend
+from pt_dist.distributed_c10d import GroupMember, _group, _peer, get_global_rank, irecv, isend
 
 __all__ = ["P2POp", "batch_isend_irecv"]
 
@@ -25,7 +25,12 @@ class P2POp:
             raise ValueError(f"P2POp: op must be pt_dist.isend or pt_dist.irecv, got {op!r}")
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"P2POp: tensor must be a torch.Tensor, got {type(tensor).__name__}")
-        self.op, self.tensor, self.group, self.tag = op, tensor, group, tag
+        # as torch's: no group means the default one, and a group_peer is also told as its global rank
+        self.op, self.tensor, self.tag = op, tensor, tag
+        self.group = GroupMember.WORLD if group is None else group
+        self._named = peer, group_peer  # as given: batch_isend_irecv checks them
+        if peer is None and group_peer is not None and self.group is not GroupMember.NON_GROUP_MEMBER:
+            peer = get_global_rank(self.group, group_peer)
         self.peer, self.group_peer = peer, group_peer
 
     def __repr__(self) -> str:
@@ -38,13 +43,13 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list:
     matter (each peer has its own send and receive channels), order between two sends to one peer does."""
     if not isinstance(p2p_op_list, list) or not p2p_op_list or not all(isinstance(p, P2POp) for p in p2p_op_list):
         raise ValueError(f"batch_isend_irecv: expected a non-empty list of P2POp, got {p2p_op_list!r}")
-    if any(p.group is not p2p_op_list[0].group for p in p2p_op_list):
+    if any(p.group is not p2p_op_list[0].group for p in p2p_op_list):  # (None was taken as the default group)
         raise ValueError("batch_isend_irecv: all ops of a batch must use the same group")
     group = p2p_op_list[0].group
     if group is GroupMember.NON_GROUP_MEMBER:
         return []
     pg = _group(group)  # check every peer before the first op starts
-    peers = [_peer(group, p.peer, p.group_peer, "peer", default=None) for p in p2p_op_list]
+    peers = [_peer(group, *p._named, "peer", default=None) for p in p2p_op_list]
     for p, peer in zip(p2p_op_list, peers):
         if peer == pg.rank():
             raise ValueError(f"batch_isend_irecv: {p!r} names this rank as its peer")

@@ -23,7 +23,9 @@ __all__ = ["all_gather_coalesced", "all_gather_single", "all_reduce_coalesced", 
            "gather_single", "reduce_scatter", "reduce_scatter_single"]
 
 
-def _check_list(op: str, what: str, tensors, world: int, dtype: torch.dtype | None) -> torch.dtype:
+def _check_list(op: str, what: str, tensors, world: int, dtype: torch.dtype | None, like: str = "") -> torch.dtype:
+    """Every entry a tensor of ``dtype`` (default: the first entry's); ``like`` names where ``dtype`` came from."""
+    like = like or "the others"
     if not isinstance(tensors, (list, tuple)) or len(tensors) != world:
         raise ValueError(f"{op}: {what} must be a list of group size={world} tensors, got "
                          f"{type(tensors).__name__} of {len(tensors) if hasattr(tensors, '__len__') else '?'}")
@@ -32,7 +34,7 @@ def _check_list(op: str, what: str, tensors, world: int, dtype: torch.dtype | No
             raise TypeError(f"{op}: {what}[{i}] must be a torch.Tensor, got {type(t).__name__}")
         dtype = t.dtype if dtype is None else dtype
         if t.dtype != dtype:
-            raise ValueError(f"{op}: {what}[{i}] is {t.dtype}, expected {dtype} like the others")
+            raise ValueError(f"{op}: {what}[{i}] is {t.dtype}, expected {dtype} like {like}")
     return dtype
 
 
@@ -66,7 +68,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
         return None
     world = c10d.get_world_size(group)
     dtype = _check_list("all_to_all", "input_tensor_list", input_tensor_list, world, None)
-    _check_list("all_to_all", "output_tensor_list", output_tensor_list, world, dtype)
+    _check_list("all_to_all", "output_tensor_list", output_tensor_list, world, dtype, "input_tensor_list")
     inp = _packed(input_tensor_list)
     out = torch.empty(sum(t.numel() for t in output_tensor_list), dtype=dtype, device=inp.device)
     in_splits, out_splits = [t.numel() for t in input_tensor_list], [t.numel() for t in output_tensor_list]
@@ -85,7 +87,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
         return None
     if not isinstance(output, torch.Tensor):
         raise TypeError(f"reduce_scatter: output must be a torch.Tensor, got {type(output).__name__}")
-    _check_list("reduce_scatter", "input_list", input_list, c10d.get_world_size(group), output.dtype)
+    _check_list("reduce_scatter", "input_list", input_list, c10d.get_world_size(group), output.dtype, "the output")
     for i, t in enumerate(input_list):
         if t.shape != output.shape:
             raise ValueError(f"reduce_scatter: input_list[{i}] has shape {list(t.shape)}, output has "
@@ -127,7 +129,7 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
         raise ValueError(f"all_gather_coalesced: output_tensor_lists must be a list of group size={world} lists")
     sizes = [t.numel() for t in input_tensor_list]
     for i, outs in enumerate(output_tensor_lists):
-        _check_list("all_gather_coalesced", f"output_tensor_lists[{i}]", outs, len(sizes), dtype)
+        _check_list("all_gather_coalesced", f"output_tensor_lists[{i}]", outs, len(sizes), dtype, "the inputs")
         if [t.numel() for t in outs] != sizes:
             raise ValueError(f"all_gather_coalesced: output_tensor_lists[{i}] sizes {[t.numel() for t in outs]} "
                              f"differ from the inputs' {sizes}")

@@ -1,12 +1,13 @@
 """Collectives that autograd can differentiate through: torch.distributed.nn.functional's, on any pt_dist group.
 
-The plain collectives work below autograd (in place, no graph). These return new tensors and register a
-backward that is itself a collective: the adjoint of an all-gather is a reduce-scatter of the gradients
-(each rank's slice gets the sum of what every rank's loss said about it), of a broadcast a reduce to the
-source (and of a reduce a broadcast from the destination), of a gather a scatter from the root (and the
-reverse), of an all-to-all the reverse all-to-all, and a sum all-reduce is its own adjoint. Every rank must
-run backward through the same collectives in the same order, as with DDP. What contrastive losses gather
-features with, and what sequence/tensor parallelism is built from.
+The plain collectives work below autograd (in place, no graph). These return new tensors (those with an
+output argument also write into it, as torch's do) and register a backward that is itself a collective: the
+adjoint of an all-gather is a reduce-scatter of the gradients (each rank's slice gets the sum of what every
+rank's loss said about it), of a broadcast a reduce to the source (and of a reduce a broadcast from the
+destination), of a gather a scatter from the root (and the reverse), of an all-to-all the reverse
+all-to-all, and a sum all-reduce is its own adjoint. Every rank must run backward through the same
+collectives in the same order, as with DDP. What contrastive losses gather features with, and what
+sequence/tensor parallelism is built from.
 """
 
 from __future__ import annotations
@@ -134,17 +135,23 @@ class _AllToAll(Function):
 
 class _AllToAllSingle(Function):
     @staticmethod
-    def forward(ctx, group, out_splits, in_splits, tensor):
-        ctx.group, ctx.splits = group, (out_splits, in_splits)
-        rows = sum(out_splits) if out_splits else tensor.shape[0]
-        out = tensor.new_empty((rows, *tensor.shape[1:]))
+    def forward(ctx, group, out_splits, in_splits, out_shape, tensor):
+        ctx.group, ctx.splits, ctx.in_shape = group, (out_splits, in_splits), tensor.shape
+        out = tensor.new_empty(out_shape)
         c10d.all_to_all_single(out, tensor.contiguous(), out_splits, in_splits, group=group)
         return out
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad):  # the reverse exchange, into the input's shape (not the gradient's)
         out_splits, in_splits = ctx.splits
-        return None, None, None, _AllToAllSingle.apply(ctx.group, in_splits, out_splits, grad)
+        return None, None, None, None, _AllToAllSingle.apply(ctx.group, in_splits, out_splits, ctx.in_shape, grad)
+
+
+def _fill(outputs, results) -> None:
+    """torch's versions write into the outputs passed in (and return them): so do these, besides returning."""
+    with torch.no_grad():
+        for out, res in zip(outputs, results):
+            out.copy_(res)
 
 
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None) -> torch.Tensor:
@@ -161,11 +168,14 @@ def all_gather(tensor: torch.Tensor, group=None) -> tuple[torch.Tensor, ...]:
 
 
 def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op=ReduceOp.SUM, group=None) -> torch.Tensor:
-    """A new tensor shaped like ``output``: ``input_list[i]`` summed over ranks, on group rank i."""
+    """``input_list[i]`` summed over ranks, on group rank i: written into ``output`` and returned as a tensor the
+    graph goes through."""
     op = ReduceOp.of(op)
     if op is not ReduceOp.SUM:
         raise ValueError(f"reduce_scatter: autograd supports ReduceOp.SUM, got ReduceOp.{op.name}")
-    return _ReduceScatter.apply(op, group, output, *input_list)
+    result = _ReduceScatter.apply(op, group, output, *input_list)
+    _fill([output], [result])
+    return result
 
 
 def broadcast(tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
@@ -175,12 +185,13 @@ def broadcast(tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
 
 def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes=None, input_split_sizes=None,
                       group=None) -> torch.Tensor:
-    """A new tensor shaped like ``output`` (torch's signature; ``output`` itself is not written)."""
+    """``pt_dist.all_to_all_single``'s exchange: written into ``output`` and returned as a tensor the graph goes
+    through (its gradient is the reverse exchange, shaped like ``input``)."""
     out_splits = list(output_split_sizes) if output_split_sizes is not None else None
     in_splits = list(input_split_sizes) if input_split_sizes is not None else None
-    if out_splits is None and output.shape[0] != input.shape[0]:
-        raise ValueError("all_to_all_single: without split sizes, output and input need the same dim 0")
-    return _AllToAllSingle.apply(group, out_splits, in_splits, input)
+    result = _AllToAllSingle.apply(group, out_splits, in_splits, output.shape, input)
+    _fill([output], [result])
+    return result
 
 
 def reduce(tensor: torch.Tensor, dst: int, op=ReduceOp.SUM, group=None) -> torch.Tensor:
@@ -205,6 +216,8 @@ def scatter(tensors, src: int = 0, group=None) -> torch.Tensor:
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None) -> tuple[torch.Tensor, ...]:
-    """New tensors shaped like ``output_tensor_list`` (not written): this rank's ``input_tensor_list[j]`` lands in
-    rank j's entry i (i: this rank), as ``pt_dist.all_to_all``; shapes may differ per peer."""
-    return _AllToAll.apply(group, [t.shape for t in output_tensor_list], *input_tensor_list)
+    """This rank's ``input_tensor_list[j]`` lands in rank j's entry i (i: this rank), as ``pt_dist.all_to_all``;
+    shapes may differ per peer. Written into ``output_tensor_list`` and returned as tensors the graph goes through."""
+    results = _AllToAll.apply(group, [t.shape for t in output_tensor_list], *input_tensor_list)
+    _fill(output_tensor_list, results)
+    return results
