@@ -177,10 +177,6 @@ class _Fresh:
         random.setstate(self.py_rng)
 
 
-def _orphaned(parent: int) -> bool:
-    return os.getppid() != parent
-
-
 def worker_main(rank: int, commands, results, stacks_file: str, parent: int) -> None:
     """Run jobs until told to stop; on failure the parent kills this process with the pool. A rank whose parent
     died without stopping it (pytest killed: no session teardown) exits instead of waiting forever."""
@@ -198,7 +194,7 @@ def worker_main(rank: int, commands, results, stacks_file: str, parent: int) -> 
         try:
             job = commands.get(timeout=1.0)
         except queue.Empty:
-            if _orphaned(parent):
+            if os.getppid() != parent:  # reparented: the parent is gone
                 with contextlib.suppress(OSError):
                     os.unlink(stacks_file)
                 return

@@ -320,10 +320,10 @@ def test_receives_pending_at_shutdown_or_cut_mid_message_fail_instead_of_hanging
     waiting = idle_pair[1].recv(torch.zeros(4), 0, tag=5)  # nothing will ever be sent
     real = p2p.wire.recv_into_exact
 
-    def cut(sock, view):
+    def cut(sock, view, deadline=None):
         if len(view) == 16:  # the 4-float payload, after its header arrived whole
             raise ConnectionResetError("planted: the sender vanished mid-message")
-        return real(sock, view)
+        return real(sock, view, deadline)
 
     monkeypatch.setattr(p2p.wire, "recv_into_exact", cut)
     streaming = cut_pair[1].recv(torch.zeros(4), 0, tag=6)

@@ -45,15 +45,22 @@ def resolve_secret(secret: str | bytes | None, rendezvous: str) -> bytes:
     return secret.encode() if isinstance(secret, str) else bytes(secret)
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
     buf = bytearray(n)
-    recv_into_exact(sock, memoryview(buf))
+    recv_into_exact(sock, memoryview(buf), deadline)
     return bytes(buf)
 
 
-def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
+def recv_into_exact(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+    """Fill ``view``; with a ``deadline`` (``time.monotonic()``), all of it before then (a socket timeout bounds
+    each read, not their sum)."""
     got, n = 0, len(view)
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ProtocolError(f"deadline passed with {got} of {n} bytes received")
+            sock.settimeout(left)
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise ConnectionResetError("peer closed the connection")
@@ -64,22 +71,6 @@ def _proof(secret: bytes, who: bytes, *nonces: bytes) -> bytes:
     return hmac.new(secret, who + b"".join(nonces), hashlib.sha256).digest()
 
 
-def _recv_by(sock: socket.socket, n: int, deadline: float) -> bytes:
-    """``n`` bytes, all of them before ``deadline`` (a socket timeout bounds each read, not their sum)."""
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise ProtocolError(f"handshake not finished within {HANDSHAKE_TIMEOUT:.0f}s")
-        sock.settimeout(left)
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionResetError("peer closed the connection")
-        got += k
-    return bytes(buf)
-
-
 def server_handshake(sock: socket.socket, secret: bytes, gate: HandshakeGate | None = None) -> None:
     """Challenge the connector; raise ``ProtocolError`` (caller closes) unless it proves the secret (and, with a
     ``gate``, unless the gate cut it off meanwhile: checked before the connector hears it is in). Leaves the
@@ -87,7 +78,7 @@ def server_handshake(sock: socket.socket, secret: bytes, gate: HandshakeGate | N
     deadline = time.monotonic() + HANDSHAKE_TIMEOUT
     nonce = os.urandom(NONCE_BYTES)
     sock.sendall(MAGIC + nonce)
-    answer = _recv_by(sock, DIGEST_BYTES + NONCE_BYTES, deadline)
+    answer = recv_exact(sock, DIGEST_BYTES + NONCE_BYTES, deadline)
     if not hmac.compare_digest(answer[:DIGEST_BYTES], _proof(secret, b"client", nonce)):
         sock.sendall(b"NO")
         raise ProtocolError("client failed the shared-secret handshake")
