@@ -130,12 +130,20 @@ def _gloo_groups(rank, world_size):
     w = pt_dist.all_reduce(torch.ones(2), async_op=True)
     w.wait()
     same = dist.is_initialized() and dist.get_world_size() == world_size  # torch-native code sees the group
+    # polled, not waited: complete means the emulated AVG's division (and a copy-back) is done too
+    avg = torch.full((3, 2), float(rank + 1)).t()
+    polled = pt_dist.all_reduce(avg, op=ReduceOp.AVG, async_op=True)
+    while not polled.is_completed():
+        time.sleep(0.001)
+    top = torch.tensor([float(rank)])
+    pt_dist.all_reduce(top, op=dist.ReduceOp(dist.ReduceOp.MAX))  # an instance of torch's class, as torch takes
     util.leave()
-    return t.item(), same, w.is_completed()
+    return t.item(), same, w.is_completed(), avg.tolist(), top.item()
 
 
 def test_gloo_adapter_uses_the_real_torch_group():
-    assert run_ranks(_gloo_groups, 2, backend=None, timeout=90) == [(1.5, True, True)] * 2
+    avg = [[1.5] * 3] * 2
+    assert run_ranks(_gloo_groups, 2, backend=None, timeout=90) == [(1.5, True, True, avg, 1.0)] * 2
 
 
 def test_bad_arguments_raise_before_any_communication(monkeypatch):

@@ -34,6 +34,7 @@ class ReduceOp(enum.Enum):
         """Accept our enum, a name ("sum"), or torch.distributed.ReduceOp."""
         if isinstance(op, cls):
             return op
+        op = getattr(op, "op", op)  # a torch.distributed.ReduceOp instance wraps its RedOpType
         name = str(op).rsplit(".", 1)[-1].upper()
         name = {"PREMUL_SUM": ""}.get(name, name)
         try:

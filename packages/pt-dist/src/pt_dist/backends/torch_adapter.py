@@ -84,8 +84,16 @@ class _TorchWork(Work):
                                               f"torch.distributed: {e}"))
         return super().wait()
 
-    def is_completed(self):
-        return self._done.is_set() or self._twork is None or self._twork.is_completed()
+    def is_completed(self):  # done only once the post step (AVG's division, a copy-back) is, as torch's own work
+        if self._done.is_set() or self._twork is None:
+            return True
+        if not self._twork.is_completed():
+            return False
+        try:  # torch's part is over: run the post step now, without blocking (a failure waits for wait())
+            self.wait()
+        except Exception:  # noqa: BLE001
+            pass
+        return True
 
     def _source_rank(self) -> int:
         self.wait()
