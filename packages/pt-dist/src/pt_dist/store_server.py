@@ -144,11 +144,8 @@ class StoreServer:
     def _serve(self, conn: socket.socket) -> None:
         self._conns.add(conn)
         try:
-            try:
-                conn.settimeout(wire.HANDSHAKE_TIMEOUT)
-                wire.server_handshake(conn, self._secret, self._gate)
-            finally:
-                self._gate.leave(conn)  # (passed: it left already)
+            conn.settimeout(wire.HANDSHAKE_TIMEOUT)
+            wire.server_handshake(conn, self._secret, self._gate)
             conn.settimeout(None)
             wire.tune(conn, 1 << 20)
             while True:

@@ -73,18 +73,22 @@ def _proof(secret: bytes, who: bytes, *nonces: bytes) -> bytes:
 
 def server_handshake(sock: socket.socket, secret: bytes, gate: HandshakeGate | None = None) -> None:
     """Challenge the connector; raise ``ProtocolError`` (caller closes) unless it proves the secret (and, with a
-    ``gate``, unless the gate cut it off meanwhile: checked before the connector hears it is in). Leaves the
-    socket's timeout at what is left of the handshake's."""
-    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
-    nonce = os.urandom(NONCE_BYTES)
-    sock.sendall(MAGIC + nonce)
-    answer = recv_exact(sock, DIGEST_BYTES + NONCE_BYTES, deadline)
-    if not hmac.compare_digest(answer[:DIGEST_BYTES], _proof(secret, b"client", nonce)):
-        sock.sendall(b"NO")
-        raise ProtocolError("client failed the shared-secret handshake")
-    if gate is not None and not gate.leave(sock):
-        raise ProtocolError("cut off in the handshake to make room for newer connections")
-    sock.sendall(b"OK" + _proof(secret, b"server", answer[DIGEST_BYTES:], nonce))
+    ``gate``, unless the gate cut it off meanwhile: checked before the connector hears it is in; the connection
+    leaves the gate either way). Leaves the socket's timeout at what is left of the handshake's."""
+    try:
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+        nonce = os.urandom(NONCE_BYTES)
+        sock.sendall(MAGIC + nonce)
+        answer = recv_exact(sock, DIGEST_BYTES + NONCE_BYTES, deadline)
+        if not hmac.compare_digest(answer[:DIGEST_BYTES], _proof(secret, b"client", nonce)):
+            sock.sendall(b"NO")
+            raise ProtocolError("client failed the shared-secret handshake")
+        if gate is not None and not gate.leave(sock):
+            raise ProtocolError("cut off in the handshake to make room for newer connections")
+        sock.sendall(b"OK" + _proof(secret, b"server", answer[DIGEST_BYTES:], nonce))
+    finally:
+        if gate is not None:
+            gate.leave(sock)  # (a no-op after the check above)
 
 
 def client_handshake(sock: socket.socket, secret: bytes) -> None:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from pt_dist.store import _seconds
+
 
 class Work:
     """A pending or finished collective."""
@@ -44,7 +46,7 @@ class Work:
     def wait(self, timeout=None) -> bool:
         """Block until done; re-raise the collective's error. ``timeout`` (seconds or timedelta) bounds the wait."""
         if timeout is not None:
-            timeout = min(timeout if isinstance(timeout, (int, float)) else timeout.total_seconds(), 1e9)
+            timeout = _seconds(timeout)  # (capped as every other timeout: timedelta.max means none)
         if not self._done.wait(timeout):
             from pt_dist.errors import DistBackendError
 

@@ -132,10 +132,7 @@ class PeerMesh:
     def _greet(self, conn: socket.socket, secret: bytes, gate: wire.HandshakeGate) -> None:
         try:
             conn.settimeout(wire.HANDSHAKE_TIMEOUT)
-            try:
-                wire.server_handshake(conn, secret, gate)
-            finally:
-                gate.leave(conn)  # (passed: it left already)
+            wire.server_handshake(conn, secret, gate)
             peer, chan = struct.unpack("<ii", wire.recv_exact(conn, 8))
             with self._accept_lock:
                 if not (self.rank < peer < self.size and chan in (COLL, P2P)) or (peer, chan) in self.socks:
