@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pt_dist
 import pytest
 import torch
@@ -231,6 +233,18 @@ def test_invalid_collective_arguments_fail_locally():
             pt_dist.all_to_all_single(torch.empty(2), torch.empty(2), [2], [3])
         with pytest.raises(ValueError, match="new_group"):
             pt_dist.new_group([0, 7])
+        for bad in (-5, datetime.timedelta(seconds=-5), 0):  # torch: "Invalid timeout"; no rank may go on to meet
+            with pytest.raises(ValueError, match=f"new_group: timeout must be positive, got {re.escape(repr(bad))}"):
+                pt_dist.new_group([0], timeout=bad)
+            with pytest.raises(ValueError, match="split_group: timeout must be positive"):
+                pt_dist.split_group(split_ranks=[[0]], timeout=bad)
+        assert pt_dist.new_group([0]).group_name == "group2"  # the refused calls took no group id
+        with pytest.raises(TypeError, match=r"split_sizes must be a list of ints, got \[1.9\]"):  # not cut to 1
+            pt_dist.all_to_all_single(torch.empty(1), torch.empty(1), [1.9], [1])
+        for call, peer in ((pt_dist.broadcast, "src"), (pt_dist.reduce, "dst")):  # torch 2.15 names no default
+            with pytest.raises(ValueError, match=f"name the peer: {peer}="):
+                call(torch.ones(1))
+        pt_dist.broadcast(torch.ones(1), group_src=np.int64(0))  # a numpy int is a rank, as for src=
         t = torch.arange(4.0)
         pt_dist.all_reduce(t)  # a world of one is the identity
         assert t.tolist() == [0.0, 1.0, 2.0, 3.0]

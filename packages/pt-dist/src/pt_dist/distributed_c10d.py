@@ -65,6 +65,15 @@ def _seconds(timeout) -> float:
     return _world.timeout if timeout is None else store_seconds(timeout)
 
 
+def _positive_seconds(timeout, call: str) -> float:
+    """``timeout`` (seconds or timedelta; None: the job's) in seconds, refused unless positive (torch: "Invalid
+    timeout") on the rank that got it, before it meets any other."""
+    t = _seconds(timeout)
+    if not t > 0:
+        raise ValueError(f"{call}: timeout must be positive, got {timeout!r}")
+    return t
+
+
 def init_process_group(backend: str | None = None, init_method: str | None = None, timeout=None,
                        world_size: int = -1, rank: int = -1, store: Store | None = None,
                        group_name: str = "", pg_options=None, device_id: torch.device | int | None = None) -> None:
@@ -76,9 +85,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise ValueError("init_process_group: the default process group is already initialized; call "
                          "destroy_process_group() first")
     name = Backend(backend or "tcp")
-    t = _seconds(timeout if timeout is not None else default_pg_timeout)
-    if t <= 0:
-        raise ValueError(f"init_process_group: timeout must be positive, got {timeout!r}")
+    t = _positive_seconds(timeout if timeout is not None else default_pg_timeout, "init_process_group")
     library_options = _library_options(name, pg_options, device_id)
     if Backend.is_torch_backed(name):
         from pt_dist.backends.torch_adapter import check_available
@@ -217,10 +224,9 @@ def set_timeout(timeout, group=None) -> None:
     init_process_group's, as in torch."""
     if group is GroupMember.NON_GROUP_MEMBER:
         raise ValueError("set_timeout: this rank is not a member of the group")
-    seconds = _seconds(timeout) if timeout is not None else 0.0
-    if seconds <= 0:
-        raise ValueError(f"set_timeout: timeout must be positive, got {timeout!r}")
-    _group(group).set_timeout(seconds)
+    if timeout is None:
+        raise ValueError("set_timeout: timeout must be positive, got None")
+    _group(group).set_timeout(_positive_seconds(timeout, "set_timeout"))
 
 
 def get_process_group_ranks(group) -> list[int]:
@@ -245,16 +251,17 @@ def _ret(work, async_op):
     return work if async_op else None
 
 
-def _peer(group, rank, group_rank, what: str, default: int | None = 0) -> int:
+def _peer(group, rank, group_rank, what: str, default: int | None = None) -> int:
     """The group-local rank from torch's two spellings: ``src``/``dst`` (a global rank) or ``group_src``/
-    ``group_dst`` (the group's own numbering), never both; neither means ``default`` (global rank 0)."""
+    ``group_dst`` (the group's own numbering), never both; neither means ``default`` (global rank 0 for
+    gather, scatter and the object collectives, as torch's; broadcast, reduce and send need one named)."""
     if group_rank is not None:
         if rank is not None:
             raise ValueError(f"pass {what}={rank} or group_{what}={group_rank}, not both")
-        size = _group(group).size()
-        if not isinstance(group_rank, int) or not 0 <= group_rank < size:
+        size, index = _group(group).size(), as_rank(group_rank, f"group_{what}")
+        if not 0 <= index < size:
             raise ValueError(f"group_{what}={group_rank!r} is not a rank of a group of size {size}")
-        return group_rank
+        return index
     if rank is None:
         if default is None:
             raise ValueError(f"name the peer: {what}= (a global rank) or group_{what}= (the group's rank)")
@@ -313,7 +320,7 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
     """``tensor`` of every rank into ``gather_list`` on ``dst`` (a global rank); other ranks pass no list."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
-    root = _peer(group, dst, group_dst, "dst")
+    root = _peer(group, dst, group_dst, "dst", default=0)
     return _ret(_group(group).gather(tensor, gather_list, root, async_op=async_op), async_op)
 
 
@@ -322,7 +329,7 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
     """``scatter_list[i]`` on ``src`` (a global rank) into ``tensor`` on the group's rank i."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
-    root = _peer(group, src, group_src, "src")
+    root = _peer(group, src, group_src, "src", default=0)
     return _ret(_group(group).scatter(tensor, scatter_list, root, async_op=async_op), async_op)
 
 
@@ -342,16 +349,14 @@ def barrier(group=None, async_op: bool = False, device_ids: list[int] | None = N
         return None
     if device_ids is not None and not (isinstance(device_ids, list) and all(isinstance(d, int) for d in device_ids)):
         raise ValueError(f"barrier: device_ids must be a list of ints, got {device_ids!r}")
-    t = None if timeout is None else _seconds(timeout)
-    if t is not None and t <= 0:
-        raise ValueError(f"barrier: timeout must be positive, got {timeout!r}")
+    t = None if timeout is None else _positive_seconds(timeout, "barrier")
     return _ret(_group(group).barrier(async_op=async_op, device_ids=device_ids, timeout=t), async_op)
 
 
 def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None):
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
-    return _group(group).send(tensor, _peer(group, dst, group_dst, "dst", default=None), tag)
+    return _group(group).send(tensor, _peer(group, dst, group_dst, "dst"), tag)
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None):

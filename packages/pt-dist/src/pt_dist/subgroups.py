@@ -17,7 +17,7 @@ import torch
 
 from pt_dist import distributed_c10d as c10d
 from pt_dist.backends import Backend
-from pt_dist.distributed_c10d import GroupMember, _group, _library_options, _seconds, _world
+from pt_dist.distributed_c10d import GroupMember, _group, _library_options, _positive_seconds, _world
 from pt_dist.errors import DistError, DistStoreError
 from pt_dist.store import PrefixStore
 
@@ -39,6 +39,7 @@ def new_group(ranks=None, timeout=None, backend: str | None = None, pg_options=N
     if Backend.is_torch_backed(name) and not Backend.is_torch_backed(world.name()):
         raise ValueError(f"new_group: a {name!r} sub-group needs a torch-backed default group, the default is "
                          f"{world.name()!r}")
+    t = _positive_seconds(timeout, "new_group")  # before the group counters move: a refused call leaves no trace
     me = world.rank()
     if use_local_synchronization:  # named by its members alone: the others never call
         if me not in ranks:
@@ -49,7 +50,6 @@ def new_group(ranks=None, timeout=None, backend: str | None = None, pg_options=N
     else:
         _world.group_count += 1
         group_name = f"group{_world.group_count}"
-    t = _seconds(timeout)
     _check_same_call(group_name, ranks, me, t)
     if Backend.is_torch_backed(name):
         from pt_dist.backends.torch_adapter import TorchProcessGroup
@@ -160,7 +160,8 @@ def split_group(parent_pg=None, split_ranks: list[list[int]] | None = None, time
     if backend is not None and Backend(backend) != name:
         raise ValueError(f"split_group: backend={backend!r} differs from the parent group's {name!r}")
     options = _library_options(name, pg_options, None, "split_group")
-    t = _seconds(timeout) if timeout is not None else getattr(parent, "timeout", _world.timeout)
+    t = _positive_seconds(timeout, "split_group") if timeout is not None else getattr(parent, "timeout",
+                                                                                        _world.timeout)
     count = _world.split_counts[parent.group_name] = _world.split_counts.get(parent.group_name, 0) + 1
     tag = f"{parent.group_name}:split{count}"
     parent_global = _world.ranks[parent]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import math
+import operator
 
 import torch
 
@@ -369,7 +370,9 @@ class NativeProcessGroup(ProcessGroup):
                 raise ValueError(f"all_to_all_single: dim 0 ({rows}) is not divisible by group size {self._size}; "
                                  f"pass {what}")
             return [rows // self._size] * self._size
-        sizes = [int(s) for s in sizes]
+        if any(isinstance(s, bool) or not hasattr(s, "__index__") for s in sizes):
+            raise TypeError(f"all_to_all_single: {what} must be a list of ints, got {sizes!r}")
+        sizes = [operator.index(s) for s in sizes]
         if len(sizes) != self._size or any(s < 0 for s in sizes) or sum(sizes) != rows:
             raise ValueError(f"all_to_all_single: {what}={sizes} must have {self._size} non-negative entries "
                              f"summing to dim 0 ({rows})")
