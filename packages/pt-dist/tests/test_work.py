@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from pathlib import Path
 
+import pt_dist
 import pytest
 import torch
 from pt_dist import DistError
 from pt_dist.work import OpQueue, Work
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ptdist_testutil as util  # noqa: E402
 
 
 def _recorder(order: list, gate: threading.Event):
@@ -83,6 +91,68 @@ def test_a_blocking_call_from_a_callback_runs_right_after_its_op():
     assert chained.wait() == 1 and later.result()[0].item() == 2
     assert order == [0, 1, 2]
     q.shutdown()
+
+
+def test_an_async_call_from_a_callback_runs_inline_so_its_future_can_be_waited_on():
+    """PowerSGD's hook issues async all-reduces inside ``then`` callbacks and waits on their futures; queued
+    behind the op whose callback was running, they waited on the queue's own thread forever (past any timeout)."""
+    q, order, gate = OpQueue("t"), [], threading.Event()
+    op = _recorder(order, gate)
+
+    def hook(f):
+        p = q.submit("p", op(1), async_op=True).get_future().wait()[0].item()
+        return q.submit("q", op(2), async_op=True).get_future().then(lambda g: p + g.value()[0].item())
+
+    first = q.submit("a", op(0, block=True), async_op=True)
+    chained = first.get_future().then(hook)
+    later = q.submit("b", op(3), async_op=True)  # queued before the first op finishes
+    gate.set()
+    later.wait(timeout=10)
+    assert chained.wait().wait() == 3 and order == [0, 1, 2, 3]  # right after their op, as blocking calls run
+
+    # a wait from that thread on an op another thread queued cannot end: a clear error, not a hang
+    gate.clear()
+    first = q.submit("a", op(4, block=True), async_op=True)
+    queued = {}
+    stuck = first.get_future().then(lambda f: queued["b"].wait())
+    queued["b"] = q.submit("b", op(5), async_op=True)
+    gate.set()
+    with pytest.raises(Exception, match="b: waited on from a callback on its own group's thread"):
+        stuck.wait()
+    assert queued["b"].result()[0].item() == 5
+    q.shutdown()
+
+
+def _powersgd_like_hook(rank, world_size, backend):
+    """A comm hook chained as PowerSGD's: all-reduce the bucket, then in its callback all-reduce P and wait on
+    that future, then all-reduce Q and return that future; ``async_op`` collectives throughout."""
+    util.join(rank, world_size, backend, timeout=20)
+    try:
+        threads = []
+
+        def compress(fut):
+            threads.append(threading.current_thread().name)
+            p = fut.value()[0] * 1.0
+            pt_dist.all_reduce(p, async_op=True).get_future().wait()
+            return pt_dist.all_reduce(p * 2, async_op=True).get_future().then(lambda f: f.value()[0])
+
+        if rank == 0:
+            time.sleep(0.3)  # so rank 1's callback is attached before its all-reduce ends: it runs on the worker
+        grad = torch.full((64,), float(rank + 1))
+        out = pt_dist.all_reduce(grad, async_op=True).get_future().then(compress).wait().wait()
+        after = torch.ones(4)
+        pt_dist.all_reduce(after)  # the group goes on
+        return out[0].item(), after[0].item(), threads
+    finally:
+        util.leave()
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
+def test_a_comm_hook_chaining_async_collectives_in_callbacks_completes(backend):
+    results = run_ranks(_powersgd_like_hook, 2, backend, backend=None, timeout=60)
+    assert [r[:2] for r in results] == [(24.0, 2.0)] * 2  # (1 + 2) -> P: 3 * 2 = 6 -> Q: 6 * 2 * 2 = 24
+    if backend != "gloo":
+        assert results[1][2][0].startswith("pt_dist-"), results[1][2]  # the worker path was taken
 
 
 def test_errors_surface_through_wait_and_the_future():

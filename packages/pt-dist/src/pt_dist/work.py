@@ -27,6 +27,7 @@ class Work:
         self._done = threading.Event()
         self._exc: BaseException | None = None
         self._source: int | None = None  # a receive's sender (group rank), once known
+        self._runner: OpQueue | None = None  # the queue it waits in, if it was queued
 
     def _source_rank(self) -> int:
         """The group rank a finished receive came from (torch's name; what ``recv(src=None)`` reports)."""
@@ -47,6 +48,9 @@ class Work:
         """Block until done; re-raise the collective's error. ``timeout`` (seconds or timedelta) bounds the wait."""
         if timeout is not None:
             timeout = _seconds(timeout)  # (capped as every other timeout: timedelta.max means none)
+        if not self._done.is_set() and self._runner is not None and threading.current_thread() is self._runner._thread:
+            raise RuntimeError(f"{self.op_name}: waited on from a callback on its own group's thread, which must "
+                               f"run it first; issue it from that callback (it then runs inline) or wait elsewhere")
         if not self._done.wait(timeout):
             from pt_dist.errors import DistBackendError
 
@@ -92,9 +96,10 @@ class OpQueue:
 
     A blocking call made while nothing is queued runs inline on the caller's thread (no thread hop,
     which matters for small-message latency); otherwise it queues behind the pending async work. A
-    blocking call from the queue's own thread (a ``get_future().then`` callback, as DDP's comm hooks
-    chain them) also runs inline, right after the op whose callback it is, the same point on every rank;
-    queued behind the rest it would wait on the very thread that must run it.
+    call from the queue's own thread (a ``get_future().then`` callback, as DDP's comm hooks chain them;
+    PowerSGD's issues async all-reduces there and waits on their futures), blocking or async, also runs
+    inline, right after the op whose callback it is, the same point on every rank; queued behind the
+    rest it would wait on the very thread that must run it.
     """
 
     def __init__(self, name: str):
@@ -107,7 +112,7 @@ class OpQueue:
 
     def submit(self, op_name: str, fn: Callable[[], object], async_op: bool) -> Work:
         with self._lock:  # (also: threads submitting their first async ops at once start one worker, not several)
-            inline = not async_op and (self._pending == 0 or threading.current_thread() is self._thread)
+            inline = (not async_op and self._pending == 0) or threading.current_thread() is self._thread
             if not inline:
                 self._pending += 1
                 work = Work(op_name)
@@ -117,7 +122,17 @@ class OpQueue:
                 self._queue.put((work, fn))
         if inline:
             with self._run_lock:
-                return Work.completed(op_name, fn())
+                if not async_op:
+                    return Work.completed(op_name, fn())
+                work = Work(op_name)
+                try:
+                    result = fn()
+                except Exception as e:  # noqa: BLE001 - an async op's error is the Work's, as when queued
+                    work._finish(exc=e)
+                else:
+                    work._finish(result)
+                return work
+        work._runner = self
         if not async_op:
             work.wait()
         return work
