@@ -204,6 +204,21 @@ def _coalesced(rank, ws, backend):
             ours = inputs()
             pt_dist.all_reduce_coalesced(ours)
             assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+        def states(r):  # DDP's module states: mixed dtypes, a 0-dim counter, a transposed view, a parameter
+            return [torch.full((3,), r + 0.5), torch.arange(5) * (r + 1), torch.tensor(r, dtype=torch.int64),
+                    torch.arange(4.0).view(2, 2).t() * r, torch.nn.Parameter(torch.full((6,), float(r))),
+                    torch.empty(0, dtype=torch.float16)]
+        for size in (16, 1 << 20):  # one tensor or several per buffer
+            ours = states(rank)
+            pt_dist._broadcast_coalesced(pt_dist.group.WORLD, ours, size, ws - 1)
+            assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ours, states(ws - 1))), (size, ours)
+            if backend == "gloo":
+                theirs = states(rank)
+                with torch.no_grad():  # (torch's refuses to write a parameter otherwise; ours writes it under no_grad)
+                    dist._broadcast_coalesced(dist.group.WORLD, theirs, size, ws - 1)
+                assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+        assert pt_dist.barrier(async_op=True).get_future().wait() == []  # as torch's barrier future
         with pytest.raises(ValueError, match=r"tensors\[1\] is torch.int64, expected torch.float32"):
             pt_dist.all_reduce_coalesced([torch.ones(2), torch.ones(2, dtype=torch.int64)])
         with pytest.raises(ValueError, match=r"output_tensor_lists\[0\] sizes \[2\] differ from the inputs' \[3\]"):

@@ -42,6 +42,9 @@ from pt_dist.distributed_c10d import (
 from pt_dist.errors import DistBackendError, DistError, DistNetworkError, DistStoreError
 from pt_dist.file_store import FileStore
 from pt_dist.list_collectives import (
+    _broadcast_coalesced as _broadcast_coalesced,  # torch.distributed._broadcast_coalesced (private there too)
+)
+from pt_dist.list_collectives import (
     all_gather_coalesced,
     all_gather_single,
     all_reduce_coalesced,

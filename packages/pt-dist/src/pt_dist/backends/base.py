@@ -379,7 +379,10 @@ class NativeProcessGroup(ProcessGroup):
         return sizes
 
     def barrier(self, async_op=False, device_ids=None, timeout=None):  # CPU only: no device to pick
-        return self._launch("barrier", lambda _: self._barrier(), async_op, timeout=timeout)
+        def run(_):
+            self._barrier()
+            return []  # what torch's barrier future holds
+        return self._launch("barrier", run, async_op, timeout=timeout)
 
     def send(self, tensor, dst, tag=0):
         check_tensor(tensor, "tensor", "send")
