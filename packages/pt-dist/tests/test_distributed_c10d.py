@@ -213,6 +213,9 @@ def test_invalid_collective_arguments_fail_locally():
         for dtype in (torch.float8_e4m3fn, torch.uint16):  # torch has no CPU add for them: refuse before sending
             with pytest.raises(ValueError, match=f"cannot compute ReduceOp.SUM on {dtype}"):
                 pt_dist.all_reduce(torch.ones(2).to(dtype))
+        # float8 multiplies pairs but not a lone element, which any slice may be: refused, as gloo does
+        with pytest.raises(ValueError, match="cannot compute ReduceOp.PRODUCT on torch.float8_e5m2"):
+            pt_dist.all_reduce(torch.ones(4).to(torch.float8_e5m2), op=ReduceOp.PRODUCT)
         with pytest.raises(ValueError, match="share memory .expanded"):  # would fail half-way when written
             pt_dist.all_reduce(torch.ones(1).expand(4))
         pt_dist.all_gather_into_tensor(torch.empty(4), torch.ones(1).expand(4))  # an expanded input is only read

@@ -82,6 +82,22 @@ def _paths(rank, world_size):
                                  torch.equal(b, torch.full((m,), float(world_size - 1))),
                                  [float(x.min()) == float(x.max()) == k * world_size for k, x in enumerate(sums, 1)])
     pt_dist.destroy_process_group(refused)
+    # the single-copy threshold comes from each rank's environment: a group agrees on the largest, or ranks
+    # would take different paths for one collective (each waiting for copies the others never make)
+    default = cma.MIN_BYTES
+    cma.MIN_BYTES = (8 << 20) if rank == 0 else default
+    try:
+        uneven = pt_dist.new_group(list(range(world_size)), backend="shm")
+        m = 1 << 18  # 1 MiB of float32: single-copy for ranks 1 and 2 on their own, staged for rank 0
+        a, b, g = torch.full((m,), rank + 1.0), torch.full((m,), float(rank)), torch.empty(world_size * m)
+        pt_dist.all_reduce(a, group=uneven)
+        pt_dist.broadcast(b, group_src=1, group=uneven)
+        pt_dist.all_gather_into_tensor(g, torch.full((m,), float(rank)), group=uneven)
+        out["uneven"] = (uneven._cma_bytes, float(a.min()), float(a.max()), float(b.min()), float(b.max()),
+                         torch.equal(g, torch.arange(world_size * 1.0).repeat_interleave(m)))
+        pt_dist.destroy_process_group(uneven)
+    finally:
+        cma.MIN_BYTES = default
     util.leave()
     return out
 
@@ -97,6 +113,9 @@ def test_single_copy_verdict_is_agreed_and_results_are_bitwise_equal():
         for name in ("single", "staged"):
             assert r[name][0] < 1e-4, f"{name}: max error {r[name][0]}"
             assert r[name + " others"] == (True, True, True, [True, True]), name
+    total = sum(range(1, len(results) + 1))
+    agreed = 8 << 20 if results[0]["self_read"] else None
+    assert all(r["uneven"] == (agreed, total, total, 1.0, 1.0, True) for r in results), [r["uneven"] for r in results]
     for name in ("single", "staged", "single max", "staged max"):
         ts = [r[name][1] if isinstance(r[name], tuple) else r[name] for r in results]
         assert all(torch.equal(ts[0], t) for t in ts[1:]), f"{name}: ranks disagree bitwise"

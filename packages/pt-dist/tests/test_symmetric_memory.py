@@ -169,3 +169,22 @@ def test_a_full_shared_memory_filesystem_is_a_clear_error_not_a_sigbus(monkeypat
     with pytest.raises(ValueError, match="no room for 8192 bytes.*shm-size"):
         heap.allocate(8192)
     assert heap._next == symmetric_memory.ALIGN  # the failed allocation took nothing
+
+
+def test_an_exactly_full_heap_still_takes_empty_tensors_but_nothing_more(monkeypatch):
+    """A zero-size tensor takes no page: it once took one past the rank's region, growing the segment file."""
+    import os
+
+    from pt_dist.backends import symmetric_memory
+    from pt_dist.store import TCPStore
+
+    monkeypatch.setattr(symmetric_memory, "HEAP_BYTES", 2 * symmetric_memory.ALIGN)
+    heap = symmetric_memory.SymmetricHeap(TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10), 0, 1, 10.0, "g")
+    full = heap.view(0, heap.allocate(heap.per_rank), heap.per_rank // 4, torch.float32)
+    assert heap.offset_of(full) == 0 and heap._next == heap.per_rank
+    for _ in range(2):
+        assert heap.allocate(0) == heap.per_rank and heap.view(0, heap.per_rank, 0, torch.float32).numel() == 0
+    assert heap._next == heap.per_rank and os.fstat(heap._fd).st_size == heap.per_rank
+    with pytest.raises(ValueError, match=f"1 bytes do not fit .* \\({heap.per_rank} of {heap.per_rank} bytes"):
+        heap.allocate(1)
+    heap.close()

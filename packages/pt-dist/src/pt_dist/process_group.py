@@ -66,11 +66,15 @@ def check_reduce_dtype(op: ReduceOp, dtype: torch.dtype, op_name: str, cpu_fold:
 
 @functools.cache
 def _cannot_fold(op: ReduceOp, dtype: torch.dtype) -> str:
-    """Why torch's CPU kernels cannot fold (and average) ``dtype``: float8 and uint16/32/64 have no add, say."""
+    """Why torch's CPU kernels cannot fold (and average) ``dtype``: float8 and uint16/32/64 have no add, say.
+
+    Probed on one element and on two: a slice may be one element long, and some kernels exist only vectorised
+    (float8's mul), so a dtype that folds pairs may still fail mid-collective on a single element."""
     try:
-        a = torch.zeros(2, dtype=dtype)
-        combiner(op, dtype)(a, torch.zeros(2, dtype=dtype), out=a)
-        finish_avg_(a, op, 2)
+        for n in (1, 2):
+            a = torch.zeros(n, dtype=dtype)
+            combiner(op, dtype)(a, torch.zeros(n, dtype=dtype), out=a)
+            finish_avg_(a, op, 2)
     except (RuntimeError, NotImplementedError, TypeError) as e:
         return str(e).splitlines()[0][:120]
     return ""

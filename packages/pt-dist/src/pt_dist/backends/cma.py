@@ -215,8 +215,13 @@ class SingleCopyCollectives:
         self._arrive_and_wait("broadcast")
 
 
-def probe(cma: CrossMemory, store, rank: int, size: int, prefix: str) -> bool:
-    """True on every rank iff every rank could read every peer's memory (an 8-byte token per rank)."""
+def probe(cma: CrossMemory, store, rank: int, size: int, prefix: str) -> int | None:
+    """The group's single-copy threshold in bytes, the same on every rank; None where some rank could not read
+    every peer's memory (an 8-byte token per rank).
+
+    Each rank's ``MIN_BYTES`` comes from its own environment, so the ranks agree on the largest: ranks that
+    took different paths for one collective would each wait for copies the other never makes.
+    """
     ok = cma.available
     if size > 1:
         token = torch.tensor([os.getpid() * 7919 + rank], dtype=torch.int64)
@@ -235,6 +240,9 @@ def probe(cma: CrossMemory, store, rank: int, size: int, prefix: str) -> bool:
                 ok = int(got) == pid * 7919 + j
             except OSError:
                 ok = False
-    store.set(f"{prefix}/ok/{rank}", b"1" if ok else b"0")
+    store.set(f"{prefix}/ok/{rank}", f"{int(ok)} {MIN_BYTES}")
     # every rank reads every verdict (and keeps its token alive until all peers have finished reading it)
-    return all(store.get(f"{prefix}/ok/{j}") == b"1" for j in range(size))
+    verdicts = [store.get(f"{prefix}/ok/{j}").decode().split() for j in range(size)]
+    if not all(v[0] == "1" for v in verdicts):
+        return None
+    return max(int(v[1]) for v in verdicts)

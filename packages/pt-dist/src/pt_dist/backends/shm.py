@@ -6,10 +6,10 @@ rank reduces only its 1/N slice of the chunk, reading the N slots and writing a 
 buffer; after a second flag round every rank copies the whole result out. Each rank touches
 N x 1/N of the data in the reduction, so the work is spread like a ring but with no hops. Small
 all-reduces skip the slicing (one barrier, every rank folds all N copies), and from ``cma.MIN_BYTES`` up
-all-reduce, all-gather, reduce-scatter, broadcast, gather and scatter skip the staging too where the kernel
-allows cross-memory attach: ranks copy straight between each other's tensors, one copy per byte (``cma.py``);
-all-reduces on tensors from the group's symmetric heap load and store peers' buffers directly
-(``symmetric_memory.py``).
+(the largest of the ranks' settings) all-reduce, all-gather, reduce-scatter, broadcast, gather and scatter
+skip the staging too where the kernel allows cross-memory attach: ranks copy straight between each other's
+tensors, one copy per byte (``cma.py``); all-reduces on tensors from the group's symmetric heap load and
+store peers' buffers directly (``symmetric_memory.py``).
 
 Synchronisation is by monotonically increasing per-rank counters on separate cache lines: waiting
 means spinning on the others' counters, never an OS barrier, which is what makes small messages fast;
@@ -72,7 +72,9 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, CounterBa
         self._store = store  # symmetric_empty maps its heap through it, on first use
         self._cma = cma.CrossMemory()
         try:  # two rendezvous (every rank passes the same single_copy): a peer missing, or Ctrl-C, frees the segment
-            self._use_cma = single_copy and cma.probe(self._cma, store, rank, size, "shm/cma")
+            # None, or the size from which collectives take the single-copy path (agreed by every rank)
+            self._cma_bytes = cma.probe(self._cma, store, rank, size, "shm/cma") if single_copy else None
+            self._use_cma = self._cma_bytes is not None
             self.mesh = PeerMesh(store, rank, size, secret, timeout, group_name)
         except BaseException:
             self._pages.close()
@@ -140,7 +142,7 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, CounterBa
         symmetric = self._symmetric_offset(tensor)
         if symmetric is not None:  # ranks must agree on it (and the offset), or they would take different paths
             header += f"|symmetric@{symmetric}"
-        single_copy = self._use_cma and nbytes >= cma.MIN_BYTES
+        single_copy = self._use_cma and nbytes >= self._cma_bytes
         small = not single_copy and nbytes <= SMALL_BYTES // self._size // LINE * LINE
 
         def body(_):
@@ -237,7 +239,7 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, CounterBa
 
     def _single_copy(self, nbytes: int) -> bool:
         """Agreed by every rank alike: the verdict is the group's, the sizes passed the header check."""
-        if self._use_cma and self._size > 1 and nbytes >= cma.MIN_BYTES:
+        if self._use_cma and self._size > 1 and nbytes >= self._cma_bytes:
             self._slots_read_late = False  # the path ends on a barrier after which no slot is read
             return True
         return False

@@ -38,12 +38,14 @@ class SymmetricHeap:
         self._next = 0
 
     def allocate(self, nbytes: int) -> int:
-        """The offset of ``nbytes`` more in every rank's region (page-aligned)."""
+        """The offset of ``nbytes`` more in every rank's region (page-aligned; an empty tensor takes no page)."""
         if self._next + nbytes > self.per_rank:
             raise ValueError(f"symmetric_empty: {nbytes} bytes do not fit the group {self.group_name!r} heap "
                              f"({self._next} of {self.per_rank} bytes per rank used); raise "
                              f"PT_DIST_SYMM_HEAP_BYTES before the first allocation")
-        offset, padded = self._next, -(-max(nbytes, 1) // ALIGN) * ALIGN
+        offset, padded = self._next, -(-nbytes // ALIGN) * ALIGN
+        if padded == 0:
+            return offset
         try:  # reserve the pages now: touching a page tmpfs has no room for would be a SIGBUS, not an error
             os.posix_fallocate(self._fd, self.rank * self.per_rank + offset, padded)
         except OSError as e:
