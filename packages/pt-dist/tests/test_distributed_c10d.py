@@ -6,6 +6,7 @@ import datetime
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -139,13 +140,37 @@ def _gloo_groups(rank, world_size):
         time.sleep(0.001)
     top = torch.tensor([float(rank)])
     pt_dist.all_reduce(top, op=dist.ReduceOp(dist.ReduceOp.MAX))  # an instance of torch's class, as torch takes
+    # a wait that runs out leaves the Work pending, as torch's (it failed it for good, AVG's division never ran);
+    # threads waiting at once finish it once (the second to finish raised, and failed it for good too)
+    if rank == 1:
+        time.sleep(0.5)
+    late = torch.full((2,), float(rank + 1))
+    lw = pt_dist.all_reduce(late, op=ReduceOp.AVG, async_op=True)
+    ran_out = None
+    if rank == 0:
+        with pytest.raises(pt_dist.DistError, match="timed out"):
+            lw.wait(timeout=0.05)
+        ran_out = not lw.is_completed()
+    errors = []
+
+    def wait():
+        try:
+            lw.wait()
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=wait) for _ in range(4)]
+    [th.start() for th in threads]
+    [th.join(30) for th in threads]
     util.leave()
-    return t.item(), same, w.is_completed(), avg.tolist(), top.item()
+    return (t.item(), same, w.is_completed(), avg.tolist(), top.item(), ran_out, errors, lw.wait() and lw.is_success(),
+            late.tolist())
 
 
 def test_gloo_adapter_uses_the_real_torch_group():
     avg = [[1.5] * 3] * 2
-    assert run_ranks(_gloo_groups, 2, backend=None, timeout=90) == [(1.5, True, True, avg, 1.0)] * 2
+    want = (1.5, True, True, avg, 1.0, True, [], True, [1.5, 1.5])
+    assert run_ranks(_gloo_groups, 2, backend=None, timeout=90) == [want, want[:5] + (None,) + want[6:]]
 
 
 def test_bad_arguments_raise_before_any_communication(monkeypatch):

@@ -154,6 +154,20 @@ def test_abort_or_destroy_from_another_thread_ends_a_hung_collective(backend, ho
     assert out[1]["peer_failed_in"] < 5, out
 
 
+def _destroy_behind_async_work(rank, world_size, backend):
+    util.join(rank, world_size, backend, timeout=30, key=f"drain-{backend}")
+    ts = [torch.full((4 << 20,), rank + 1.0), torch.full((10,), rank + 1.0), torch.full((10,), rank + 1.0)]
+    works = [pt_dist.all_reduce(t, async_op=True) for t in ts]
+    pt_dist.destroy_process_group()  # right away, from the thread that issued them
+    return [w.wait() and float(t.min()) == float(t.max()) == 3.0 for w, t in zip(works, ts)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_destroy_lets_the_async_work_issued_before_it_finish(backend):
+    """shm aborted it: every Work failed and the tensors were left unreduced (tcp and torch's gloo finish it)."""
+    assert run_ranks(_destroy_behind_async_work, 2, backend, backend=None, timeout=90) == [[True] * 3] * 2
+
+
 def test_abort_ends_a_transfer_waiting_for_a_stalled_peer():
     """Past the header exchange, in the ring's data transfer: the peer agreed to the collective, then stalls."""
     groups = util.two_tcp_groups("stalled", timeout=30.0)

@@ -142,3 +142,43 @@ def _any_source(rank, world_size, backend):
 def test_recv_from_any_source(backend):
     res = run_ranks(_any_source, 3, backend, backend=None, timeout=120)[0]
     assert res == {"senders": [11.0, 22.0], "mixed": (2.0, 1.0, 1)}, res
+
+
+def _p2p_in_callbacks(rank, world_size, backend):
+    """Callbacks of p2p futures (an extension: gloo's p2p Works have none, NCCL's do) that send or receive on the
+    same channel: they ran on the channel's own thread, so a blocking receive from the same peer waited for that
+    thread to read, forever, past the group timeout."""
+    util.join(rank, world_size, backend, key=f"p2pcb-{backend}", timeout=5)
+    out = {}
+    if rank == 0:
+        time.sleep(0.3)  # so rank 1's callbacks are attached before its first message arrives
+        pt_dist.send(torch.ones(4), 1, tag=1)
+        pt_dist.send(torch.full((4,), 2.0), 1, tag=2)
+        pt_dist.send(torch.full((4,), 3.0), 1, tag=3)
+        pt_dist.send(torch.full((4,), 4.0), 1, tag=4)
+        back = torch.zeros(4)
+        pt_dist.recv(back, 1, tag=5)
+        pt_dist.recv(back, 1, tag=6)
+        out["back"] = back.tolist()
+    else:
+        later = pt_dist.irecv(torch.zeros(4), 0, tag=4)  # posted before the callback waits on its future
+
+        def receive_more(fut):
+            more = torch.zeros(4)
+            pt_dist.recv(more, 0, tag=2)  # blocking, same peer
+            third = torch.zeros(4)
+            pt_dist.irecv(third, 0, tag=3).wait()
+            return fut.value()[0][0].item() + more[0].item() + third[0].item() + later.get_future().wait()[0][0].item()
+
+        got = pt_dist.irecv(torch.zeros(4), 0, tag=1).get_future().then(receive_more)
+        out["sum"] = got.wait()
+        sent = pt_dist.isend(torch.full((4,), 5.0), 0, tag=5).get_future()
+        out["chained send"] = sent.then(lambda f: pt_dist.send(torch.full((4,), 6.0), 0, tag=6)).wait() is None
+    util.leave()
+    return out
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_p2p_callbacks_may_send_and_receive_on_their_own_channel(backend):
+    res = run_ranks(_p2p_in_callbacks, 2, backend, backend=None, timeout=60)
+    assert res == [{"back": [6.0] * 4}, {"sum": 10.0, "chained send": True}], res

@@ -219,6 +219,12 @@ def _coalesced(rank, ws, backend):
                     dist._broadcast_coalesced(dist.group.WORLD, theirs, size, ws - 1)
                 assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
         assert pt_dist.barrier(async_op=True).get_future().wait() == []  # as torch's barrier future
+        got = [torch.empty(2) for _ in range(ws)] if rank == 0 else None
+        value = pt_dist.gather(torch.full((2,), float(rank)), got, dst=0, async_op=True).get_future().wait()
+        if rank == 0:
+            assert [v.tolist() for v in value] == [[float(j)] * 2 for j in range(ws)]
+        else:
+            assert value == [], value  # as torch's gloo (it held the input off the root)
         with pytest.raises(ValueError, match=r"tensors\[1\] is torch.int64, expected torch.float32"):
             pt_dist.all_reduce_coalesced([torch.ones(2), torch.ones(2, dtype=torch.int64)])
         with pytest.raises(ValueError, match=r"output_tensor_lists\[0\] sizes \[2\] differ from the inputs' \[3\]"):

@@ -110,16 +110,32 @@ def test_an_async_call_from_a_callback_runs_inline_so_its_future_can_be_waited_o
     later.wait(timeout=10)
     assert chained.wait().wait() == 3 and order == [0, 1, 2, 3]  # right after their op, as blocking calls run
 
-    # a wait from that thread on an op another thread queued cannot end: a clear error, not a hang
+    # a wait from that thread on an op queued behind the running one (Work.wait, or its future's wait as PowerSGD
+    # writes it) waited on the thread that must run it, forever: it now runs the queue up to that op first
+    for how in ("work", "future"):
+        gate.clear()
+        del order[:]
+        first = q.submit("a", op(4, block=True), async_op=True)
+        queued = {}
+
+        def wait_on_b(f, how=how, queued=queued):
+            return queued["b"].wait() if how == "work" else queued["b"].get_future().wait()[0].item()
+
+        stuck = first.get_future().then(wait_on_b)
+        queued["b"] = q.submit("b", op(5), async_op=True)
+        queued["c"] = q.submit("c", op(6), async_op=True)
+        gate.set()
+        assert queued["c"].wait(timeout=10) and stuck.wait() == (True if how == "work" else 5)
+        assert order == [4, 5, 6], how
+    # its own Work, from a callback of its future (which runs before the Work completes): its outcome, not a hang
     gate.clear()
-    first = q.submit("a", op(4, block=True), async_op=True)
-    queued = {}
-    stuck = first.get_future().then(lambda f: queued["b"].wait())
-    queued["b"] = q.submit("b", op(5), async_op=True)
+    own = q.submit("own", op(8, block=True), async_op=True)
+    chained = own.get_future().then(lambda f: (own.wait(), own.result()[0].item(), f.wait()[0].item()))
     gate.set()
-    with pytest.raises(Exception, match="b: waited on from a callback on its own group's thread"):
-        stuck.wait()
-    assert queued["b"].result()[0].item() == 5
+    assert chained.wait() == (True, 8, 8)
+    # a callback may shut its own queue down (destroy_process_group in a hook): it cannot join its own thread
+    shut = q.submit("a", op(7), async_op=True).get_future().then(lambda f: q.shutdown())
+    shut.wait()
     q.shutdown()
 
 
@@ -142,7 +158,14 @@ def _powersgd_like_hook(rank, world_size, backend):
         out = pt_dist.all_reduce(grad, async_op=True).get_future().then(compress).wait().wait()
         after = torch.ones(4)
         pt_dist.all_reduce(after)  # the group goes on
-        return out[0].item(), after[0].item(), threads
+        # a callback waiting on a list-form op queued behind its own (its Work wraps the packed collective's)
+        if rank == 0:
+            time.sleep(0.3)
+        first = pt_dist.all_reduce(torch.ones(1 << 16), async_op=True)
+        outs = [torch.zeros(2) for _ in range(world_size)]
+        listed = pt_dist.all_to_all(outs, [torch.full((2,), float(rank)) for _ in range(world_size)], async_op=True)
+        peer = first.get_future().then(lambda f: (listed.wait(), outs[1 - rank][0].item())[1]).wait()
+        return out[0].item(), after[0].item(), threads, peer
     finally:
         util.leave()
 
@@ -151,6 +174,7 @@ def _powersgd_like_hook(rank, world_size, backend):
 def test_a_comm_hook_chaining_async_collectives_in_callbacks_completes(backend):
     results = run_ranks(_powersgd_like_hook, 2, backend, backend=None, timeout=60)
     assert [r[:2] for r in results] == [(24.0, 2.0)] * 2  # (1 + 2) -> P: 3 * 2 = 6 -> Q: 6 * 2 * 2 = 24
+    assert [r[3] for r in results] == [1.0, 0.0]
     if backend != "gloo":
         assert results[1][2][0].startswith("pt_dist-"), results[1][2]  # the worker path was taken
 
@@ -180,3 +204,7 @@ def test_future_then_chains_and_wait_timeout():
     with pytest.raises(DistError, match="timed out"):
         pending.wait(timeout=0.1)
     assert time.monotonic() - t0 < 2
+    import datetime
+
+    threading.Timer(0.2, pending._finish, args=([1],)).start()
+    assert pending.wait(timeout=datetime.timedelta(0))  # torch's default: no timeout (it raised at once)

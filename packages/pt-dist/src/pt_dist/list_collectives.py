@@ -49,6 +49,7 @@ class _ThenWork(Work):
 
     def __init__(self, op_name: str, inner: Work, post, result):
         super().__init__(op_name)
+        self._blocker = lambda _: inner._before_blocking()  # (a wait from the group's thread runs the inner op)
 
         def finish(fut):
             try:

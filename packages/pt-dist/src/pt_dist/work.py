@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -18,16 +19,33 @@ import torch
 from pt_dist.store import _seconds
 
 
+class _WorkFuture(torch.futures.Future):
+    """The future ``get_future()`` returns: its ``wait()`` first lets the Work help itself along, as ``Work.wait``
+    does (a then-callback on the group's thread waiting on an op queued behind it runs that op first)."""
+
+    def __init__(self, work: Work):
+        super().__init__()
+        self._work = weakref.ref(work)  # no cycle: the Work and the tensors it holds go with their last reference
+
+    def wait(self):
+        work = self._work()
+        if work is not None and not self.done():
+            work._before_blocking()
+        return super().wait()
+
+
 class Work:
     """A pending or finished collective."""
 
     def __init__(self, op_name: str = ""):
         self.op_name = op_name
-        self._future: torch.futures.Future = torch.futures.Future()
+        self._future: torch.futures.Future = _WorkFuture(self)
         self._done = threading.Event()
         self._exc: BaseException | None = None
         self._source: int | None = None  # a receive's sender (group rank), once known
-        self._runner: OpQueue | None = None  # the queue it waits in, if it was queued
+        # called before a wait blocks: it may finish the Work on this thread, or refuse a wait that would never end
+        self._blocker: Callable[[Work], None] | None = None
+        self._finishing: threading.Thread | None = None  # the thread running the future's callbacks
 
     def _source_rank(self) -> int:
         """The group rank a finished receive came from (torch's name; what ``recv(src=None)`` reports)."""
@@ -37,20 +55,30 @@ class Work:
         return self._source
 
     def _finish(self, result=None, exc: BaseException | None = None) -> None:
+        """The future first (its callbacks run here), then ``wait()`` returns, as c10d's Work."""
         self._exc = exc
+        self._finishing = threading.current_thread()
         if exc is None:
             self._future.set_result(result)
         else:
             self._future.set_exception(exc)
         self._done.set()
 
+    def _before_blocking(self) -> None:
+        if self._blocker is not None:
+            self._blocker(self)
+
     def wait(self, timeout=None) -> bool:
-        """Block until done; re-raise the collective's error. ``timeout`` (seconds or timedelta) bounds the wait."""
+        """Block until done; re-raise the collective's error. ``timeout`` (seconds or timedelta) bounds the wait;
+        zero means none, as torch's default ``timedelta(0)`` (``kNoTimeout``)."""
         if timeout is not None:
-            timeout = _seconds(timeout)  # (capped as every other timeout: timedelta.max means none)
-        if not self._done.is_set() and self._runner is not None and threading.current_thread() is self._runner._thread:
-            raise RuntimeError(f"{self.op_name}: waited on from a callback on its own group's thread, which must "
-                               f"run it first; issue it from that callback (it then runs inline) or wait elsewhere")
+            timeout = _seconds(timeout) or None  # (capped as every other timeout: timedelta.max means none)
+        if not self._done.is_set():
+            if self._finishing is threading.current_thread():  # from a callback of its own future: the outcome is
+                if self._exc is not None:  # known, though the Work completes only after its callbacks (c10d hangs)
+                    raise self._exc
+                return True
+            self._before_blocking()
         if not self._done.wait(timeout):
             from pt_dist.errors import DistBackendError
 
@@ -95,11 +123,13 @@ class OpQueue:
     """Runs a group's collectives one at a time, in submission order, on one daemon thread.
 
     A blocking call made while nothing is queued runs inline on the caller's thread (no thread hop,
-    which matters for small-message latency); otherwise it queues behind the pending async work. A
-    call from the queue's own thread (a ``get_future().then`` callback, as DDP's comm hooks chain them;
-    PowerSGD's issues async all-reduces there and waits on their futures), blocking or async, also runs
-    inline, right after the op whose callback it is, the same point on every rank; queued behind the
-    rest it would wait on the very thread that must run it.
+    which matters for small-message latency); otherwise it queues behind the pending async work. Callbacks
+    of a queued op's future run on the queue's thread as the op finishes. A call from there (a
+    ``get_future().then`` callback, as DDP's comm hooks chain them; PowerSGD's issues async all-reduces there
+    and waits on their futures), blocking or async, runs inline, right after the op whose callback it is: the
+    same point on every rank, provided the callback was attached before the rank issued its next op (as a comm
+    hook does). A wait there on an op still queued runs the queue up to it first, in order; either way the
+    thread never waits on itself.
     """
 
     def __init__(self, name: str):
@@ -116,6 +146,7 @@ class OpQueue:
             if not inline:
                 self._pending += 1
                 work = Work(op_name)
+                work._blocker = self._run_until
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._loop, name=f"pt_dist-{self._name}", daemon=True)
                     self._thread.start()
@@ -132,7 +163,6 @@ class OpQueue:
                 else:
                     work._finish(result)
                 return work
-        work._runner = self
         if not async_op:
             work.wait()
         return work
@@ -141,6 +171,18 @@ class OpQueue:
     def busy(self) -> bool:
         return self._pending > 0
 
+    def _run(self, work: Work, fn: Callable[[], object]) -> None:
+        try:
+            with self._run_lock:
+                result = fn()
+        except BaseException as e:  # noqa: BLE001 - delivered to whoever waits on the Work
+            work._finish(exc=e)
+        else:
+            work._finish(result)  # (its callbacks run here, on this thread)
+        finally:
+            with self._lock:
+                self._pending -= 1
+
     def _loop(self) -> None:
         while True:
             item = self._queue.get()
@@ -148,17 +190,25 @@ class OpQueue:
                 if item is threading.current_thread():
                     return
                 continue
-            work, fn = item
+            self._run(*item)
+            item = None  # hold no caller's tensor while idle
+
+    def _run_until(self, work: Work) -> None:
+        """A wait from a callback on this queue's thread: run the ops queued up to ``work`` here, in order."""
+        if threading.current_thread() is not self._thread:
+            return
+        stops = []
+        while not work._done.is_set():
             try:
-                with self._run_lock:
-                    result = fn()
-            except BaseException as e:  # noqa: BLE001 - delivered to whoever waits on the Work
-                work._finish(exc=e)
+                item = self._queue.get_nowait()
+            except queue.Empty:  # (not queued here after all: the wait goes on as usual)
+                break
+            if isinstance(item, tuple):
+                self._run(*item)
             else:
-                work._finish(result)
-            finally:
-                with self._lock:
-                    self._pending -= 1
+                stops.append(item)  # a shutdown asked meanwhile: it still comes after the queued ops
+        for stop in stops:
+            self._queue.put(stop)
 
     def shutdown(self) -> None:
         with self._lock:
@@ -166,7 +216,65 @@ class OpQueue:
             if thread is None:
                 return
             self._queue.put(thread)  # stops that worker (only: a stale one left by a second call stops no other)
-        thread.join(timeout=5)  # (meanwhile a blocking call from one of its callbacks still runs inline)
+        if thread is not threading.current_thread():  # (a callback on it may shut its own group down)
+            thread.join(timeout=5)  # (meanwhile a blocking call from one of its callbacks still runs inline)
         with self._lock:
             if self._thread is thread:
                 self._thread = None
+
+
+class Completions:
+    """Finishes Works (their futures' callbacks run then) on a thread of its own, in order: for transports whose
+    threads must not run user code. A p2p reader running an ``irecv`` callback that receives from the same peer
+    would wait for itself to read; here the reader goes on reading, and a wait from a callback on this thread
+    finishes the Works queued ahead of it first, as ``OpQueue`` runs its queued ops."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def adopt(self, work: Work) -> Work:
+        work._blocker = self._finish_until
+        return work
+
+    def finish(self, work: Work, result=None, exc: BaseException | None = None) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=f"pt_dist-{self._name}", daemon=True)
+                self._thread.start()
+            self._queue.put((work, result, exc))
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            item[0]._finish(item[1], item[2])
+            item = None  # hold no caller's tensor while idle
+
+    def _finish_until(self, work: Work) -> None:
+        if threading.current_thread() is not self._thread:
+            return
+        stop = False
+        while not work._done.is_set():  # every posted Work is finished at its own timeout at the latest
+            try:
+                item = self._queue.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if item is None:
+                stop = True
+            else:
+                item[0]._finish(item[1], item[2])
+        if stop:
+            self._queue.put(None)
+
+    def stop(self) -> None:
+        """After the last ``finish``: the thread ends once it has finished every queued Work."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            if thread is not threading.current_thread():
+                thread.join(5.0)

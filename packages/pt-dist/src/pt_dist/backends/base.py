@@ -347,7 +347,7 @@ class NativeProcessGroup(ProcessGroup):
             for t, o in zip(gather_list, outs):
                 if o is not t:
                     t.copy_(o)
-            return gather_list if self._rank == dst else [tensor]
+            return gather_list if self._rank == dst else []  # torch gloo's future value off the root
         return self._launch("gather", body, async_op, f"{self._desc(tensor)}|dst={dst}")
 
     def scatter(self, tensor, scatter_list=None, src=0, async_op=False):

@@ -93,6 +93,7 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, CounterBa
         return "shm"
 
     def shutdown(self) -> None:
+        self._queue.shutdown()  # async work issued before finishes first (bounded), as on tcp and torch's gloo;
         self._closing = True  # a collective still waiting in another thread raises now, not at the timeout,
         self._ctl[(1 + self._size + self._rank) * LINE // 8] = 0  # and so do peers waiting for this rank
         self._wake_sleepers()

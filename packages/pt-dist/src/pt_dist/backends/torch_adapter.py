@@ -60,6 +60,7 @@ class _TorchWork(Work):
         super().__init__(op_name)
         self._twork, self._result, self._post, self._group = twork, result, post, group_name
         self._post_lock = threading.Lock()
+        self._claimed = False  # by the one waiter that finishes the Work
 
     def _run_post(self):
         with self._post_lock:
@@ -70,19 +71,28 @@ class _TorchWork(Work):
         return self._result
 
     def wait(self, timeout=None):
+        """Several threads may wait at once (a watchdog polling ``is_completed`` while the caller waits): one of
+        them finishes the Work. A ``timeout`` that runs out leaves it pending, as torch's (a later wait succeeds)."""
         if self._done.is_set():
             return super().wait()
+        result, exc = None, None
         try:
             if self._twork is not None:
                 self._twork.wait() if timeout is None else self._twork.wait(
                     timeout if isinstance(timeout, datetime.timedelta) else datetime.timedelta(seconds=timeout))
-            self._finish(self._run_post())
+            result = self._run_post()
         except DistError as e:
-            self._finish(exc=e)
+            exc = e
         except RuntimeError as e:
-            self._finish(exc=DistBackendError(f"{self.op_name} on group {self._group!r} failed in "
-                                              f"torch.distributed: {e}"))
-        return super().wait()
+            exc = DistBackendError(f"{self.op_name} on group {self._group!r} failed in torch.distributed: {e}")
+            if timeout is not None and not self._twork.is_completed():  # only this wait ran out
+                raise DistBackendError(f"{self.op_name} on group {self._group!r}: Work.wait timed out after "
+                                       f"{timeout}") from e
+        with self._post_lock:
+            claimed, self._claimed = not self._claimed, True
+        if claimed:
+            self._finish(result, exc)
+        return super().wait(timeout)
 
     def is_completed(self):  # done only once the post step (AVG's division, a copy-back) is, as torch's own work
         if self._done.is_set() or self._twork is None:
@@ -272,7 +282,7 @@ class TorchProcessGroup(ProcessGroup):
         backs = [(lambda t=t, b=b: t.copy_(b)) for t, b in zip(outs, bufs) if b is not t]
         return self._run("gather", lambda: dist.gather(self._stage(tensor), bufs or None, self._g(dst),
                                                        group=self.pg, async_op=True),
-                         outs if self._rank == dst else [tensor], async_op, self._posts(*backs))
+                         outs if self._rank == dst else [], async_op, self._posts(*backs))
 
     def scatter(self, tensor, scatter_list=None, src=0, async_op=False):
         tensor = tensor.detach()
