@@ -250,3 +250,41 @@ def _coalesced(rank, ws, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_coalesced_collectives_and_gather_into_one_tensor(backend):
     run_ranks(_coalesced, 3, backend, backend=None, timeout=120)
+
+
+def _aliased(rank, ws, backend):
+    """Outputs that share memory with inputs other than as NCCL's in-place blocks: gloo reads its inputs into
+    buffers of its own first, so these work there; the native backends refused them on only some ranks (block 0
+    is the in-place block of rank 0 alone), leaving the others to wait for a collective that never came."""
+    util.join(rank, ws, backend, key=f"aliased-{backend}")
+    try:
+        n, out = 3, {}
+        inp = torch.arange(ws * n, dtype=torch.float64) + 100 * rank
+        want = sum(torch.arange(ws * n, dtype=torch.float64) + 100 * r for r in range(ws))
+        pt_dist.reduce_scatter_tensor(inp[:n], inp)  # every rank's output is block 0 of its input
+        out["reduce_scatter"] = torch.equal(inp[:n], want[rank * n:(rank + 1) * n])
+        gathered = torch.zeros(ws * n, dtype=torch.float64)
+        gathered[:n] = torch.arange(n) + 10.0 * rank
+        pt_dist.all_gather_into_tensor(gathered, gathered[:n])  # every rank's input is block 0 of its output
+        out["all_gather"] = gathered.tolist() == [10.0 * r + i for r in range(ws) for i in range(n)]
+        mine = torch.full((n,), float(rank))
+        bufs = [torch.zeros(n) for _ in range(ws)] if rank == 0 else None
+        if rank == 0:
+            bufs[0] = mine  # the root's own block is its input
+        pt_dist.gather(mine, bufs, dst=0)
+        out["gather"] = rank != 0 or [b.tolist() for b in bufs] == [[float(r)] * n for r in range(ws)]
+        piece = torch.full((n,), -1.0)
+        pieces = [piece] + [torch.full((n,), float(r)) for r in range(1, ws)] if rank == 0 else None
+        if rank == 0:
+            piece.fill_(0.0)  # the root's output is its own piece
+        pt_dist.scatter(piece, pieces, src=0)
+        out["scatter"] = piece.tolist() == [float(rank)] * n
+        return out
+    finally:
+        util.leave()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outputs_aliasing_inputs_outside_the_in_place_forms_work_on_every_rank(backend):
+    assert run_ranks(_aliased, 3, backend, backend=None, timeout=120) == [
+        {"reduce_scatter": True, "all_gather": True, "gather": True, "scatter": True}] * 3

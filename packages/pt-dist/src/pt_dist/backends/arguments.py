@@ -46,12 +46,13 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
-def check_in_place(whole: torch.Tensor, block: torch.Tensor, rank: int, op_name: str, what: str) -> None:
-    """``block`` may lie apart from ``whole`` or be exactly its block ``rank`` (NCCL's in-place form); any other
-    overlap would read bytes the collective is overwriting."""
+def read_apart(whole: torch.Tensor, block: torch.Tensor, rank: int, read: torch.Tensor) -> torch.Tensor:
+    """``read``, or a copy of it where ``block`` overlaps ``whole`` other than as its block ``rank`` (NCCL's
+    in-place form, which the algorithms handle): the collective would read bytes it is overwriting. gloo copies
+    into buffers of its own, so such calls work there, on every rank; refusing them raised on only some."""
     if overlap(whole, block) and block.data_ptr() != whole.data_ptr() + rank * block.numel() * block.element_size():
-        raise ValueError(f"{op_name}: {what} overlaps the other tensor but is not its block {rank} (the in-place "
-                         f"form); pass separate tensors or that block")
+        return read.clone()
+    return read
 
 
 def check_tag(tag, op_name: str) -> int:

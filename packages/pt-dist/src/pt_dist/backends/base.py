@@ -16,7 +16,7 @@ import operator
 
 import torch
 
-from pt_dist.backends.arguments import check_in_place, check_tag, check_tensor, contig, overlap
+from pt_dist.backends.arguments import check_tag, check_tensor, contig, overlap, read_apart
 from pt_dist.backends.sparse import check_sparse_all_reduce, sparse_all_reduce, sparse_header
 from pt_dist.errors import DistBackendError, DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
@@ -231,8 +231,8 @@ class NativeProcessGroup(ProcessGroup):
         if output_tensor.dtype != input_tensor.dtype or output_tensor.numel() != input_tensor.numel() * self._size:
             raise ValueError(f"all_gather_into_tensor: output {self._desc(output_tensor)} must hold world_size="
                              f"{self._size} x input {self._desc(input_tensor)} of the same dtype")
-        check_in_place(output_tensor, input_tensor, self._rank, "all_gather_into_tensor", "input_tensor")
         output_tensor, input_tensor = output_tensor.detach(), input_tensor.detach()
+        input_tensor = read_apart(output_tensor, input_tensor, self._rank, input_tensor)
 
         common, mine = self._placement(input_tensor)
 
@@ -271,8 +271,8 @@ class NativeProcessGroup(ProcessGroup):
         if output.dtype != input.dtype or input.numel() != output.numel() * self._size:
             raise ValueError(f"reduce_scatter_tensor: input {self._desc(input)} must hold world_size={self._size} "
                              f"x output {self._desc(output)} of the same dtype")
-        check_in_place(input, output, self._rank, "reduce_scatter_tensor", "output")
         output, input = output.detach(), input.detach()
+        input = read_apart(input, output, self._rank, input)
 
         common, mine = self._placement(input)
 
@@ -317,14 +317,16 @@ class NativeProcessGroup(ProcessGroup):
                             f"{','.join(map(str, sends))};{','.join(map(str, takes))}")
 
     # gather and scatter: rooted collectives ---------------------------------------------------------
-    def _rooted_list(self, tensors, tensor, root: int, op_name: str, what: str) -> list[torch.Tensor]:
-        """Check ``tensors`` as torch does: a list of group-size tensors like ``tensor`` on the root, none elsewhere."""
+    def _rooted_list(self, tensors, tensor, root: int, op_name: str, what: str):
+        """Check ``tensors`` as torch does: a list of group-size tensors like ``tensor`` on the root, none elsewhere.
+        Returns them and ``tensor``, detached; where one shares memory with ``tensor`` (the root's own block may be
+        its tensor, as gloo allows), the side the root reads is a copy."""
         root_arg = "dst" if op_name == "gather" else "src"
         if self._rank != root:
             if tensors:
                 raise ValueError(f"{op_name}: {what} must NOT be given on rank {self._rank}, only on the "
                                  f"{root_arg} rank {root}")
-            return []
+            return [], tensor.detach()
         if not tensors or len(tensors) != self._size:
             raise ValueError(f"{op_name}: {what} on {root_arg} rank {root} must list group size={self._size} "
                              f"tensors, got {None if tensors is None else len(tensors)}")
@@ -332,14 +334,18 @@ class NativeProcessGroup(ProcessGroup):
             check_tensor(t, f"{what}[{i}]", op_name, written=op_name == "gather")
             if t.dtype != tensor.dtype or t.numel() != tensor.numel():
                 raise ValueError(f"{op_name}: {what}[{i}] is {self._desc(t)}, tensor is {self._desc(tensor)}")
-            if overlap(t, tensor):
-                raise ValueError(f"{op_name}: {what}[{i}] shares memory with tensor; pass separate tensors")
-        return [t.detach() for t in tensors]
+        tensors, tensor = [t.detach() for t in tensors], tensor.detach()
+        if any(overlap(t, tensor) for t in tensors):
+            if op_name == "gather":
+                tensor = tensor.clone()
+            else:
+                tensors = [t.clone() if overlap(t, tensor) else t for t in tensors]
+        return tensors, tensor
 
     def gather(self, tensor, gather_list=None, dst=0, async_op=False):
         check_tensor(tensor, "tensor", "gather")
         self._check_root(dst, "dst", "gather")
-        gather_list, tensor = self._rooted_list(gather_list, tensor, dst, "gather", "gather_list"), tensor.detach()
+        gather_list, tensor = self._rooted_list(gather_list, tensor, dst, "gather", "gather_list")
 
         def body(_):
             outs = [contig(t) for t in gather_list]
@@ -353,7 +359,7 @@ class NativeProcessGroup(ProcessGroup):
     def scatter(self, tensor, scatter_list=None, src=0, async_op=False):
         check_tensor(tensor, "tensor", "scatter", written=True)
         self._check_root(src, "src", "scatter")
-        scatter_list, tensor = self._rooted_list(scatter_list, tensor, src, "scatter", "scatter_list"), tensor.detach()
+        scatter_list, tensor = self._rooted_list(scatter_list, tensor, src, "scatter", "scatter_list")
 
         def body(_):
             out = contig(tensor)
