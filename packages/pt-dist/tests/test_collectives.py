@@ -224,6 +224,13 @@ def _inference_tensors(rank, world_size):
         else:
             pt_dist.recv(box, src=0)  # received into a copy, then copied back into the inference tensor
         got.append(box[0, 0].item())
+        with torch.inference_mode():  # outputs of the gathers (the gloo adapter handed them to torch's, which refuse)
+            whole, part = torch.zeros(2 * world_size), torch.zeros(2)
+            pairs = [torch.zeros(2, dtype=torch.complex64) for _ in range(world_size)]
+        pt_dist.all_gather_into_tensor(whole, torch.full((2,), float(rank)))
+        pt_dist.reduce_scatter_tensor(part, torch.ones(2 * world_size))
+        pt_dist.all_gather(pairs, torch.full((2,), complex(rank, 1)))
+        got.append((whole.tolist(), part.tolist(), [p.tolist() for p in pairs]))
         out[backend] = got
         util.leave()
     return out
@@ -232,4 +239,5 @@ def _inference_tensors(rank, world_size):
 def test_collectives_on_inference_tensors():
     for rank, res in enumerate(run_ranks(_inference_tensors, 2, backend=None, timeout=120)):
         for backend, got in res.items():
-            assert got == [1.5, 2.0, 1.5, 2.0, 5.0 if rank else 0.0], (rank, backend, got)
+            gathered = ([0.0, 0.0, 1.0, 1.0], [2.0, 2.0], [[0j + 1j] * 2, [1 + 1j] * 2])
+            assert got == [1.5, 2.0, 1.5, 2.0, 5.0 if rank else 0.0, gathered], (rank, backend, got)

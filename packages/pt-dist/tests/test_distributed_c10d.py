@@ -162,14 +162,26 @@ def _gloo_groups(rank, world_size):
     threads = [threading.Thread(target=wait) for _ in range(4)]
     [th.start() for th in threads]
     [th.join(30) for th in threads]
+    # bad arguments raise on the rank that got them, before any communication, as on the native backends (an
+    # expanded output failed after the collective, a list as AttributeError, a send to itself inside gloo)
+    with pytest.raises(TypeError, match="all_reduce: tensor must be a torch.Tensor, got list"):
+        pt_dist.all_reduce([1.0])
+    with pytest.raises(ValueError, match="broadcast: tensor has elements that share memory"):
+        pt_dist.broadcast(torch.zeros(1).expand(4), src=0)
+    with pytest.raises(ValueError, match=f"send: dst={rank} is this rank"):
+        pt_dist.send(torch.ones(1), dst=rank)
+    # torch's own DDP on a sub-group's torch group (the README's recipe)
+    model = torch.nn.Linear(2, 1)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=sub.pg)
+    ddp(torch.full((1, 2), float(rank + 1))).sum().backward()
     util.leave()
     return (t.item(), same, w.is_completed(), avg.tolist(), top.item(), ran_out, errors, lw.wait() and lw.is_success(),
-            late.tolist())
+            late.tolist(), model.weight.grad.tolist())
 
 
 def test_gloo_adapter_uses_the_real_torch_group():
     avg = [[1.5] * 3] * 2
-    want = (1.5, True, True, avg, 1.0, True, [], True, [1.5, 1.5])
+    want = (1.5, True, True, avg, 1.0, True, [], True, [1.5, 1.5], [[1.5, 1.5]])
     assert run_ranks(_gloo_groups, 2, backend=None, timeout=90) == [want, want[:5] + (None,) + want[6:]]
 
 

@@ -55,7 +55,8 @@ def _mismatch(rank, world_size, backend):
         try:
             call()
             seen[name] = None
-        except DistBackendError as e:  # torch's kind for a failed collective (DistError catches it too)
+        except torch.distributed.DistBackendError as e:  # torch's own class catches ours (it is its base)
+            assert isinstance(e, DistBackendError) and isinstance(e, DistError), type(e).__mro__
             seen[name] = str(e)
     ok = torch.full((6,), float(rank))
     pt_dist.all_reduce(ok)  # the group survives a detected mismatch

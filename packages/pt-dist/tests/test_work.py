@@ -208,3 +208,49 @@ def test_future_then_chains_and_wait_timeout():
 
     threading.Timer(0.2, pending._finish, args=([1],)).start()
     assert pending.wait(timeout=datetime.timedelta(0))  # torch's default: no timeout (it raised at once)
+
+
+class _LaunchedOnAStream:
+    """A torch Work as NCCL's behaves on a GPU: its future is complete at launch, ``wait()`` only orders the
+    caller's current stream after the kernel (counted here), ``is_completed()`` says whether the GPU is done."""
+
+    def __init__(self):
+        self.waits, self.kernel_done = 0, False
+        self.fut = torch.futures.Future()
+        self.fut.set_result([torch.zeros(1)])
+
+    def wait(self, timeout=None):
+        self.waits += 1
+        return True
+
+    def is_completed(self):
+        return self.kernel_done
+
+    def get_future(self):
+        return self.fut
+
+
+def test_adapter_works_order_the_callers_stream_on_every_wait_as_torchs():
+    """The adapter's list-form async collectives (all_to_all, the coalesced ones) never called torch's wait():
+    on a GPU the caller's stream was not ordered after the kernel; later waits returned without ordering theirs."""
+    from pt_dist.backends.torch_adapter import _TorchWork
+    from pt_dist.list_collectives import _ThenWork
+
+    nccl, unpacked = _LaunchedOnAStream(), []
+    listed = _ThenWork("all_to_all", _TorchWork("all_to_all_single", "g", nccl, [torch.zeros(1)], streams=True),
+                       lambda: unpacked.append(1), ["outs"])
+    assert unpacked == [1] and not listed.is_completed()  # the GPU is not done
+    listed.wait()
+    assert nccl.waits >= 1
+    nccl.kernel_done = True
+    assert listed.is_completed()
+
+    nccl, posted = _LaunchedOnAStream(), []
+    work = _TorchWork("all_reduce", "g", nccl, [torch.zeros(1)], post=lambda: posted.append(1), streams=True)
+    assert work.get_future() is work.get_future() and posted == [1]  # the post ran in torch's future's callback
+    for _ in range(3):
+        before = nccl.waits
+        work.wait()
+        assert nccl.waits > before  # each wait orders the then-current stream, as torch's
+    work.synchronize()
+    assert posted == [1]

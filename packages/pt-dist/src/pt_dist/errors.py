@@ -8,20 +8,30 @@ what NCCL raises: a peer died, timed out or sent something that does not match).
 
 from __future__ import annotations
 
+import torch.distributed as _dist
 
-class DistError(RuntimeError):
+# torch's own classes as bases, where torch was built with distributed support: code written for torch
+# (``except torch.distributed.DistBackendError``, as elastic agents and DDP's error handling catch) catches ours
+_TORCH = _dist.is_available() and hasattr(_dist, "DistBackendError")
+
+
+def _torch_base(name: str) -> tuple[type, ...]:
+    return (getattr(_dist, name),) if _TORCH else ()
+
+
+class DistError(*_torch_base("DistError"), RuntimeError):
     """A collective, a store call or a rendezvous failed: peer died, timed out, mismatched or refused."""
 
 
-class DistStoreError(DistError):
+class DistStoreError(DistError, *_torch_base("DistStoreError")):
     """A store operation failed or timed out (torch's ``DistStoreError``)."""
 
 
-class DistNetworkError(DistError):
+class DistNetworkError(DistError, *_torch_base("DistNetworkError")):
     """A connection to the store or a peer could not be made, was refused, or broke (torch's ``DistNetworkError``)."""
 
 
-class DistBackendError(DistError):
+class DistBackendError(DistError, *_torch_base("DistBackendError")):
     """A collective or point-to-point operation failed in the backend (torch's ``DistBackendError``)."""
 
 

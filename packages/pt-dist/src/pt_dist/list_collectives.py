@@ -45,22 +45,39 @@ def _packed(tensors) -> torch.Tensor:
 
 class _ThenWork(Work):
     """The Work of a collective followed by a local step (``post``) that must run before waiters see the result;
-    ``post`` runs once, where the inner collective's future completes."""
+    ``post`` runs once, where the inner collective's future completes. It is chained with ``then``, so on GPUs
+    its copies run on a stream a CUDA-aware future records, and ``wait()`` orders the caller's stream after both
+    the collective and them, as torch's Work does (NCCL's future completes at launch; on CPU all this is moot)."""
 
     def __init__(self, op_name: str, inner: Work, post, result):
         super().__init__(op_name)
+        self._inner = inner
         self._blocker = lambda _: inner._before_blocking()  # (a wait from the group's thread runs the inner op)
 
-        def finish(fut):
+        def step(fut):
             try:
                 fut.wait()
                 with torch.inference_mode():
                     post()
-            except BaseException as e:  # noqa: BLE001 - delivered to whoever waits on this Work
-                self._finish(exc=e)
-            else:
-                self._finish(result)
-        inner.get_future().add_done_callback(finish)
+            except BaseException as e:  # noqa: BLE001 - kept as it is (a then-callback's error would be rewrapped)
+                return e
+            return None
+
+        def finish(fut):
+            err = fut.value()
+            self._finish(exc=err) if err is not None else self._finish(result)
+
+        self._chained = inner.get_future().then(step)
+        self._chained.add_done_callback(finish)
+
+    def is_completed(self) -> bool:
+        return self._done.is_set() and self._inner.is_completed()  # (NCCL's: once the GPU is done)
+
+    def wait(self, timeout=None) -> bool:
+        super().wait(timeout)
+        self._inner.wait()  # done: on GPUs these order the current stream after the collective and the copies
+        self._chained.wait()
+        return True
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False):

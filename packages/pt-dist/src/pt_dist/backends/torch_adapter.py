@@ -54,13 +54,22 @@ def check_available(name: str) -> None:
 
 
 class _TorchWork(Work):
-    """Wraps a torch Work; ``post`` (copy-back, AVG division) runs exactly once after completion."""
+    """Wraps a torch Work; ``post`` (copy-back, AVG division) runs exactly once after completion.
 
-    def __init__(self, op_name: str, group_name: str, twork, result, post=None):
+    On GPUs torch's Work orders streams rather than blocking: NCCL marks its future complete at launch, and each
+    ``wait()`` makes the caller's current stream wait for the kernel. So every ``wait()`` here calls torch's,
+    and, where ``get_future()`` ran the post step in a callback (on a stream from torch's pool), also waits on
+    that CUDA-aware future, which orders the current stream after the post's copies. Only with ``streams``
+    (NCCL's groups): gloo's point-to-point Work waits for another transfer when waited on twice.
+    """
+
+    def __init__(self, op_name: str, group_name: str, twork, result, post=None, streams: bool = False):
         super().__init__(op_name)
+        self._streams = streams
         self._twork, self._result, self._post, self._group = twork, result, post, group_name
-        self._post_lock = threading.Lock()
+        self._post_lock = threading.RLock()  # (get_future chains under it; a done future runs the post at once)
         self._claimed = False  # by the one waiter that finishes the Work
+        self._chained: torch.futures.Future | None = None  # torch's future with the post step, once asked for
 
     def _run_post(self):
         with self._post_lock:
@@ -74,7 +83,8 @@ class _TorchWork(Work):
         """Several threads may wait at once (a watchdog polling ``is_completed`` while the caller waits): one of
         them finishes the Work. A ``timeout`` that runs out leaves it pending, as torch's (a later wait succeeds)."""
         if self._done.is_set():
-            return super().wait()
+            super().wait()
+            return self._order_streams(again=True)
         result, exc = None, None
         try:
             if self._twork is not None:
@@ -92,7 +102,16 @@ class _TorchWork(Work):
             claimed, self._claimed = not self._claimed, True
         if claimed:
             self._finish(result, exc)
-        return super().wait(timeout)
+        super().wait(timeout)
+        return self._order_streams(again=not claimed)
+
+    def _order_streams(self, again: bool) -> bool:
+        if self._streams and self._twork is not None:
+            if again:  # (the waiter that finished the Work has just waited on torch's)
+                self._twork.wait()
+            if self._chained is not None:
+                self._chained.wait()
+        return True
 
     def is_completed(self):  # done only once the post step (AVG's division, a copy-back) is, as torch's own work
         if self._done.is_set() or self._twork is None:
@@ -110,9 +129,13 @@ class _TorchWork(Work):
         return self._source if self._source is not None else self._twork._source_rank()  # any source: torch's
 
     def get_future(self):
-        if self._done.is_set() or self._twork is None:
+        """torch's own future (CUDA-aware on GPUs) chained with the post step; the same one on every call."""
+        if self._twork is None:
             return super().get_future()
-        return self._twork.get_future().then(lambda fut: (fut.wait(), self._run_post())[1])
+        with self._post_lock:
+            if self._chained is None:
+                self._chained = self._twork.get_future().then(lambda fut: (fut.wait(), self._run_post())[1])
+            return self._chained
 
 
 class TorchProcessGroup(ProcessGroup):
@@ -187,7 +210,7 @@ class TorchProcessGroup(ProcessGroup):
             twork = launch()
         except RuntimeError as e:
             raise DistBackendError(f"{op_name} on group {self.group_name!r} ({self.backend}) failed: {e}") from e
-        work = _TorchWork(op_name, self.group_name, twork, result, post)
+        work = _TorchWork(op_name, self.group_name, twork, result, post, streams=self.backend == "nccl")
         if not async_op:
             work.wait()
         return work
@@ -202,8 +225,26 @@ class TorchProcessGroup(ProcessGroup):
     @staticmethod
     def _stage(t):
         """What the library gets: a dense, plain copy where ``t`` is strided or a lazy ``.conj()`` / negative view
-        (torch's own collectives refuse those); sparse tensors as they are (gloo all-reduces them)."""
-        return t if t.is_sparse else contig(t)
+        (torch's own collectives refuse those), or an inference tensor outside inference mode (the library's
+        in-place writes would be refused); sparse tensors as they are (gloo all-reduces them)."""
+        if t.is_sparse:
+            return t
+        if t.is_inference() and not torch.is_inference_mode_enabled():
+            return t.clone(memory_format=torch.contiguous_format)
+        return contig(t)
+
+    @staticmethod
+    def _args(op_name: str, written=(), read=()) -> None:
+        """Up front, on the rank that got them, as the native backends check (``*_list`` arguments are lists)."""
+        for is_written, (what, t) in [(True, w) for w in written] + [(False, r) for r in read]:
+            listed = what.endswith("_list") and isinstance(t, (list, tuple))
+            for i, x in enumerate(t) if listed else [(None, t)]:
+                name = what if i is None else f"{what}[{i}]"
+                if not isinstance(x, torch.Tensor):
+                    raise TypeError(f"{op_name}: {name} must be a torch.Tensor, got {type(x).__name__}")
+                if is_written and x.layout == torch.strided and torch._debug_has_internal_overlap(x) == 1:
+                    raise ValueError(f"{op_name}: {name} has elements that share memory (expanded, stride 0) and "
+                                     f"cannot be written; pass a .clone() or .contiguous() of it")
 
     def _posts(self, *steps):
         steps = [s for s in steps if s is not None]
@@ -212,6 +253,7 @@ class TorchProcessGroup(ProcessGroup):
     # c10d works below autograd: every method first takes .detach() views (same storage), so tensors that
     # require grad (parameters) are written in place as torch.distributed itself does.
     def broadcast(self, tensor, src=0, async_op=False):
+        self._args("broadcast", [("tensor", tensor)])
         tensor = tensor.detach()
         buf = self._stage(tensor)
         back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
@@ -219,6 +261,7 @@ class TorchProcessGroup(ProcessGroup):
                          [tensor], async_op, back)
 
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
+        self._args("all_reduce", [("tensor", tensor)])
         if tensor.layout != torch.strided:  # the library replaces a COO tensor's indices and values: no alias
             check_sparse_all_reduce(tensor, ReduceOp.of(op))
             return self._run("all_reduce", lambda: dist.all_reduce(tensor, group=self.pg, async_op=True), [tensor],
@@ -232,6 +275,7 @@ class TorchProcessGroup(ProcessGroup):
                          [tensor], async_op, self._posts(avg, back))
 
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
+        self._args("reduce", [("tensor", tensor)])
         op, top, emulate_avg = self._op(op, tensor.dtype, "reduce")
         mine, tensor = self._rank == dst, tensor.detach()
         # gloo scribbles partial sums on non-root inputs; keep the caller's tensor intact as the native backends do
@@ -242,6 +286,7 @@ class TorchProcessGroup(ProcessGroup):
                          [tensor], async_op, self._posts(avg, back))
 
     def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
+        self._args("all_gather_into_tensor", [("output_tensor", output_tensor)], [("input_tensor", input_tensor)])
         output_tensor, input_tensor = output_tensor.detach(), input_tensor.detach()
         out = self._stage(output_tensor)
         back = (lambda: output_tensor.copy_(out)) if out is not output_tensor else None
@@ -250,6 +295,7 @@ class TorchProcessGroup(ProcessGroup):
             back)
 
     def all_gather(self, tensor_list, tensor, async_op=False):
+        self._args("all_gather", [("tensor_list", tensor_list)], [("tensor", tensor)])
         tensor, tensor_list = tensor.detach(), [t.detach() for t in tensor_list]
         bufs = [self._stage(t) for t in tensor_list]
         backs = [(lambda t=t, b=b: t.copy_(b)) for t, b in zip(tensor_list, bufs) if b is not t]
@@ -258,6 +304,7 @@ class TorchProcessGroup(ProcessGroup):
                          self._posts(*backs))
 
     def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, async_op=False):
+        self._args("reduce_scatter_tensor", [("output", output)], [("input", input)])
         op, top, emulate_avg = self._op(op, input.dtype, "reduce_scatter_tensor")
         output, input = output.detach(), input.detach()
         out = self._stage(output)
@@ -268,6 +315,7 @@ class TorchProcessGroup(ProcessGroup):
             self._posts(avg, back))
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
+        self._args("all_to_all_single", [("output", output)], [("input", input)])
         output, input = output.detach(), input.detach()
         out = self._stage(output)
         back = (lambda: output.copy_(out)) if out is not output else None
@@ -276,6 +324,7 @@ class TorchProcessGroup(ProcessGroup):
             [output], async_op, back)
 
     def gather(self, tensor, gather_list=None, dst=0, async_op=False):
+        self._args("gather", [("gather_list", gather_list or [])], [("tensor", tensor)])
         tensor = tensor.detach()
         outs = [t.detach() for t in gather_list or []]
         bufs = [self._stage(t) for t in outs]
@@ -285,6 +334,7 @@ class TorchProcessGroup(ProcessGroup):
                          outs if self._rank == dst else [], async_op, self._posts(*backs))
 
     def scatter(self, tensor, scatter_list=None, src=0, async_op=False):
+        self._args("scatter", [("tensor", tensor)], [("scatter_list", scatter_list or [])])
         tensor = tensor.detach()
         buf = self._stage(tensor)
         back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
@@ -293,11 +343,17 @@ class TorchProcessGroup(ProcessGroup):
                          [tensor], async_op, back)
 
     def send(self, tensor, dst, tag=0):
+        self._args("send", (), [("tensor", tensor)])
+        if dst == self._rank:
+            raise ValueError(f"send: dst={dst} is this rank")
         tensor = tensor.detach()
         return self._run("send", lambda: dist.isend(self._stage(tensor), self._g(dst), group=self.pg, tag=tag),
                          [tensor], True)
 
     def recv(self, tensor, src, tag=0):
+        self._args("recv", [("tensor", tensor)])
+        if src == self._rank:
+            raise ValueError(f"recv: src={src} is this rank")
         tensor = tensor.detach()
         buf = self._stage(tensor)
         back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
