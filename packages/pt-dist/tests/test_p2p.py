@@ -4,6 +4,7 @@ receives matched by tag, and receives from any rank."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -160,6 +161,8 @@ def _p2p_in_callbacks(rank, world_size, backend):
         pt_dist.recv(back, 1, tag=5)
         pt_dist.recv(back, 1, tag=6)
         out["back"] = back.tolist()
+        pt_dist.send(torch.ones(4), 1, tag=7)
+        pt_dist.recv(back, 1, tag=8)
     else:
         later = pt_dist.irecv(torch.zeros(4), 0, tag=4)  # posted before the callback waits on its future
 
@@ -174,6 +177,15 @@ def _p2p_in_callbacks(rank, world_size, backend):
         out["sum"] = got.wait()
         sent = pt_dist.isend(torch.full((4,), 5.0), 0, tag=5).get_future()
         out["chained send"] = sent.then(lambda f: pt_dist.send(torch.full((4,), 6.0), 0, tag=6)).wait() is None
+        # a callback that blocks (on a lock this thread holds) holds up no other transfer: callbacks once ran in
+        # turn on one completion thread, so the blocking send below waited behind it forever
+        lock = threading.Lock()
+        with lock:
+            held = pt_dist.irecv(torch.zeros(4), 0, tag=7).get_future()
+            held = held.then(lambda f: lock.acquire() and lock.release())
+            time.sleep(0.5)  # the message is in, the callback waits for the lock
+            pt_dist.send(torch.full((4,), 8.0), 0, tag=8)
+        held.wait()
     util.leave()
     return out
 

@@ -133,6 +133,23 @@ def test_an_async_call_from_a_callback_runs_inline_so_its_future_can_be_waited_o
     chained = own.get_future().then(lambda f: (own.wait(), own.result()[0].item(), f.wait()[0].item()))
     gate.set()
     assert chained.wait() == (True, 8, 8)
+    # such a wait's timeout holds: no queued op is started past it (the rest run later, in order, as usual)
+    gate.clear()
+    del order[:]
+    first = q.submit("a", op(9, block=True), async_op=True)
+    queued = {}
+
+    def wait_briefly(f, queued=queued):
+        try:
+            return queued["b"].wait(timeout=0.1)
+        except DistError as e:
+            return str(e)
+
+    brief = first.get_future().then(wait_briefly)
+    queued["slow"] = q.submit("slow", lambda: time.sleep(0.5), async_op=True)
+    queued["b"] = q.submit("b", op(10), async_op=True)
+    gate.set()
+    assert "timed out" in brief.wait() and queued["b"].wait(timeout=10) and order == [9, 10]
     # a callback may shut its own queue down (destroy_process_group in a hook): it cannot join its own thread
     shut = q.submit("a", op(7), async_op=True).get_future().then(lambda f: q.shutdown())
     shut.wait()

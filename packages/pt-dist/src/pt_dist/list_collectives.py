@@ -51,8 +51,9 @@ class _ThenWork(Work):
 
     def __init__(self, op_name: str, inner: Work, post, result):
         super().__init__(op_name)
-        self._inner = inner
-        self._blocker = lambda _: inner._before_blocking()  # (a wait from the group's thread runs the inner op)
+        self._inner: Work | None = inner
+        # (a wait from the group's thread runs the inner op)
+        self._blocker = lambda _, timeout=None: inner._before_blocking(timeout)
 
         def step(fut):
             try:
@@ -64,6 +65,8 @@ class _ThenWork(Work):
             return None
 
         def finish(fut):
+            if not getattr(inner, "_streams", False):  # (no stream to order: let go of its packed buffer)
+                self._inner = self._blocker = None
             err = fut.value()
             self._finish(exc=err) if err is not None else self._finish(result)
 
@@ -71,12 +74,15 @@ class _ThenWork(Work):
         self._chained.add_done_callback(finish)
 
     def is_completed(self) -> bool:
-        return self._done.is_set() and self._inner.is_completed()  # (NCCL's: once the GPU is done)
+        inner = self._inner
+        return self._done.is_set() and (inner is None or inner.is_completed())  # (NCCL's: once the GPU is done)
 
     def wait(self, timeout=None) -> bool:
         super().wait(timeout)
-        self._inner.wait()  # done: on GPUs these order the current stream after the collective and the copies
-        self._chained.wait()
+        inner = self._inner
+        if inner is not None:  # done: on GPUs these order the current stream after the collective and the copies
+            inner.wait()
+            self._chained.wait()
         return True
 
 

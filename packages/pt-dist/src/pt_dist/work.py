@@ -9,14 +9,18 @@ rendezvous-free collective algorithms depend on.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 
 import torch
 
 from pt_dist.store import _seconds
+
+logger = logging.getLogger(__name__)
 
 
 class _WorkFuture(torch.futures.Future):
@@ -34,17 +38,62 @@ class _WorkFuture(torch.futures.Future):
         return super().wait()
 
 
+_transport = threading.local()
+
+
+def callbacks_elsewhere() -> None:
+    """Called once by a transport's own thread (a p2p channel's reader or sender): callbacks of the futures it
+    finishes then run on threads of their own, since a callback may wait on a transfer only this thread makes
+    (a blocking receive from the same peer in an ``irecv`` callback)."""
+    _transport.busy = True
+
+
+def _off_transport(fn):
+    def run(fut):
+        if getattr(_transport, "busy", False):
+            threading.Thread(target=fn, args=(fut,), name="pt_dist-callback", daemon=True).start()
+        else:
+            fn(fut)
+    return run
+
+
+class _ChannelFuture(_WorkFuture):
+    """A point-to-point Work's future: ``then`` and ``add_done_callback`` callbacks never run on the channel's
+    thread. (Its Works finish there, at once: a thread hop for every transfer would cost latency.)"""
+
+    def then(self, callback):
+        child = torch.futures.Future()
+
+        def go(fut):
+            try:
+                child.set_result(callback(fut))
+            except BaseException as e:  # noqa: BLE001 - the chained future's error, as torch's then
+                child.set_exception(e)
+        super().add_done_callback(_off_transport(go))
+        return child
+
+    def add_done_callback(self, callback):
+        def go(fut):
+            try:
+                callback(fut)
+            except Exception:  # logged and dropped, as torch's
+                logger.exception("pt_dist: a future's done callback raised")
+        super().add_done_callback(_off_transport(go))
+
+
 class Work:
     """A pending or finished collective."""
 
+    _future_type: type = _WorkFuture
+
     def __init__(self, op_name: str = ""):
         self.op_name = op_name
-        self._future: torch.futures.Future = _WorkFuture(self)
+        self._future: torch.futures.Future = self._future_type(self)
         self._done = threading.Event()
         self._exc: BaseException | None = None
         self._source: int | None = None  # a receive's sender (group rank), once known
         # called before a wait blocks: it may finish the Work on this thread, or refuse a wait that would never end
-        self._blocker: Callable[[Work], None] | None = None
+        self._blocker: Callable[[Work, float | None], None] | None = None
         self._finishing: threading.Thread | None = None  # the thread running the future's callbacks
 
     def _source_rank(self) -> int:
@@ -64,9 +113,9 @@ class Work:
             self._future.set_exception(exc)
         self._done.set()
 
-    def _before_blocking(self) -> None:
+    def _before_blocking(self, timeout: float | None = None) -> None:
         if self._blocker is not None:
-            self._blocker(self)
+            self._blocker(self, timeout)
 
     def wait(self, timeout=None) -> bool:
         """Block until done; re-raise the collective's error. ``timeout`` (seconds or timedelta) bounds the wait;
@@ -78,7 +127,7 @@ class Work:
                 if self._exc is not None:  # known, though the Work completes only after its callbacks (c10d hangs)
                     raise self._exc
                 return True
-            self._before_blocking()
+            self._before_blocking(timeout)
         if not self._done.wait(timeout):
             from pt_dist.errors import DistBackendError
 
@@ -193,12 +242,13 @@ class OpQueue:
             self._run(*item)
             item = None  # hold no caller's tensor while idle
 
-    def _run_until(self, work: Work) -> None:
-        """A wait from a callback on this queue's thread: run the ops queued up to ``work`` here, in order."""
+    def _run_until(self, work: Work, timeout: float | None = None) -> None:
+        """A wait from a callback on this queue's thread: run the ops queued up to ``work`` here, in order (no
+        new one past the wait's ``timeout``: the rest run later, on this thread, as usual)."""
         if threading.current_thread() is not self._thread:
             return
-        stops = []
-        while not work._done.is_set():
+        stops, deadline = [], None if timeout is None else time.monotonic() + timeout
+        while not work._done.is_set() and (deadline is None or time.monotonic() < deadline):
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:  # (not queued here after all: the wait goes on as usual)
@@ -223,58 +273,8 @@ class OpQueue:
                 self._thread = None
 
 
-class Completions:
-    """Finishes Works (their futures' callbacks run then) on a thread of its own, in order: for transports whose
-    threads must not run user code. A p2p reader running an ``irecv`` callback that receives from the same peer
-    would wait for itself to read; here the reader goes on reading, and a wait from a callback on this thread
-    finishes the Works queued ahead of it first, as ``OpQueue`` runs its queued ops."""
 
-    def __init__(self, name: str):
-        self._name = name
-        self._queue: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+class ChannelWork(Work):
+    """A send or receive: finished on its channel's thread, its future's callbacks run elsewhere."""
 
-    def adopt(self, work: Work) -> Work:
-        work._blocker = self._finish_until
-        return work
-
-    def finish(self, work: Work, result=None, exc: BaseException | None = None) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=f"pt_dist-{self._name}", daemon=True)
-                self._thread.start()
-            self._queue.put((work, result, exc))
-
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            item[0]._finish(item[1], item[2])
-            item = None  # hold no caller's tensor while idle
-
-    def _finish_until(self, work: Work) -> None:
-        if threading.current_thread() is not self._thread:
-            return
-        stop = False
-        while not work._done.is_set():  # every posted Work is finished at its own timeout at the latest
-            try:
-                item = self._queue.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if item is None:
-                stop = True
-            else:
-                item[0]._finish(item[1], item[2])
-        if stop:
-            self._queue.put(None)
-
-    def stop(self) -> None:
-        """After the last ``finish``: the thread ends once it has finished every queued Work."""
-        with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._queue.put(None)
-            if thread is not threading.current_thread():
-                thread.join(5.0)
+    _future_type = _ChannelFuture

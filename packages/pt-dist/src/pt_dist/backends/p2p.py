@@ -28,7 +28,7 @@ import torch
 from pt_dist import wire
 from pt_dist.errors import DistBackendError
 from pt_dist.wire import byte_view
-from pt_dist.work import Completions, Work
+from pt_dist.work import ChannelWork, Work, callbacks_elsewhere
 
 _HEAD = struct.Struct("<qq16s")
 _POLL_S = 0.2  # how often an idle reader checks its posted receives' deadlines
@@ -59,8 +59,6 @@ class P2PChannels:
         self._readers: set[int] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
-        # futures' callbacks never run on the channels' own threads
-        self._completions = Completions(f"{group_name}-p2p")
 
     def add_peer(self, peer: int, sock: socket.socket) -> None:
         self._socks[peer] = sock
@@ -78,7 +76,7 @@ class P2PChannels:
 
     # sends ---------------------------------------------------------------------------------------
     def send(self, t: torch.Tensor, peer: int, tag: int) -> Work:
-        work = self._completions.adopt(Work("send"))
+        work = ChannelWork("send")
         with self._lock:
             if self._closed:
                 raise self._unusable("send", peer)
@@ -89,6 +87,7 @@ class P2PChannels:
         return work
 
     def _send_loop(self, peer: int) -> None:
+        callbacks_elsewhere()
         sock = self._socks[peer]
         while True:
             item = self._sends[peer].get()
@@ -101,22 +100,21 @@ class P2PChannels:
                 view = byte_view(t)
                 sock.sendall(_HEAD.pack(tag, len(view), str(t.dtype).encode()[:16]))
                 sock.sendall(view)
-                self._completions.finish(work, [t])
+                work._finish([t])
             except DistBackendError as e:
-                self._completions.finish(work, exc=e)
+                work._finish(exc=e)
             except (OSError, ConnectionError) as e:  # cut mid-message, maybe: what follows would be misread
                 self._broken.setdefault(peer, repr(e))
-                self._completions.finish(work, exc=self._fail("send", f"peer rank {peer} failed or timed out ({e!r})",
-                                                              [peer]))
+                work._finish(exc=self._fail("send", f"peer rank {peer} failed or timed out ({e!r})", [peer]))
             except Exception as e:  # noqa: BLE001 - anything else goes to the caller; the thread must live on
-                self._completions.finish(work, exc=e)
+                work._finish(exc=e)
             item = work = t = view = None  # hold no caller's tensor while idle
 
     # receives ------------------------------------------------------------------------------------
     def recv(self, t: torch.Tensor, peer: int | None, tag: int, copy_back=None) -> Work:
         """``peer=None``: from whichever peer sends ``tag`` first (gloo's recvAnysource); the Work's
         ``_source_rank()`` then says who."""
-        rec = _Recv(self._completions.adopt(Work("recv")), t, copy_back, tag, time.monotonic() + self._timeout)
+        rec = _Recv(ChannelWork("recv"), t, copy_back, tag, time.monotonic() + self._timeout)
         rec.peer = peer
         with self._lock:
             if self._closed or peer in self._broken:
@@ -142,7 +140,7 @@ class P2PChannels:
         want = (rec.t.numel() * rec.t.element_size(), str(rec.t.dtype).encode()[:16])
         if (nbytes, dtype) == want:
             return True
-        self._completions.finish(rec.work, exc=DistBackendError(
+        rec.work._finish(exc=DistBackendError(
             f"recv on group {self._group!r}: rank {peer} sent tag={rec.tag} {dtype.decode()} x {nbytes} bytes, "
             f"this receive expects {rec.t.dtype} x {want[0]} bytes"))
         return False
@@ -153,24 +151,26 @@ class P2PChannels:
             try:
                 byte_view(rec.t)[:] = payload
             except Exception as e:  # noqa: BLE001 - the caller's error, the channel is in step
-                self._completions.finish(rec.work, exc=e)
+                rec.work._finish(exc=e)
                 return
             self._complete(rec, source)
 
-    def _complete(self, rec: _Recv, source: int) -> None:
+    @staticmethod
+    def _complete(rec: _Recv, source: int) -> None:
         rec.work._source = source
         try:
             if rec.copy_back is not None:
                 with torch.inference_mode():  # the caller's tensor may be an inference tensor
                     rec.copy_back.copy_(rec.t)
         except Exception as e:  # noqa: BLE001 - delivered to the caller; the reader goes on
-            self._completions.finish(rec.work, exc=e)
+            rec.work._finish(exc=e)
             return
-        self._completions.finish(rec.work, [rec.copy_back if rec.copy_back is not None else rec.t])
+        rec.work._finish([rec.copy_back if rec.copy_back is not None else rec.t])
 
     def _read_loop(self, peer: int) -> None:
         """Read only while some receive from ``peer`` is posted: a message nobody has asked for yet stays in the
         socket, so the usual order (send, then a matching receive) streams straight into the tensor."""
+        callbacks_elsewhere()
         sock = self._socks[peer]
         try:
             while not self._closed:
@@ -191,8 +191,8 @@ class P2PChannels:
                     pending += [r for q in self._posted[None].values() for r in q]
                     self._posted[None].clear()
             for r in pending:
-                self._completions.finish(r.work, exc=self._unusable("recv", peer) if self._closed else self._fail(
-                    "recv", f"peer rank {peer} failed or its stream broke ({e!r})", [peer]))
+                r.work._finish(exc=self._unusable("recv", peer) if self._closed else
+                               self._fail("recv", f"peer rank {peer} failed or its stream broke ({e!r})", [peer]))
 
     def _take(self, peer: int, tag: int) -> _Recv | None:
         """The earliest posted receive this message matches: one for ``peer``, or one from any source (hold the
@@ -221,15 +221,14 @@ class P2PChannels:
             try:
                 view = byte_view(rec.t)
             except Exception as e:  # noqa: BLE001 - the caller's error: fail it below, once the bytes are drained
-                self._completions.finish(rec.work, exc=e)
+                rec.work._finish(exc=e)
         if view is None:
             wire.recv_exact(sock, nbytes)  # drained: the stream stays in step
             return
         try:
             wire.recv_into_exact(sock, view)
         except BaseException as e:  # cut off half-way: this receive fails too, not only those still posted
-            self._completions.finish(rec.work, exc=self._fail("recv", f"peer rank {peer} failed mid-message ({e!r})",
-                                                              [peer]))
+            rec.work._finish(exc=self._fail("recv", f"peer rank {peer} failed mid-message ({e!r})", [peer]))
             raise
         self._complete(rec, peer)
 
@@ -242,9 +241,9 @@ class P2PChannels:
                     expired.append(waiting.popleft())
         for r in expired:
             who = f"rank {r.peer}" if r.peer is not None else "any rank"
-            peers = [r.peer] if r.peer is not None else sorted(self._socks)
-            why = f"nothing arrived from {who} with tag={r.tag} within {self._timeout:.1f}s"
-            self._completions.finish(r.work, exc=self._fail("recv", why, peers))
+            r.work._finish(exc=self._fail("recv", f"nothing arrived from {who} with tag={r.tag} within "
+                                                  f"{self._timeout:.1f}s", [r.peer] if r.peer is not None else
+                                          sorted(self._socks)))
 
     def set_timeout(self, seconds: float) -> None:
         """For receives posted from now on, and for the sockets' blocking sends and reads."""
@@ -265,7 +264,7 @@ class P2PChannels:
         for q in sends:
             q.put(None)
         for r in pending:
-            self._completions.finish(r.work, exc=self._unusable("recv", r.peer))
+            r.work._finish(exc=self._unusable("recv", r.peer))
 
     def join(self) -> None:
         """Last step: wait for the threads to drop their last tensors (a daemon thread still freeing one while the
@@ -273,4 +272,3 @@ class P2PChannels:
         for th in self._threads:
             if th is not threading.current_thread():
                 th.join(5.0)
-        self._completions.stop()

@@ -95,7 +95,8 @@ class _TorchWork(Work):
             exc = e
         except RuntimeError as e:
             exc = DistBackendError(f"{self.op_name} on group {self._group!r} failed in torch.distributed: {e}")
-            if timeout is not None and not self._twork.is_completed():  # only this wait ran out
+            ran_out = timeout is not None and self._twork is not None and not self._twork.is_completed()
+            if ran_out:  # only this wait ran out
                 raise DistBackendError(f"{self.op_name} on group {self._group!r}: Work.wait timed out after "
                                        f"{timeout}") from e
         with self._post_lock:
