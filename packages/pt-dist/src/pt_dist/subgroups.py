@@ -70,13 +70,15 @@ def new_group(ranks=None, timeout=None, backend: str | None = None, pg_options=N
 
 def _check_same_call(group_name: str, ranks: list[int], me: int, timeout: float, what: str | None = None,
                      call: str = "new_group") -> None:
-    """Every rank posts what its n-th ``call`` asked for (``what``: the rank list); members compare, so ranks that
-    create groups in different orders raise at once, saying so, instead of meeting the wrong peers (or none)."""
+    """Every member posts what its n-th ``call`` asked for (``what``: the rank list) and compares, so ranks that
+    create groups in different orders raise at once, saying so, instead of meeting the wrong peers (or none).
+    Others touch nothing: a rank that is not a member may come late, when the store's host has moved on (and,
+    done, destroyed its groups and the store with them)."""
+    if me not in ranks:
+        return
     mine = what if what is not None else ",".join(map(str, ranks))
     store = PrefixStore(f"pt_dist/{call}/{group_name}", _world.store)
     store.set(str(me), mine)
-    if me not in ranks:
-        return
     deadline = time.monotonic() + timeout
     try:
         store.wait([str(r) for r in ranks], timeout)
