@@ -161,6 +161,7 @@ def _p2p_in_callbacks(rank, world_size, backend):
         pt_dist.recv(back, 1, tag=5)
         pt_dist.recv(back, 1, tag=6)
         out["back"] = back.tolist()
+        harness.store().get(f"p2pcb-{backend}-attached")  # (sent after rank 1's callback is attached)
         pt_dist.send(torch.ones(4), 1, tag=7)
         pt_dist.recv(back, 1, tag=8)
     else:
@@ -183,6 +184,7 @@ def _p2p_in_callbacks(rank, world_size, backend):
         with lock:
             held = pt_dist.irecv(torch.zeros(4), 0, tag=7).get_future()
             held = held.then(lambda f: lock.acquire() and lock.release())
+            harness.store().set(f"p2pcb-{backend}-attached", "1")
             time.sleep(0.5)  # the message is in, the callback waits for the lock
             pt_dist.send(torch.full((4,), 8.0), 0, tag=8)
         held.wait()
