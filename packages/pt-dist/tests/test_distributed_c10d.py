@@ -6,7 +6,6 @@ import datetime
 import os
 import re
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -123,68 +122,6 @@ def test_a_group_a_test_leaves_up_does_not_fail_the_next_one_on_the_pooled_ranks
     assert run_ranks(_init_fresh, 2, util.free_port(), backend=None) == [2.0, 2.0]
 
 
-def _gloo_groups(rank, world_size):
-    util.join(rank, world_size, "gloo", key="gloo_groups")
-    import torch.distributed as dist
-
-    sub = pt_dist.new_group([0, 1])
-    t = torch.tensor([rank + 1.0])
-    pt_dist.all_reduce(t, op=ReduceOp.AVG, group=sub)  # gloo has no AVG: the adapter emulates it
-    w = pt_dist.all_reduce(torch.ones(2), async_op=True)
-    w.wait()
-    same = dist.is_initialized() and dist.get_world_size() == world_size  # torch-native code sees the group
-    # polled, not waited: complete means the emulated AVG's division (and a copy-back) is done too
-    avg = torch.full((3, 2), float(rank + 1)).t()
-    polled = pt_dist.all_reduce(avg, op=ReduceOp.AVG, async_op=True)
-    while not polled.is_completed():
-        time.sleep(0.001)
-    top = torch.tensor([float(rank)])
-    pt_dist.all_reduce(top, op=dist.ReduceOp(dist.ReduceOp.MAX))  # an instance of torch's class, as torch takes
-    # a wait that runs out leaves the Work pending, as torch's (it failed it for good, AVG's division never ran);
-    # threads waiting at once finish it once (the second to finish raised, and failed it for good too)
-    if rank == 1:
-        time.sleep(0.5)
-    late = torch.full((2,), float(rank + 1))
-    lw = pt_dist.all_reduce(late, op=ReduceOp.AVG, async_op=True)
-    ran_out = None
-    if rank == 0:
-        with pytest.raises(pt_dist.DistError, match="timed out"):
-            lw.wait(timeout=0.05)
-        ran_out = not lw.is_completed()
-    errors = []
-
-    def wait():
-        try:
-            lw.wait()
-        except Exception as e:  # noqa: BLE001
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=wait) for _ in range(4)]
-    [th.start() for th in threads]
-    [th.join(30) for th in threads]
-    # bad arguments raise on the rank that got them, before any communication, as on the native backends (an
-    # expanded output failed after the collective, a list as AttributeError, a send to itself inside gloo)
-    with pytest.raises(TypeError, match="all_reduce: tensor must be a torch.Tensor, got list"):
-        pt_dist.all_reduce([1.0])
-    with pytest.raises(ValueError, match="broadcast: tensor has elements that share memory"):
-        pt_dist.broadcast(torch.zeros(1).expand(4), src=0)
-    with pytest.raises(ValueError, match=f"send: dst={rank} is this rank"):
-        pt_dist.send(torch.ones(1), dst=rank)
-    # torch's own DDP on a sub-group's torch group (the README's recipe)
-    model = torch.nn.Linear(2, 1)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=sub.pg)
-    ddp(torch.full((1, 2), float(rank + 1))).sum().backward()
-    util.leave()
-    return (t.item(), same, w.is_completed(), avg.tolist(), top.item(), ran_out, errors, lw.wait() and lw.is_success(),
-            late.tolist(), model.weight.grad.tolist())
-
-
-def test_gloo_adapter_uses_the_real_torch_group():
-    avg = [[1.5] * 3] * 2
-    want = (1.5, True, True, avg, 1.0, True, [], True, [1.5, 1.5], [[1.5, 1.5]])
-    assert run_ranks(_gloo_groups, 2, backend=None, timeout=90) == [want, want[:5] + (None,) + want[6:]]
-
-
 def test_bad_arguments_raise_before_any_communication(monkeypatch):
     with pytest.raises(ValueError, match="unknown backend 'carrier-pigeon'"):
         pt_dist.init_process_group("carrier-pigeon", init_method="tcp://127.0.0.1:1", rank=0, world_size=1)
@@ -215,19 +152,6 @@ def test_bad_arguments_raise_before_any_communication(monkeypatch):
         pt_dist.get_node_local_rank()
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert pt_dist.get_node_local_rank(fallback_rank=3) == 1
-
-
-def test_mpi_backend_says_clearly_when_torch_lacks_it():
-    import torch.distributed as dist
-
-    if dist.is_mpi_available():  # a torch built with MPI: the adapter must then get past the check
-        from pt_dist.backends.torch_adapter import check_available
-
-        check_available("mpi")
-        return
-    with pytest.raises(DistError, match="needs a torch build with MPI support"):
-        pt_dist.init_process_group("mpi", init_method="tcp://127.0.0.1:1", rank=0, world_size=1)
-    assert not pt_dist.is_initialized()
 
 
 def test_invalid_collective_arguments_fail_locally():
@@ -290,47 +214,6 @@ def test_invalid_collective_arguments_fail_locally():
         assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
     finally:
         pt_dist.destroy_process_group()
-
-
-def _nccl(rank, world_size):
-    util.join(rank, world_size, "nccl", key="nccl")
-    dev = torch.device("cuda", torch.cuda.current_device())
-    t = torch.full((1000,), float(rank), device=dev)
-    pt_dist.all_reduce(t, op=ReduceOp.AVG)
-    out = torch.empty(2 * 1000, device=dev)
-    pt_dist.all_gather_into_tensor(out, torch.full((1000,), float(rank), device=dev))
-    rs = torch.empty(1000, device=dev)
-    pt_dist.reduce_scatter_tensor(rs, torch.ones(2000, device=dev))
-    objs = [None, None]  # the object collectives move their bytes as CUDA tensors under NCCL
-    pt_dist.all_gather_object(objs, {"rank": rank})
-    pt_dist.barrier(device_ids=[torch.cuda.current_device()])
-    util.leave()
-    return t[0].item(), out.view(2, -1)[:, 0].tolist(), rs[0].item(), objs
-
-
-@pytest.mark.gpu(2)
-def test_nccl_adapter_on_gpus():
-    assert run_ranks(_nccl, 2, backend=None, timeout=120) == [(0.5, [0.0, 1.0], 2.0, [{"rank": 0}, {"rank": 1}])] * 2
-
-
-def _nccl_alone(rank, world_size):
-    """One GPU: a one-rank NCCL communicator still runs every call through the adapter and the library."""
-    util.join(rank, world_size, "nccl", key="nccl1", device_id=torch.device("cuda", 0))  # torch's eager-init form
-    dev = torch.device("cuda", torch.cuda.current_device())
-    t = torch.arange(6, dtype=torch.float32, device=dev).view(2, 3).t()  # non-contiguous: staged and copied back
-    pt_dist.all_reduce(t, op=ReduceOp.AVG)
-    work = pt_dist.all_reduce(torch.ones(4, device=dev), op=ReduceOp.MAX, async_op=True)
-    got = work.get_future().wait()[0]
-    out = torch.empty(3, dtype=torch.bfloat16, device=dev)
-    pt_dist.all_gather_into_tensor(out, torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16, device=dev))
-    util.leave()
-    return t.cpu().tolist(), got.cpu().tolist(), out.float().cpu().tolist()
-
-
-@pytest.mark.gpu(1)
-def test_nccl_adapter_on_one_gpu():
-    assert run_ranks(_nccl_alone, 1, backend=None, timeout=120) == [
-        ([[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]], [1.0] * 4, [1.0, 2.0, 3.0])]
 
 
 def test_register_backend_plugs_a_new_name_into_init_process_group():
