@@ -4,7 +4,8 @@ As in c10d (ProcessGroup::Work), ``async_op=True`` returns at once and the colle
 group's background thread; ``wait()`` blocks and re-raises the collective's error; ``get_future()``
 gives a ``torch.futures.Future`` resolved with the output tensors (so ``.then`` chains work).
 One thread per group keeps every rank issuing collectives in the same order, which all
-rendezvous-free collective algorithms depend on.
+rendezvous-free collective algorithms depend on. Point-to-point Works finish on their channel's threads,
+and their futures' callbacks run on threads of their own (``ChannelWork``).
 """
 
 from __future__ import annotations
