@@ -177,7 +177,8 @@ class PeerMesh:
 
     # collectives ---------------------------------------------------------------------------------
     def _fail(self, op: str, why: str, peers) -> DistBackendError:
-        if self._closed and "aborted" not in why:  # the sockets' own errors (EBADF, reset) hide the cause
+        # the sockets' own errors (EBADF, reset, our own shutdown read as the peer's close) hide the cause
+        if self._closed and not why.startswith("the group was aborted"):
             why = f"the group was aborted or shut down mid-collective ({why})"
         return DistBackendError(f"{op} on group {self.group_name!r} (rank {self.rank} of {self.size}): {why}; "
                                 f"{missing_text(peers)}")
