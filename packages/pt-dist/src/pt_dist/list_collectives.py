@@ -65,7 +65,7 @@ class _ThenWork(Work):
             return None
 
         def finish(fut):
-            if not getattr(inner, "_streams", False):  # (no stream to order: let go of its packed buffer)
+            if not inner._streams:  # (no stream to order: let go of its packed buffer)
                 self._inner = self._blocker = None
             err = fut.value()
             self._finish(exc=err) if err is not None else self._finish(result)

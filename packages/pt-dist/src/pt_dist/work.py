@@ -86,6 +86,7 @@ class Work:
     """A pending or finished collective."""
 
     _future_type: type = _WorkFuture
+    _streams = False  # True where wait() must also order the caller's CUDA stream (torch's NCCL Works)
 
     def __init__(self, op_name: str = ""):
         self.op_name = op_name
@@ -93,7 +94,7 @@ class Work:
         self._done = threading.Event()
         self._exc: BaseException | None = None
         self._source: int | None = None  # a receive's sender (group rank), once known
-        # called before a wait blocks: it may finish the Work on this thread, or refuse a wait that would never end
+        # called before a wait blocks: it may finish the Work on this thread (the group's queue runs up to it)
         self._blocker: Callable[[Work, float | None], None] | None = None
         self._finishing: threading.Thread | None = None  # the thread running the future's callbacks
 

@@ -11,15 +11,16 @@ import operator
 import torch
 
 
-def check_tensor(t, what: str, op_name: str, written: bool = False) -> None:
+def check_tensor(t, what: str, op_name: str, written: bool = False, native: bool = True) -> None:
+    """Up front, on the rank that got it. ``native=False`` (torch's adapters): any device and layout."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op_name}: {what} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if native and t.device.type != "cpu":
         raise ValueError(f"{op_name}: native backends take CPU tensors, {what} is on {t.device}")
-    if t.layout != torch.strided:
+    if native and t.layout != torch.strided:
         raise ValueError(f"{op_name}: {what} has layout {t.layout}; only dense tensors are supported (all_reduce "
                          f"also takes sparse COO ones)")
-    if written and torch._debug_has_internal_overlap(t) == 1:  # 1: elements share memory (an expand())
+    if written and t.layout == torch.strided and torch._debug_has_internal_overlap(t) == 1:  # 1: an expand()
         raise ValueError(f"{op_name}: {what} has elements that share memory (expanded, stride 0) and cannot be "
                          f"written; pass a .clone() or .contiguous() of it")
 

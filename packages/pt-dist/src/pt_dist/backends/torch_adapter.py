@@ -15,7 +15,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from pt_dist.backends.arguments import contig
+from pt_dist.backends.arguments import check_tensor, contig
 from pt_dist.backends.mesh import advertised_address
 from pt_dist.backends.sparse import check_sparse_all_reduce
 from pt_dist.errors import DistBackendError, DistError
@@ -240,12 +240,7 @@ class TorchProcessGroup(ProcessGroup):
         for is_written, (what, t) in [(True, w) for w in written] + [(False, r) for r in read]:
             listed = what.endswith("_list") and isinstance(t, (list, tuple))
             for i, x in enumerate(t) if listed else [(None, t)]:
-                name = what if i is None else f"{what}[{i}]"
-                if not isinstance(x, torch.Tensor):
-                    raise TypeError(f"{op_name}: {name} must be a torch.Tensor, got {type(x).__name__}")
-                if is_written and x.layout == torch.strided and torch._debug_has_internal_overlap(x) == 1:
-                    raise ValueError(f"{op_name}: {name} has elements that share memory (expanded, stride 0) and "
-                                     f"cannot be written; pass a .clone() or .contiguous() of it")
+                check_tensor(x, what if i is None else f"{what}[{i}]", op_name, written=is_written, native=False)
 
     def _posts(self, *steps):
         steps = [s for s in steps if s is not None]
