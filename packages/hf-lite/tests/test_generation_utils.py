@@ -135,6 +135,8 @@ def test_generate_rejects_bad_arguments():
         model.generate(ids, num_beams=0)
     with pytest.raises(ValueError, match="num_return_sequences"):
         model.generate(ids, num_beams=2, num_return_sequences=3)
+    with pytest.raises(ValueError, match="smaller or equal to `num_beams`"):
+        model.generate(ids, do_sample=True, num_beams=2, num_return_sequences=3)
     with pytest.raises(ValueError, match="early_stopping"):
         model.generate(ids, num_beams=2, early_stopping="sometimes")
     with pytest.raises(ValueError, match="not used by the model"):
@@ -153,3 +155,45 @@ def test_generate_uses_given_position_ids():
     shifted = model.generate(ids, max_new_tokens=6, eos_token_id=None, position_ids=torch.arange(20, 24)[None])
     assert torch.equal(default, same)
     assert not torch.equal(default, shifted), "sanity: GPT-2's learned positions change the continuation"
+
+
+@pytest.mark.parametrize("case", [
+    dict(num_beams=3, num_return_sequences=2),
+    dict(do_sample=True, num_return_sequences=3, top_k=20),
+    dict(do_sample=True, num_beams=2, num_return_sequences=2, top_k=20),
+], ids=["beam", "sample", "beam_sample"])
+def test_repetition_penalty_with_expanded_batch_matches_transformers(case, tmp_path):
+    """The penalty's per-row padding lengths are built after the batch is expanded to beams / return sequences."""
+    ours, theirs = _pair("llama", tmp_path)
+    ids, mask = _left_padded(0, seed=6)
+    kw = dict(attention_mask=mask, max_new_tokens=6, repetition_penalty=1.8, pad_token_id=0, eos_token_id=2, **case)
+    torch.manual_seed(11)
+    expected = theirs.generate(ids, **kw)
+    torch.manual_seed(11)
+    got = ours.generate(ids, **kw)
+    assert got.shape[0] == ids.shape[0] * case["num_return_sequences"]
+    assert torch.equal(got, expected)
+
+
+def test_generate_without_input_ids_starts_from_bos_like_transformers(tmp_path):
+    ours, theirs = _pair("gpt2", tmp_path)
+    kw = dict(max_new_tokens=5, eos_token_id=None, bos_token_id=7)
+    got = ours.generate(**kw)
+    assert got[0, 0] == 7 and got.shape == (1, 6)
+    assert torch.equal(got, theirs.generate(**kw))
+    beams = dict(kw, num_beams=2, num_return_sequences=2)
+    assert torch.equal(ours.generate(**beams), theirs.generate(**beams))
+    with pytest.raises(ValueError, match="`bos_token_id` has to be defined"):
+        ours.generate(max_new_tokens=2, bos_token_id=None)
+
+
+def test_negative_eos_token_id_warns_and_generates_to_max_length_like_transformers(tmp_path, caplog):
+    ours, theirs = _pair("gpt2", tmp_path)
+    ids = torch.randint(5, 97, (2, 5), generator=torch.Generator().manual_seed(2))
+    for case in [dict(), dict(num_beams=2)]:
+        kw = dict(max_new_tokens=4, eos_token_id=-1, pad_token_id=3, **case)
+        with caplog.at_level("WARNING"):
+            got = ours.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        assert "should consist of positive integers" in caplog.text
+        assert got.shape == (2, 9)
+        assert torch.equal(got, theirs.generate(ids, attention_mask=torch.ones_like(ids), **kw))

@@ -74,10 +74,15 @@ class GenerationConfig:
             raise ValueError(f"`max_length` has to be a strictly positive integer, but is {self.max_length!r}")
         if self.early_stopping not in (True, False, "never"):
             raise ValueError(f"`early_stopping` must be True, False or 'never', got {self.early_stopping!r}")
-        if not self.do_sample and self.num_return_sequences > self.num_beams:
+        if self.num_beams == 1 and not self.do_sample and self.num_return_sequences > 1:
             raise ValueError(
                 f"Greedy methods without beam search do not support `num_return_sequences` different than 1 "
-                f"(got {self.num_return_sequences}); with beam search it must be <= num_beams ({self.num_beams})."
+                f"(got {self.num_return_sequences})."
+            )
+        if self.num_beams > 1 and self.num_return_sequences > self.num_beams:
+            raise ValueError(
+                f"`num_return_sequences` ({self.num_return_sequences}) has to be smaller or equal to `num_beams` "
+                f"({self.num_beams})."
             )
         if self.temperature is not None and self.temperature <= 0:
             raise ValueError(f"`temperature` (={self.temperature}) has to be a strictly positive float")

@@ -78,13 +78,26 @@ class GenerationMixin:
     def _prepare_special_tokens(self, gc: GenerationConfig, device) -> None:
         eos = gc.eos_token_id
         eos = [eos] if isinstance(eos, int) else (list(eos) if eos is not None else None)
-        if eos is not None and any(not isinstance(e, int) or e < 0 for e in eos):
-            raise ValueError(f"`eos_token_id` should consist of positive integers, but is {gc.eos_token_id!r}")
+        if eos is not None and any(not isinstance(e, int) or isinstance(e, bool) for e in eos):
+            raise TypeError(f"`eos_token_id` must be an int or a list of ints, got {gc.eos_token_id!r}")
+        if eos and any(e < 0 for e in eos):
+            # transformers only warns: a negative id never matches, so generation runs to max_length.
+            logger.warning(
+                "`eos_token_id` should consist of positive integers, but is %s. Your generation will not stop "
+                "until the maximum length is reached.", eos,
+            )
         gc._eos_token_tensor = torch.tensor(eos, device=device) if eos else None
         pad = gc.pad_token_id
         if pad is None and eos:
             pad = eos[0]
         gc._pad_token_tensor = torch.tensor(pad, device=device) if pad is not None else None
+
+    def _maybe_initialize_input_ids_for_generation(self, gc: GenerationConfig, model_kwargs: dict) -> torch.Tensor:
+        """No prompt: start every row from BOS; the batch size comes from any tensor kwarg (transformers)."""
+        if gc.bos_token_id is None:
+            raise ValueError("`bos_token_id` has to be defined when no `input_ids` are provided.")
+        batch = next((v.shape[0] for v in model_kwargs.values() if isinstance(v, torch.Tensor)), 1)
+        return torch.full((batch, 1), gc.bos_token_id, dtype=torch.long, device=self.device)
 
     @staticmethod
     def _prepare_attention_mask_for_generation(input_ids: torch.Tensor, gc: GenerationConfig) -> torch.Tensor:
@@ -160,7 +173,9 @@ class GenerationMixin:
         has_default_max_length = kwargs.get("max_length") is None and gc.max_length == 20 and gc.max_new_tokens is None
         model_kwargs = gc.update(**kwargs)
         input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
-        if input_ids is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        if input_ids is None:
+            input_ids = self._maybe_initialize_input_ids_for_generation(gc, model_kwargs)
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError("generate needs `input_ids` as a 2D LongTensor (batch, sequence)")
         attention_mask = model_kwargs.pop("attention_mask", None)
         user_position_ids = model_kwargs.pop("position_ids", None)
@@ -183,8 +198,6 @@ class GenerationMixin:
             gc.min_length = gc.min_new_tokens + input_len
         if input_len >= gc.max_length:
             logger.warning("Input length is %d, but `max_length` is set to %d", input_len, gc.max_length)
-        processors = self._get_logits_processor(gc, input_len, attention_mask, logits_processor, device)
-        criteria = self._get_stopping_criteria(gc, stopping_criteria, tokenizer)
         if user_position_ids is not None:
             position_ids = user_position_ids.expand_as(input_ids)
         else:  # left padding: positions count real tokens only (transformers' _prepare_position_ids_for_generation)
@@ -193,11 +206,15 @@ class GenerationMixin:
 
         if streamer is not None and gc.num_beams > 1:
             raise ValueError("`streamer` cannot be used with beam search: set `num_beams=1` to stream.")
-        expand = gc.num_beams if gc.num_beams > 1 else gc.num_return_sequences
+        # Expand before the processors are built: per-row state (the repetition penalty's padding lengths) must
+        # have one row per beam / returned sequence, as in transformers.
+        expand = max(gc.num_beams, gc.num_return_sequences)
         if expand > 1:
             input_ids = input_ids.repeat_interleave(expand, dim=0)
             attention_mask = attention_mask.repeat_interleave(expand, dim=0)
             position_ids = position_ids.repeat_interleave(expand, dim=0)
+        processors = self._get_logits_processor(gc, input_len, attention_mask, logits_processor, device)
+        criteria = self._get_stopping_criteria(gc, stopping_criteria, tokenizer)
         if gc.num_beams > 1:
             return beam_search(self, input_ids, attention_mask, position_ids, processors, criteria, gc)
         return self._sample(input_ids, attention_mask, position_ids, processors, criteria, gc, streamer)
