@@ -1,9 +1,11 @@
 """Hypothesis state machine: random allocate / append / fork / free / swap keep the block manager's invariants.
 
 Besides the bookkeeping invariants (ref count == number of tables holding the block, free + used == total on both
-pools, nothing free is referenced), a shadow KV cache records which token each physical slot holds; the engine's
-side is simulated (write new tokens, apply CoW and swap mappings), and every sequence must read back exactly its
-own token ids through its block table. A wrong share, a missing copy or a bad merge breaks that.
+pools, nothing free is referenced), a shadow KV cache records what each physical slot's KV was computed from: the
+token *and every token before it* (attention makes a slot's KV a function of its whole prefix). The engine's side
+is simulated (write new tokens, mark them computed, apply CoW and swap mappings), and every sequence must read back
+exactly its own prefixes through its block table. A wrong share, a missing copy, a bad merge, or a cache hit on a
+block computed after a different prefix breaks that.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from paged_serve.core import (
 from paged_serve.core import SequenceStatus as S
 
 BLOCK_SIZE = 4
-PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [5, 5, 5, 5]]  # shared prefixes: cache hits
+# shared prefixes: cache hits; the last two collide on block 0 under the weak hash (equal sums) and share block 1
+PREFIXES = [
+    [1, 2, 3, 4, 5, 6, 7, 8],
+    [1, 2, 3, 4, 9, 9, 9, 9],
+    [5, 5, 5, 5],
+    [0, 1, 2, 3, 2, 2, 2, 2],
+    [3, 2, 1, 0, 2, 2, 2, 2],
+]
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
@@ -52,7 +61,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def _write(self, seq, positions):
         table, tokens = self.manager.block_tables[seq.seq_id], seq.get_token_ids()
         for pos in positions:
-            self._slot(table[pos // BLOCK_SIZE])[pos % BLOCK_SIZE] = tokens[pos]
+            self._slot(table[pos // BLOCK_SIZE])[pos % BLOCK_SIZE] = tuple(tokens[: pos + 1])
 
     def _copy(self, mapping, src_dev, dst_dev):
         for src, dst in mapping:
@@ -95,7 +104,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if lookahead == 0:
             assert len(cows) <= 1
         self._copy(cows, Device.GPU, Device.GPU)
-        self._write(seq, [seq.get_len() - 1])
+        self._write(seq, [seq.get_len() - 1])  # the forward pass
+        group = next(g for g in self.groups.values() if seq.seq_id in g.seqs_dict)
+        for other in group.get_seqs(S.RUNNING):  # siblings reserved this step too; only `seq` was written
+            if other is not seq and self.manager.block_tables[other.seq_id].num_scheduled_tokens != other.get_len():
+                return
+        self.manager.mark_blocks_as_computed(group)
 
     @precondition(lambda self: self._seqs(S.RUNNING))
     @rule(data=st.data())
@@ -172,7 +186,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 assert table.num_tokens >= seq.get_len() == table.num_scheduled_tokens
                 empty = [None] * BLOCK_SIZE  # a block reserved ahead (lookahead) may not be written yet
                 stored = [x for b in table for x in self.shadow.get((b.device, b.block_number), empty)]
-                assert stored[: seq.get_len()] == seq.get_token_ids()
+                tokens = seq.get_token_ids()
+                assert stored[: seq.get_len()] == [tuple(tokens[: i + 1]) for i in range(seq.get_len())]
 
 
 BlockManagerMachine.TestCase.settings = settings(

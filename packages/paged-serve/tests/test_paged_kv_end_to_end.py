@@ -102,6 +102,7 @@ def test_engine_like_loop(monkeypatch, sdpa, device, backend):
             ops.copy_blocks([gpu[0]], [gpu[1]], torch.tensor(cows, dtype=torch.int64).reshape(-1, 2).to(device))
             write(seq, [seq.get_len() - 1])
         decode([parent, child])
+        manager.mark_blocks_as_computed(group)  # after the forward pass: full blocks become cacheable
     assert num_cows == 1
 
     # swap the group out (GPU -> CPU), scribble over free GPU blocks, swap back in, keep decoding
@@ -125,6 +126,7 @@ def test_engine_like_loop(monkeypatch, sdpa, device, backend):
         ops.copy_blocks([gpu[0]], [gpu[1]], torch.tensor(manager.append_slots(seq)).reshape(-1, 2))
         write(seq, [seq.get_len() - 1])
     decode([parent, child])
+    manager.mark_blocks_as_computed(group)
 
     # a new request with the same prompt: the cached full block is reused, only the rest is prefilled
     other = Sequence(3, parent.prompt_token_ids + [42, 43, 44], BS)

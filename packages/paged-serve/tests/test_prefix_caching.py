@@ -117,9 +117,10 @@ def test_just_filled_block_merges_into_identical_cached_block():
     second, g2 = _group(2, [1, 2, 3, 4, 5, 6])  # same tokens, generated rather than prompted
     manager.allocate(g2)
     second.status = SequenceStatus.RUNNING
-    for token in (7, 8, 9):
+    for token in (7, 8, 9):  # decode steps: reserve, forward (writes KV), mark computed
         second.append_token_id(token)
         manager.append_slots(second)
+        manager.mark_blocks_as_computed(g2)
     # block 1 of `second` was filled with 5..8 and computed: it now is `first`'s cached block; its copy was freed
     assert manager.get_block_table(second)[:2] == manager.get_block_table(first)
     assert manager.get_num_free_gpu_blocks() == 8 - 3
@@ -141,7 +142,7 @@ def test_hash_collision_never_shares_wrong_tokens():
 
 def test_evictor_and_allocator_counts():
     allocator = PrefixCachingBlockAllocator(Device.GPU, 2, 3)
-    blocks = [allocator.allocate_cached(hash_block_tokens(None, [i, i]), None, [i, i]) for i in range(3)]
+    blocks = [allocator.allocate_cached(hash_block_tokens(None, [i, i]), [i, i]) for i in range(3)]
     for block in blocks:
         block.computed = True
         allocator.free(block)
@@ -180,8 +181,110 @@ def test_lookahead_slots_are_not_hashed_before_their_tokens_exist():
     seq.append_token_id(4)
     manager.append_slots(seq, num_lookahead_slots=5)  # reserves slots for 9 tokens: blocks 0-2
     assert len(manager.get_block_table(seq)) == 3
+    manager.mark_blocks_as_computed(group)
     seq.append_token_id(5)
     manager.append_slots(seq)
+    manager.mark_blocks_as_computed(group)
     # only block 0 (tokens 1-4, all written) is hashed; the reserved-but-empty block 1 is not
     assert manager.block_tables[seq.seq_id].block_hashes == _chain([1, 2, 3, 4])
     assert len(manager.gpu_allocator.cached_blocks) == 1
+
+
+def _collides_on_block_0(prev, tokens):
+    """Every first block hashes alike; later blocks chain normally (a collision at the head of a chain)."""
+    return 7 if prev is None else hash_block_tokens(prev, tokens)
+
+
+def test_a_collision_on_block_0_never_shares_block_1_of_another_prefix():
+    manager = BlockSpaceManager(4, 16, 0, watermark=0, enable_caching=True, hash_fn=_collides_on_block_0)
+    a, ga = _group(1, [1, 2, 3, 4, 9, 9, 9, 9, 0])
+    manager.allocate(ga)
+    manager.mark_blocks_as_computed(ga)
+    # same hash chain (block 0 collides, block 1 equal tokens) but a different prefix: block 1's KV differs
+    b, gb = _group(2, [5, 6, 7, 8, 9, 9, 9, 9, 0])
+    assert manager.get_num_cached_tokens(gb) == 0
+    manager.allocate(gb)
+    assert not set(manager.get_block_table(a)) & set(manager.get_block_table(b))
+    assert manager.get_common_computed_block_ids([b]) == []
+    # and a block filled by decoding after the colliding prefix is not merged into a's block 1 either
+    c, gc = _group(3, [5, 6, 7, 8, 9, 9, 9])
+    manager.allocate(gc)
+    manager.mark_blocks_as_computed(gc)
+    c.status = SequenceStatus.RUNNING
+    c.append_token_id(9)
+    manager.append_slots(c)
+    manager.mark_blocks_as_computed(gc)
+    assert manager.get_block_table(c)[1] != manager.get_block_table(a)[1]
+
+
+def test_a_cached_block_whose_predecessor_was_reused_is_never_hit():
+    """x's block 1 was cached after x's private block 0; that block is freed and handed to y's (colliding) block 0:
+    the same physical predecessor, other content, so x's block 1 must not serve y."""
+    manager = BlockSpaceManager(4, 4, 0, watermark=0, enable_caching=True, hash_fn=_collides_on_block_0)
+    a, ga = _group(1, [1, 2, 3, 4, 0])  # holds the (colliding) block-0 hash and one more block
+    manager.allocate(ga)
+    manager.mark_blocks_as_computed(ga)
+    x, gx = _group(2, [6, 5, 7, 8, 9, 9, 9, 9])  # block 0 misses (other tokens): private; block 1 is cached
+    manager.allocate(gx)
+    manager.mark_blocks_as_computed(gx)
+    x_blocks = manager.get_block_table(x)
+    manager.free(x)  # block 1 stays cached (evictable), block 0 goes back to the free list
+    y, gy = _group(3, [5, 6, 7, 8, 9, 9, 9, 9])
+    assert manager.get_num_cached_tokens(gy) == 0
+    manager.allocate(gy)
+    table = manager.block_tables[y.seq_id]
+    assert table[0].block_number == x_blocks[0]  # y's block 0 is x's old block 0...
+    assert not table[1].computed  # ...but x's block 1 was not handed out as computed KV
+    assert manager.get_common_computed_block_ids([y]) == []
+
+
+def test_swap_in_keeps_uncomputed_blocks_uncomputed():
+    """Swapped out in the middle of a chunked prefill: only the chunk that ran holds KV after swap in."""
+    manager = BlockSpaceManager(4, 8, 4, watermark=0, enable_caching=True)
+    seq, group = _group(1, list(range(8)))
+    manager.allocate(group)
+    manager.mark_blocks_as_computed(group, num_computed_tokens=4)  # first chunk of 4 tokens ran
+    seq.status = SequenceStatus.RUNNING
+    manager.swap_out(group)
+    seq.status = SequenceStatus.SWAPPED
+    manager.swap_in(group)
+    table = manager.block_tables[seq.seq_id]
+    assert table[0].computed and not table[1].computed
+    again, ga = _group(2, list(range(8)) + [99, 98])
+    manager.allocate(ga)
+    computed = manager.get_common_computed_block_ids([again])
+    assert len(computed) == 1  # block 0 (the GPU copy still cached, or the swapped-in one); never block 1
+    assert computed == manager.get_block_table(again)[:1]
+
+
+def test_reserving_twice_before_a_forward_pass_caches_nothing_unwritten():
+    """Two append_slots for one sequence without a forward in between: block 0's last slot has no KV yet."""
+    manager = BlockSpaceManager(4, 8, 0, watermark=0, enable_caching=True)
+    seq, group = _group(1, [1, 2, 3])
+    manager.allocate(group)
+    manager.mark_blocks_as_computed(group)
+    seq.status = SequenceStatus.RUNNING
+    seq.append_token_id(4)
+    manager.append_slots(seq)  # slot 3 reserved for token 4; the forward pass that writes it has not run
+    seq.append_token_id(5)
+    manager.append_slots(seq)
+    assert not manager.block_tables[seq.seq_id][0].computed and not manager.gpu_allocator.cached_blocks
+    probe, gp = _group(2, [1, 2, 3, 4, 7])
+    assert manager.get_num_cached_tokens(gp) == 0
+    manager.allocate(gp)
+    assert manager.get_common_computed_block_ids([probe]) == []
+    manager.mark_blocks_as_computed(group)  # the forward ran: tokens 1-4 (and 5) have KV now
+    assert manager.block_tables[seq.seq_id][0].computed
+
+
+def test_get_num_cached_tokens_counts_computed_prompt_blocks():
+    manager = BlockSpaceManager(4, 16, 0, watermark=0, enable_caching=True)
+    s1, g1 = _group(1, list(range(10)))
+    manager.allocate(g1)
+    _, g2 = _group(2, list(range(12)))
+    assert manager.get_num_cached_tokens(g2) == 0  # registered, not computed yet
+    manager.mark_blocks_as_computed(g1)
+    assert manager.get_num_cached_tokens(g2) == 8
+    _, g3 = _group(3, list(range(8)))  # fully cached: the last block is computed again for its logits
+    assert manager.get_num_cached_tokens(g3) == 4
+    assert BlockSpaceManager(4, 16, 0).get_num_cached_tokens(g2) == 0

@@ -19,9 +19,11 @@ class Device(enum.Enum):
 class PhysicalBlock:
     """One block of ``block_size`` token slots in a device's KV pool.
 
-    ``block_hash``/``token_ids``/``prev_block_hash`` are set only for full blocks under prefix caching: the chained
-    hash is the cache key, the stored token ids and previous hash are compared on every hit so a hash collision
-    cannot hand out another prompt's KV. ``computed`` turns true once the model has written the block's KV.
+    ``block_hash``/``token_ids``/``parent`` are set only for full blocks under prefix caching: the chained hash is
+    the cache key; a hit also needs the same token ids *and* the same physical predecessor block still holding the
+    content it held when this block was cached (``parent_version``), so a hash collision anywhere in the chain
+    cannot hand out KV computed after another prefix. ``version`` counts how often the block's content was
+    cleared. ``computed`` turns true once the model has written the block's KV.
     """
 
     __slots__ = (
@@ -30,8 +32,10 @@ class PhysicalBlock:
         "block_size",
         "ref_count",
         "block_hash",
-        "prev_block_hash",
         "token_ids",
+        "parent",
+        "parent_version",
+        "version",
         "last_accessed",
         "computed",
     )
@@ -42,17 +46,20 @@ class PhysicalBlock:
         self.block_size = block_size
         self.ref_count = 0
         self.block_hash: int | None = None
-        self.prev_block_hash: int | None = None
         self.token_ids: tuple[int, ...] | None = None
+        self.parent: PhysicalBlock | None = None
+        self.parent_version = 0
+        self.version = 0
         self.last_accessed = 0
         self.computed = False
 
     def clear_content(self) -> None:
         """Forget cached content when the block is handed out for new tokens."""
         self.block_hash = None
-        self.prev_block_hash = None
         self.token_ids = None
+        self.parent = None
         self.computed = False
+        self.version += 1
 
     def __repr__(self) -> str:
         return (
@@ -68,7 +75,8 @@ class BlockTable:
     the last allocate / append: the step that follows writes the KV of every token before it, so slots below it are
     written and slots from it on are about to be. ``block_hashes`` holds the prefix-cache chain hashes of the leading
     full blocks hashed so far; it belongs to the sequence's content, not to the physical blocks, so it survives
-    swaps and merges.
+    swaps and merges. ``num_promoted`` leading blocks have been offered to the prefix cache after their KV was
+    computed (``mark_blocks_as_computed``).
     """
 
     def __init__(
@@ -82,6 +90,7 @@ class BlockTable:
         self.num_tokens = num_tokens
         self.block_hashes: list[int] = list(block_hashes)
         self.num_scheduled_tokens = num_tokens if num_scheduled_tokens is None else num_scheduled_tokens
+        self.num_promoted = 0
 
     def physical_block_ids(self) -> list[int]:
         return [b.block_number for b in self.blocks]
@@ -90,7 +99,9 @@ class BlockTable:
         self.blocks.append(block)
 
     def copy(self) -> BlockTable:
-        return BlockTable(self.blocks, self.num_tokens, self.block_hashes, self.num_scheduled_tokens)
+        table = BlockTable(self.blocks, self.num_tokens, self.block_hashes, self.num_scheduled_tokens)
+        table.num_promoted = self.num_promoted
+        return table
 
     def num_tokens_in_block(self, index: int) -> int:
         """Reserved slots in logical block ``index`` (full blocks hold ``block_size``)."""

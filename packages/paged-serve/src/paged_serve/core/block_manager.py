@@ -6,9 +6,10 @@ sequences (PagedAttention paper section 4.4), and moves whole sequence groups to
 pressure (``swap_out``/``swap_in`` return the block mappings for ``swap_blocks``, section 4.5). A watermark of
 GPU blocks is kept free at admission so running sequences can still grow without immediate preemption.
 
-Contract with the engine: ``append_slots`` is called once per step for each running sequence after its newest
-token was appended; every slot reserved by earlier calls has had its KV written by then. Prefix caching relies on
-it: blocks filled before the call are hashed and merged into identical cached blocks.
+Contract with the engine: ``allocate`` / ``append_slots`` reserve slots for a sequence's tokens before the forward
+pass that writes their KV; ``mark_blocks_as_computed`` after that pass says which tokens now have KV. Only then are
+full blocks offered to the prefix cache (hashed, merged into an identical cached block), so a block is never
+cached before its last slot is written, however often slots are reserved in between.
 """
 
 from __future__ import annotations
@@ -95,78 +96,165 @@ class BlockSpaceManager:
         return list(seen.values())
 
     # -------------------------------------------------------------- admission
-    def _num_required_blocks(self, token_ids: list[int]) -> tuple[int, list[int]]:
-        """Free blocks a prompt takes (cached blocks other sequences hold are shared for free), and its hashes."""
-        num_blocks = self._num_blocks(len(token_ids))
+    def _distinct_prompts(self, seqs: list[Sequence]) -> list[tuple[list[int], list[Sequence]]]:
+        """WAITING sequences grouped by their tokens: fresh groups have one entry, a recomputed fork several."""
+        by_tokens: dict[tuple[int, ...], list[Sequence]] = {}
+        for seq in seqs:
+            by_tokens.setdefault(tuple(seq.get_token_ids()), []).append(seq)
+        return [(list(tokens), group) for tokens, group in by_tokens.items()]
+
+    def _num_shared_full_blocks(self, a: list[int], b: list[int]) -> int:
+        """Leading full blocks two token lists have in common: their KV is identical, so they can share them."""
+        n, i = min(len(a), len(b)) // self.block_size, 0
+        while i < n and self._block_tokens(a, i) == self._block_tokens(b, i):
+            i += 1
+        return i
+
+    def _best_share(self, prompts: list[list[int]], k: int) -> tuple[int, int]:
+        """(index of an earlier prompt, number of leading full blocks prompt ``k`` can share with it)."""
+        best = (0, 0)
+        for j in range(k):
+            shared = self._num_shared_full_blocks(prompts[j], prompts[k])
+            if shared > best[1]:
+                best = (j, shared)
+        return best
+
+    def _num_cached_in_use(self, token_ids: list[int]) -> int:
+        """Leading full blocks of ``token_ids`` that live sequences already hold in the cache (free to share).
+
+        The walk stops at the first miss: a hit must follow the block the sequence would hold just before.
+        """
         if not self.enable_caching:
-            return num_blocks, []
+            return 0
         hashes = self._chain(token_ids, len(token_ids) // self.block_size, [])
+        parent, in_use = None, 0
         for i, block_hash in enumerate(hashes):
-            prev = hashes[i - 1] if i else None
-            num_blocks -= self.gpu_allocator.is_in_use(block_hash, prev, self._block_tokens(token_ids, i))
-        return num_blocks, hashes
+            parent = self.gpu_allocator.lookup(block_hash, self._block_tokens(token_ids, i), parent)
+            if parent is None:
+                break
+            in_use += parent.ref_count > 0
+        return in_use
+
+    def _num_required_blocks(self, seqs: list[Sequence]) -> tuple[int, int]:
+        """(free blocks the group's prompts take now, blocks they would take in an empty cache)."""
+        prompts = [tokens for tokens, _ in self._distinct_prompts(seqs)]
+        total = 0
+        for k, tokens in enumerate(prompts):
+            total += self._num_blocks(len(tokens)) - self._best_share(prompts, k)[1]
+        return total - self._num_cached_in_use(prompts[0]), total
 
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
         """Whether the group's prompt fits: blocks beyond the watermark free now (OK), later, or never."""
         seqs = seq_group.get_seqs(status=SequenceStatus.WAITING) or seq_group.get_seqs()
-        token_ids = seqs[0].get_token_ids()
-        if self.num_total_gpu_blocks - self._num_blocks(len(token_ids)) < self.watermark_blocks:
+        num_required, num_total = self._num_required_blocks(seqs)
+        if self.num_total_gpu_blocks - num_total < self.watermark_blocks:
             return AllocStatus.NEVER
-        num_required, _ = self._num_required_blocks(token_ids)
         if self.gpu_allocator.get_num_free_blocks() - num_required >= self.watermark_blocks:
             return AllocStatus.OK
         return AllocStatus.LATER
 
+    def get_num_cached_tokens(self, seq_group: SequenceGroup) -> int:
+        """Leading prompt tokens of a WAITING group whose KV is cached and computed: what its prefill can skip.
+
+        The scheduler budgets ``prompt length - this`` tokens for admission. The last token is always computed (the
+        model has to produce its logits), as in ``get_common_computed_block_ids``.
+        """
+        seqs = seq_group.get_seqs(status=SequenceStatus.WAITING)
+        if not self.enable_caching or not seqs:
+            return 0
+        token_ids = seqs[0].get_token_ids()
+        hashes = self._chain(token_ids, len(token_ids) // self.block_size, [])
+        parent, num_blocks = None, 0
+        for i, block_hash in enumerate(hashes):
+            parent = self.gpu_allocator.lookup(block_hash, self._block_tokens(token_ids, i), parent)
+            if parent is None or not parent.computed:
+                break
+            num_blocks += 1
+        if len({tuple(s.get_token_ids()) for s in seqs}) > 1:
+            return 0  # a recomputed fork whose sequences diverged: budget every token (an upper bound)
+        num_tokens = num_blocks * self.block_size
+        return num_tokens - self.block_size if num_tokens and num_tokens >= len(token_ids) else num_tokens
+
     def allocate(self, seq_group: SequenceGroup) -> None:
-        """Reserve blocks for the prompt, shared by all WAITING sequences of the group (ref count per sequence)."""
+        """Reserve blocks for the WAITING sequences' tokens, each sized from its own tokens.
+
+        Sequences with equal tokens share one table (ref count per sequence); a recomputed fork whose sequences
+        diverged shares the leading full blocks they have in common. With prefix caching, full prompt blocks are
+        looked up in the cache first (a hit shares a block another request computed).
+        """
         seqs = seq_group.get_seqs(status=SequenceStatus.WAITING)
         if not seqs:
             raise ValueError(f"{seq_group} has no WAITING sequence to allocate")
         for seq in seqs:
             if seq.seq_id in self.block_tables:
                 raise ValueError(f"sequence {seq.seq_id} already has blocks")
-        token_ids = seqs[0].get_token_ids()
-        if not token_ids:
-            raise ValueError(f"sequence {seqs[0].seq_id} has no tokens to allocate")
-        num_required, hashes = self._num_required_blocks(token_ids)
+            if not seq.get_len():
+                raise ValueError(f"sequence {seq.seq_id} has no tokens to allocate")
+        num_required, _ = self._num_required_blocks(seqs)
         if num_required > self.gpu_allocator.get_num_free_blocks():
             raise NoFreeBlocksError(
-                f"prompt of {len(token_ids)} tokens needs {num_required} new blocks, "
+                f"group {seq_group.request_id!r} needs {num_required} new blocks, "
                 f"{self.gpu_allocator.get_num_free_blocks()} free"
             )
-        num_blocks = self._num_blocks(len(token_ids))
-        table = BlockTable(num_tokens=len(token_ids), block_hashes=hashes)
-        if self.enable_caching:
-            for i, block_hash in enumerate(table.block_hashes):
-                prev = table.block_hashes[i - 1] if i else None
-                table.append(self.gpu_allocator.allocate_cached(block_hash, prev, self._block_tokens(token_ids, i)))
-        while len(table) < num_blocks:
-            table.append(self.gpu_allocator.allocate())
-        self.block_tables[seqs[0].seq_id] = table
-        for seq in seqs[1:]:
-            for block in table:
-                self.gpu_allocator.incr_ref(block)
-            self.block_tables[seq.seq_id] = table.copy()
+        distinct = self._distinct_prompts(seqs)
+        prompts = [tokens for tokens, _ in distinct]
+        tables: list[BlockTable] = []
+        for k, (token_ids, same) in enumerate(distinct):
+            source, num_shared = self._best_share(prompts, k)
+            num_full = len(token_ids) // self.block_size
+            table = BlockTable(num_tokens=len(token_ids))
+            if self.enable_caching:
+                inherited = tables[source].block_hashes[:num_shared] if num_shared else []
+                table.block_hashes = self._chain(token_ids, num_full, inherited)
+            for i in range(self._num_blocks(len(token_ids))):
+                if i < num_shared:
+                    block = tables[source][i]
+                    self.gpu_allocator.incr_ref(block)
+                elif self.enable_caching and i < num_full:
+                    parent = table[i - 1] if i else None
+                    tokens = self._block_tokens(token_ids, i)
+                    block = self.gpu_allocator.allocate_cached(table.block_hashes[i], tokens, parent)
+                else:
+                    block = self.gpu_allocator.allocate()
+                table.append(block)
+            tables.append(table)
+            self.block_tables[same[0].seq_id] = table
+            for seq in same[1:]:
+                for block in table:
+                    self.gpu_allocator.incr_ref(block)
+                self.block_tables[seq.seq_id] = table.copy()
 
     # ----------------------------------------------------------------- growth
-    def _shared_blocks_to_write(self, table: BlockTable, target: int) -> list[int]:
+    def _shared_blocks_to_write(self, table: BlockTable, target: int, refs: dict[int, int] | None = None) -> list[int]:
         """Indices of existing blocks the next step writes into (slots ``num_scheduled_tokens`` .. ``target``) that
-        another sequence also holds: each needs a private copy first (copy-on-write)."""
+        another sequence also holds (``refs`` overrides ref counts): each needs a private copy first (CoW)."""
         if target <= table.num_scheduled_tokens:
             return []
         first = table.num_scheduled_tokens // self.block_size
         end = min(len(table), self._num_blocks(target))
-        return [i for i in range(first, end) if table[i].ref_count > 1]
+        refs = refs or {}
+        return [i for i in range(first, end) if refs.get(id(table[i]), table[i].ref_count) > 1]
 
-    def _num_new_blocks(self, seq: Sequence, num_lookahead_slots: int) -> int:
-        table = self._table(seq)
-        target = seq.get_len() + num_lookahead_slots
-        new = max(0, self._num_blocks(target) - len(table))
-        return new + len(self._shared_blocks_to_write(table, target))
+    def _num_new_blocks(self, seqs: list[Sequence], num_lookahead_slots: int) -> int:
+        """Blocks ``append_slots`` takes for each of ``seqs`` in turn: new tail blocks plus copy-on-write copies.
+
+        A shared block written by several of them is copied for all but the last writer, who then holds it alone
+        (the reference counts are followed as the calls would change them).
+        """
+        refs: dict[int, int] = {}
+        needed = 0
+        for seq in seqs:
+            table = self._table(seq)
+            target = seq.get_len() + num_lookahead_slots
+            needed += max(0, self._num_blocks(target) - len(table))
+            for i in self._shared_blocks_to_write(table, target, refs):
+                refs[id(table[i])] = refs.get(id(table[i]), table[i].ref_count) - 1
+                needed += 1
+        return needed
 
     def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
         """Whether every RUNNING sequence of the group can reserve slots for its new tokens right now."""
-        needed = sum(self._num_new_blocks(s, num_lookahead_slots) for s in seq_group.get_seqs(SequenceStatus.RUNNING))
+        needed = self._num_new_blocks(seq_group.get_seqs(SequenceStatus.RUNNING), num_lookahead_slots)
         return needed <= self.gpu_allocator.get_num_free_blocks()
 
     def can_append_slot(self, seq_group: SequenceGroup) -> bool:
@@ -177,12 +265,11 @@ class BlockSpaceManager:
 
         Returns the copy-on-write ``(src, dst)`` block pairs the engine must copy before writing: a shared block
         about to receive the new token (at most one without lookahead: the shared, partially filled last block).
-        Raises ``NoFreeBlocksError`` without changing anything when the GPU pool cannot cover it.
+        Raises ``NoFreeBlocksError`` without changing anything when the GPU pool cannot cover it. Calling it again
+        before the forward pass only reserves more; nothing is cached until ``mark_blocks_as_computed``.
         """
         table = self._table(seq)
-        if self.enable_caching:
-            self._promote_full_blocks(seq, table)
-        needed = self._num_new_blocks(seq, num_lookahead_slots)
+        needed = self._num_new_blocks([seq], num_lookahead_slots)
         free = self.gpu_allocator.get_num_free_blocks()
         if needed > free:
             raise NoFreeBlocksError(f"sequence {seq.seq_id} needs {needed} new blocks, {free} free")
@@ -190,6 +277,7 @@ class BlockSpaceManager:
         cows: list[tuple[int, int]] = []
         for i in self._shared_blocks_to_write(table, target):
             shared, fresh = table[i], self.gpu_allocator.allocate()
+            fresh.computed = shared.computed  # the copy carries the KV written so far
             self.gpu_allocator.free(shared)
             table[i] = fresh
             cows.append((shared.block_number, fresh.block_number))
@@ -204,22 +292,17 @@ class BlockSpaceManager:
         cows = self.append_slots(seq)
         return cows[0] if cows else None
 
-    def _promote_full_blocks(self, seq: Sequence, table: BlockTable) -> None:
-        """Hash blocks filled (and computed) since the last call; merge each into an identical cached block.
-
-        Written KV covers the tokens before ``num_scheduled_tokens`` (the previous call's length); the newest token
-        and lookahead slots are not written yet.
-        """
-        num_full = table.num_scheduled_tokens // self.block_size
-        if len(table.block_hashes) >= num_full:
-            return
+    def _promote_computed_blocks(self, seq: Sequence, table: BlockTable, num_computed_blocks: int) -> None:
+        """Offer full blocks whose KV was just computed to the prefix cache; merge each into an identical one."""
         token_ids = seq.get_token_ids()
-        start = len(table.block_hashes)
-        table.block_hashes = self._chain(token_ids, num_full, table.block_hashes)
-        for i in range(start, num_full):
-            prev = table.block_hashes[i - 1] if i else None
+        table.block_hashes = self._chain(
+            token_ids, max(num_computed_blocks, len(table.block_hashes)), table.block_hashes
+        )
+        for i in range(table.num_promoted, num_computed_blocks):
+            parent = table[i - 1] if i else None
             tokens = self._block_tokens(token_ids, i)
-            table[i] = self.gpu_allocator.promote(table[i], table.block_hashes[i], prev, tokens)
+            table[i] = self.gpu_allocator.promote(table[i], table.block_hashes[i], tokens, parent)
+        table.num_promoted = max(table.num_promoted, num_computed_blocks)
 
     # ------------------------------------------------------------ fork / free
     def fork(self, parent_seq: Sequence, child_seq: Sequence) -> None:
@@ -232,9 +315,14 @@ class BlockSpaceManager:
         self.block_tables[child_seq.seq_id] = parent.copy()
 
     def free(self, seq: Sequence) -> None:
-        """Drop the sequence's references; blocks nobody else holds become free (or cached-evictable)."""
-        table = self._table(seq)
-        del self.block_tables[seq.seq_id]
+        """Drop the sequence's references; blocks nobody else holds become free (or cached-evictable).
+
+        A sequence without blocks (never allocated, e.g. aborted while WAITING, or already freed) is a no-op, as
+        in vLLM: abort and finish paths may both free.
+        """
+        table = self.block_tables.pop(seq.seq_id, None)
+        if table is None:
+            return
         for block in reversed(table.blocks):  # deepest first: the LRU evictor then drops chain tails first
             self._allocator(block.device).free(block)
 
@@ -253,10 +341,15 @@ class BlockSpaceManager:
         return self._swap(seq_group, SequenceStatus.RUNNING, self.gpu_allocator, self.cpu_allocator)
 
     def can_swap_in(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocStatus:
-        """Whether the SWAPPED sequences fit back on the GPU, leaving each room for one more block."""
+        """Whether the SWAPPED sequences fit back on the GPU together with the slots their next step needs.
+
+        Counted exactly as ``append_slots`` will reserve them right after (vLLM's v2 manager counts the blocks an
+        append touches): the group's distinct blocks, plus a new block only for a sequence whose unseen tokens
+        cross into one, plus a copy of a shared block the next step writes into.
+        """
         blocks = self._unique_blocks(seq_group, SequenceStatus.SWAPPED)
-        num_seqs = seq_group.num_seqs(SequenceStatus.SWAPPED)
-        num_required = len(blocks) + num_seqs * (1 + self._num_blocks(num_lookahead_slots))
+        seqs = seq_group.get_seqs(status=SequenceStatus.SWAPPED)
+        num_required = len(blocks) + self._num_new_blocks(seqs, num_lookahead_slots)
         if self.num_total_gpu_blocks < num_required:
             return AllocStatus.NEVER
         if self.gpu_allocator.get_num_free_blocks() - num_required >= self.watermark_blocks:
@@ -264,14 +357,22 @@ class BlockSpaceManager:
         return AllocStatus.LATER
 
     def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
-        """Bring the group's SWAPPED sequences back; returns ``(cpu_block, gpu_block)`` pairs to copy."""
+        """Bring the group's SWAPPED sequences back; returns ``(cpu_block, gpu_block)`` pairs to copy.
+
+        A block keeps its ``computed`` flag across the round trip: one swapped out mid chunked prefill comes back
+        uncomputed and is not offered to the prefix cache.
+        """
         mapping = self._swap(seq_group, SequenceStatus.SWAPPED, self.cpu_allocator, self.gpu_allocator)
-        if self.enable_caching:  # swapped-in full blocks hold known content again: make them findable
+        if self.enable_caching:  # swapped-in computed blocks hold known content again: make them findable
             for seq in seq_group.get_seqs(status=SequenceStatus.SWAPPED):
                 table, token_ids = self._table(seq), seq.get_token_ids()
-                for i, block_hash in enumerate(table.block_hashes):
-                    prev = table.block_hashes[i - 1] if i else None
-                    self.gpu_allocator.register(table[i], block_hash, prev, self._block_tokens(token_ids, i))
+                for i in range(min(table.num_promoted, len(table.block_hashes))):
+                    if not table[i].computed:
+                        break
+                    parent = table[i - 1] if i else None
+                    self.gpu_allocator.register(
+                        table[i], table.block_hashes[i], self._block_tokens(token_ids, i), parent
+                    )
         return mapping
 
     def _swap(
@@ -295,6 +396,7 @@ class BlockSpaceManager:
                     dst.incr_ref(new)
                 else:
                     new = moved[id(block)] = dst.allocate()
+                    new.computed = block.computed
                 table[i] = new
                 src.free(block)
         return [(b.block_number, moved[id(b)].block_number) for b in blocks]
@@ -322,14 +424,18 @@ class BlockSpaceManager:
         return self._allocator(device).get_prefix_cache_hit_rate()
 
     def mark_blocks_as_computed(self, seq_group: SequenceGroup, num_computed_tokens: int | None = None) -> None:
-        """After a forward pass: the full blocks within the first ``num_computed_tokens`` (default: every reserved
-        slot) of each unfinished sequence now hold real KV, so prefix-cache hits on them may skip compute."""
+        """After a forward pass: the first ``num_computed_tokens`` tokens of each unfinished sequence (default:
+        every token scheduled by its last allocate / append) now hold KV. Their full blocks are marked computed
+        and, with prefix caching, hashed and cached or merged into an identical cached block."""
         for seq in seq_group.get_unfinished_seqs():
             table = self.block_tables.get(seq.seq_id)
             if table is None:
                 continue
-            limit = table.num_tokens if num_computed_tokens is None else min(num_computed_tokens, table.num_tokens)
-            for block in table.blocks[: limit // self.block_size]:
+            limit = table.num_scheduled_tokens if num_computed_tokens is None else num_computed_tokens
+            num_blocks = min(limit, table.num_scheduled_tokens, seq.get_len()) // self.block_size
+            if self.enable_caching and table[0].device == Device.GPU:
+                self._promote_computed_blocks(seq, table, num_blocks)
+            for block in table.blocks[:num_blocks]:
                 block.computed = True
 
     def get_common_computed_block_ids(self, seqs: list[Sequence]) -> list[int]:

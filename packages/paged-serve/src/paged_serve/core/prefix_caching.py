@@ -5,8 +5,10 @@ by a chained hash ``H(prev_block_hash, its token ids)``, so equal hashes mean an
 sequence whose prompt hashes to a cached block shares it (ref count +1) instead of recomputing it. Released
 cached blocks go to an ``LRUEvictor`` rather than the free list and are reused on a later hit; only when the
 free list is empty is the least recently released one evicted (deepest block of a chain first). The hash is
-SHA-256 (so whole-chain collisions are out of reach) and every hit also compares the block's own token ids and
-previous hash, so a hash collision can cost a cache miss but never serve another prompt's KV.
+SHA-256 (so whole-chain collisions are out of reach) and every hit also compares the block's own token ids and its
+physical predecessor (the block the asking sequence holds one position earlier, unchanged since this block was
+cached), so a hash collision anywhere in a chain can cost a cache miss but never serve KV of another prefix. Since
+that predecessor must itself have been a hit, a lookup chain stops at its first miss.
 """
 
 from __future__ import annotations
@@ -63,7 +65,12 @@ class LRUEvictor:
 
 
 class PrefixCachingBlockAllocator(BlockAllocator):
-    """A ``BlockAllocator`` whose full, computed blocks stay addressable by content hash until evicted."""
+    """A ``BlockAllocator`` whose full, computed blocks stay addressable by content hash until evicted.
+
+    Every lookup names the block the asking sequence holds just before (``parent``, ``None`` for block 0): a cached
+    block serves only sequences whose previous block is the very block it was cached after, with that block's
+    content unchanged since (``PhysicalBlock.version``).
+    """
 
     def __init__(self, device: Device, block_size: int, num_blocks: int):
         super().__init__(device, block_size, num_blocks)
@@ -81,81 +88,93 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             self._free.append(victim)
         return super()._take_fresh()
 
-    def _lookup(self, block_hash: int, prev_block_hash: int | None, token_ids: tuple[int, ...]) -> PhysicalBlock | None:
-        block = self.cached_blocks.get(block_hash)
-        if block is None or block.token_ids != token_ids or block.prev_block_hash != prev_block_hash:
-            return None  # absent, or a hash collision: never hand out different content
-        return block
+    @staticmethod
+    def _is_stale(block: PhysicalBlock) -> bool:
+        """A cached block whose predecessor's content has changed since: its KV belongs to no live prefix."""
+        return block.parent is not None and block.parent.version != block.parent_version
 
-    def is_in_use(self, block_hash: int, prev_block_hash: int | None, token_ids: Sequence[int]) -> bool:
-        """Whether a live sequence holds a cached block with this content (sharing it costs no free block)."""
-        block = self._lookup(block_hash, prev_block_hash, tuple(token_ids))
-        return block is not None and block.ref_count > 0
+    def lookup(self, block_hash: int, token_ids: Sequence[int], parent: PhysicalBlock | None) -> PhysicalBlock | None:
+        """The cached block holding ``token_ids`` right after ``parent``, or ``None`` (absent, collision, stale)."""
+        block = self.cached_blocks.get(block_hash)
+        if block is None or block.token_ids != tuple(token_ids) or block.parent is not parent or self._is_stale(block):
+            return None
+        return block
 
     def _acquire(self, block: PhysicalBlock) -> None:
         if block.ref_count == 0:
             self.evictor.remove(block.block_hash)
         block.ref_count += 1
 
-    def _register(self, block: PhysicalBlock, block_hash: int, prev_block_hash: int | None, token_ids) -> None:
+    def _register(self, block: PhysicalBlock, block_hash: int, token_ids, parent: PhysicalBlock | None) -> None:
+        """Make ``block`` the cache entry for ``block_hash``, unless a live entry already holds that hash."""
+        if block.block_hash is not None:
+            return
+        old = self.cached_blocks.get(block_hash)
+        if old is not None:
+            if not self._is_stale(old):
+                return
+            del self.cached_blocks[block_hash]  # an in-use stale block keeps its KV for its holders, uncached
+            if old.ref_count == 0:
+                self.evictor.remove(block_hash)
+                super()._release(old)
         block.block_hash = block_hash
-        block.prev_block_hash = prev_block_hash
-        block.token_ids = token_ids
+        block.token_ids = tuple(token_ids)
+        block.parent = parent
+        block.parent_version = parent.version if parent is not None else 0
         self.cached_blocks[block_hash] = block
 
-    def allocate_cached(self, block_hash: int, prev_block_hash: int | None, token_ids: Sequence[int]) -> PhysicalBlock:
-        """A full prompt block: the cached one with this content if any (a hit), else a fresh registered block."""
-        token_ids = tuple(token_ids)
+    def allocate_cached(
+        self, block_hash: int, token_ids: Sequence[int], parent: PhysicalBlock | None = None
+    ) -> PhysicalBlock:
+        """A full prompt block: the cached one with this content after ``parent`` (a hit), else a fresh one
+        registered under the hash (its KV is written by the coming prefill)."""
         self.num_queries += 1
-        block = self._lookup(block_hash, prev_block_hash, token_ids)
+        block = self.lookup(block_hash, token_ids, parent)
         if block is not None:
             self.num_hits += 1
             self._acquire(block)
             return block
         block = self.allocate()
-        if block_hash not in self.cached_blocks:
-            self._register(block, block_hash, prev_block_hash, token_ids)
+        self._register(block, block_hash, token_ids, parent)
         return block
 
     def promote(
-        self, block: PhysicalBlock, block_hash: int, prev_block_hash: int | None, token_ids: Sequence[int]
+        self, block: PhysicalBlock, block_hash: int, token_ids: Sequence[int], parent: PhysicalBlock | None
     ) -> PhysicalBlock:
-        """A mutable block just filled with computed KV: merge it into an identical cached block, else cache it.
+        """A full block whose KV was just computed: merge it into an identical cached block, else cache it.
 
         Returns the block the sequence should now use; on a merge the caller's reference moves to the cached
         block and ``block`` loses one reference (it is usually freed, its KV being a duplicate).
         """
         self._check_owned(block)
-        token_ids = tuple(token_ids)
         block.computed = True
-        cached = self._lookup(block_hash, prev_block_hash, token_ids)
+        cached = self.lookup(block_hash, token_ids, parent)
         if cached is block:
             return block
         if cached is not None and cached.computed:
             self._acquire(cached)
             self.free(block)
             return cached
-        if block_hash not in self.cached_blocks and block.block_hash is None:
-            self._register(block, block_hash, prev_block_hash, token_ids)
+        self._register(block, block_hash, token_ids, parent)
         return block
 
     def register(
-        self, block: PhysicalBlock, block_hash: int, prev_block_hash: int | None, token_ids: Sequence[int]
+        self, block: PhysicalBlock, block_hash: int, token_ids: Sequence[int], parent: PhysicalBlock | None
     ) -> None:
         """Make an allocated block with known, computed content (e.g. just swapped in) findable, if not already."""
         self._check_owned(block)
-        block.computed = True
-        if block_hash not in self.cached_blocks and block.block_hash is None:
-            self._register(block, block_hash, prev_block_hash, tuple(token_ids))
+        if not block.computed:
+            raise ValueError(f"{block} holds no computed KV: it cannot be cached")
+        self._register(block, block_hash, token_ids, parent)
 
     def _release(self, block: PhysicalBlock) -> None:
-        if block.block_hash is not None and block.computed and self.cached_blocks.get(block.block_hash) is block:
-            self._clock += 1
-            block.last_accessed = self._clock
-            self.evictor.add(block)
-            return
         if block.block_hash is not None and self.cached_blocks.get(block.block_hash) is block:
-            del self.cached_blocks[block.block_hash]  # registered but never computed: its KV is garbage
+            if block.computed and not self._is_stale(block):
+                self._clock += 1
+                block.last_accessed = self._clock
+                self.evictor.add(block)
+                return
+            del self.cached_blocks[block.block_hash]  # never computed (garbage KV) or stale: not worth keeping
         super()._release(block)
 
     def get_num_free_blocks(self) -> int:

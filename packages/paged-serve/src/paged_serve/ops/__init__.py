@@ -54,6 +54,14 @@ def _check_index(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
 
 
+def _kernel_index(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An index tensor as the Triton kernels read it: on the data's device, contiguous (a kernel walks its rows
+    with unit stride; a strided view would be read as if packed)."""
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, the tensors it indexes are on {device}")
+    return t.contiguous()
+
+
 def _check_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
     if key_cache.dim() != 4:
         raise ValueError(
@@ -93,6 +101,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     if _use_triton(key.device):
         from paged_serve.ops.triton_kernels import cache_ops
 
+        slot_mapping = _kernel_index("slot_mapping", slot_mapping, key.device)
         return cache_ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
     return reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
@@ -111,6 +120,8 @@ def paged_attention(query, key_cache, value_cache, block_tables, context_lens, s
     if _use_triton(query.device):
         from paged_serve.ops.triton_kernels import decode_attention
 
+        block_tables = _kernel_index("block_tables", block_tables, query.device)
+        context_lens = _kernel_index("context_lens", context_lens, query.device)
         return decode_attention.paged_attention(query, key_cache, value_cache, block_tables, context_lens, scale, out)
     return reference.paged_attention(query, key_cache, value_cache, block_tables, context_lens, scale, out)
 
@@ -133,11 +144,15 @@ def paged_prefill_attention(
     ):
         _check_index(name, t)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
-    args = (query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, out)
     if _use_triton(query.device):
         from paged_serve.ops.triton_kernels import prefill_attention
 
+        block_tables = _kernel_index("block_tables", block_tables, query.device)
+        query_start_loc = _kernel_index("query_start_loc", query_start_loc, query.device)
+        context_lens = _kernel_index("context_lens", context_lens, query.device)
+        args = (query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, out)
         return prefill_attention.paged_prefill_attention(*args)
+    args = (query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, out)
     return reference.paged_prefill_attention(*args)
 
 
