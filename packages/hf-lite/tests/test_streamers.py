@@ -47,3 +47,24 @@ def test_stop_strings_end_generation(trained_tokenizer_dir):
     text = tok.decode(out[0, n:])
     assert stop in text and out.shape[1] < free.shape[1]
     assert torch.equal(out[0], free[0, : out.shape[1]])
+
+
+def test_streamer_and_stop_strings_survive_ids_past_the_tokenizer(trained_tokenizer_dir, capsys):
+    """A model vocabulary padded past len(tokenizer) may generate ids the tokenizer does not know."""
+    from hf_lite.generation import LogitsProcessor, LogitsProcessorList
+
+    tok = GPT2Tokenizer.from_pretrained(trained_tokenizer_dir, eos_token="<|endoftext|>")
+    model = make_model("gpt2", vocab_size=len(tok) + 16, eos_token_id=tok.eos_token_id)
+
+    class ForcePaddedIds(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[1] % 2:  # every other step picks an id only the model's vocabulary has
+                scores = scores.clone()
+                scores[:, len(tok) + 3] = 1e4
+            return scores
+
+    prompt = tok("def f():", return_tensors="pt")
+    out = model.generate(**prompt, max_new_tokens=8, eos_token_id=None, logits_processor=LogitsProcessorList(
+        [ForcePaddedIds()]), streamer=TextStreamer(tok), stop_strings=["never appears"], tokenizer=tok)
+    assert (out >= len(tok)).sum() >= 3, "sanity: padded ids were generated"
+    assert capsys.readouterr().out == tok.decode(out[0]) + "\n"

@@ -60,8 +60,8 @@ def test_bad_inputs_raise_clear_errors(tok, templated_tokenizer_dir):
         tok.add_special_tokens({"banana_token": "<b>"})
     with pytest.raises(ValueError, match="padding="):
         tok(["a"], padding="sometimes")
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        tok.decode([len(tok) + 5])
+    with pytest.raises(ValueError, match="not a non-negative int"):
+        tok.decode([-1])
     no_pad = type(tok).from_pretrained(templated_tokenizer_dir)
     with pytest.raises(ValueError, match="does not have a padding token"):
         no_pad(["a", "a b c"], padding=True)
@@ -130,3 +130,14 @@ def test_train_new_from_iterator(corpus, trained_tokenizer_dir):
         pure = GPT2Tokenizer.from_pretrained(d)
         assert pure.encode(text + "<|new|>") == new.encode(text + "<|new|>")
     assert len(new.encode(text)) > len(base.encode(text)), "sanity: a smaller vocab needs more tokens"
+
+
+def test_ids_past_the_tokenizer_decode_to_nothing_like_transformers(tok, tmp_path):
+    """Model vocabularies are often padded past len(tokenizer); those ids must not crash decoding."""
+    tok.save_pretrained(tmp_path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    ids = tok.encode("hello world", add_special_tokens=False)
+    padded = [ids[0], len(tok) + 5, *ids[1:], len(tok)]
+    assert tok.decode(padded) == tok.decode(ids) == theirs.decode(padded) == "hello world"
+    assert tok.batch_decode([padded, [len(tok) + 1]]) == theirs.batch_decode([padded, [len(tok) + 1]])
+    assert tok.convert_ids_to_tokens([len(tok) + 5]) == theirs.convert_ids_to_tokens([len(tok) + 5]) == [None]

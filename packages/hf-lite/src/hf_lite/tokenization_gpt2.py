@@ -113,8 +113,8 @@ class GPT2Tokenizer(PreTrainedTokenizer):
     def _convert_token_to_id(self, token: str) -> int | None:
         return self.encoder.get(token)
 
-    def _convert_id_to_token(self, index: int) -> str:
-        return self.decoder[index]
+    def _convert_id_to_token(self, index: int) -> str | None:
+        return self.decoder.get(index)
 
     def _token_bytes(self, token: str) -> bytes:
         # As the Rust ByteLevel decoder: a token made of table chars is bytes, anything else is its own UTF-8.
@@ -127,7 +127,8 @@ class GPT2Tokenizer(PreTrainedTokenizer):
         return b"".join(self._token_bytes(t) for t in tokens).decode("utf-8", errors=self.errors)
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
-        return self.convert_tokens_to_string(self.convert_ids_to_tokens(ids, skip_special_tokens=skip_special_tokens))
+        tokens = self.convert_ids_to_tokens(ids, skip_special_tokens=skip_special_tokens)
+        return self.convert_tokens_to_string([t for t in tokens if t is not None])
 
     # ------------------------------------------------------------------ files
     @classmethod

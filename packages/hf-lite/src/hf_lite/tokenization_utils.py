@@ -80,7 +80,8 @@ class PreTrainedTokenizer(PreTrainedTokenizerBase):
         return dict(sorted(self._added_tokens_decoder.items()))
 
     def get_vocab(self) -> dict[str, int]:
-        vocab = {self._convert_id_to_token(i): i for i in range(self.vocab_size)}
+        tokens = ((self._convert_id_to_token(i), i) for i in range(self.vocab_size))
+        vocab = {t: i for t, i in tokens if t is not None}
         vocab.update(self._added_tokens_encoder)
         return vocab
 
@@ -94,7 +95,9 @@ class PreTrainedTokenizer(PreTrainedTokenizerBase):
 
     def convert_ids_to_tokens(self, ids, skip_special_tokens: bool = False):
         if isinstance(ids, int):
-            return self._added_tokens_decoder.get(ids) or self._convert_id_to_token(ids)
+            if ids in self._added_tokens_decoder:
+                return self._added_tokens_decoder[ids]
+            return self._convert_id_to_token(ids) if 0 <= ids < self.vocab_size else None  # None as in Rust
         special = {self._token_to_id(t) for t in self.all_special_tokens} | {
             self._added_tokens_encoder[t] for t in self._special_added
         }
@@ -152,8 +155,8 @@ class PreTrainedTokenizer(PreTrainedTokenizerBase):
                     parts.append(self.convert_tokens_to_string(run))
                     run = []
                 parts.append(self._added_tokens_decoder[i])
-            else:
-                run.append(self._convert_id_to_token(i))
+            elif (token := self.convert_ids_to_tokens(i)) is not None:
+                run.append(token)
         if run:
             parts.append(self.convert_tokens_to_string(run))
         return "".join(parts)

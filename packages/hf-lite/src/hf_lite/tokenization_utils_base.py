@@ -279,11 +279,13 @@ class PreTrainedTokenizerBase(abc.ABC):
             token_ids = token_ids.tolist()
         if isinstance(token_ids, int):
             token_ids = [token_ids]
-        vocab_size = len(self)
         for t in token_ids:
-            if not isinstance(t, int) or not 0 <= t < vocab_size:
-                raise ValueError(f"token id {t!r} is outside the vocabulary (size {vocab_size})")
-        text = self._decode(list(token_ids), skip_special_tokens)
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                raise ValueError(f"token id {t!r} is not a non-negative int")
+        # Ids past the tokenizer (a model vocabulary padded to a multiple of 64, say) decode to nothing, as in the
+        # Rust tokenizers transformers uses.
+        vocab_size = len(self)
+        text = self._decode([t for t in token_ids if t < vocab_size], skip_special_tokens)
         clean = clean_up_tokenization_spaces
         if clean if clean is not None else self.clean_up_tokenization_spaces:
             for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),

@@ -97,10 +97,12 @@ class EosTokenCriteria(StoppingCriteria):
 
 
 class StopStringCriteria(StoppingCriteria):
-    """Stop when the decoded text gains a stop string that ends inside the newest token.
+    """Stop when a stop string ends inside the newest token (transformers' ``StopStringCriteria``).
 
-    transformers precomputes token/string overlap tables to avoid decoding; decoding a bounded tail is simpler and
-    gives the same decision for the usual case where the stop string appears as generation proceeds.
+    transformers precomputes token/string overlap tables on the tokens' bytes; decoding a bounded tail gives the same
+    decision. The newest token's text starts where the decodes with and without it stop agreeing: a character split
+    over byte tokens decodes to U+FFFD until its last byte arrives, so a length measured on the shorter decode would
+    point past the character and miss a stop string that ends in it.
     """
 
     def __init__(self, tokenizer, stop_strings: str | list[str]):
@@ -118,10 +120,14 @@ class StopStringCriteria(StoppingCriteria):
         for row in input_ids.tolist():
             tail = row[-self.tail_tokens :]
             text = self.tokenizer.decode(tail)
-            before = len(self.tokenizer.decode(tail[:-1]))
-            hit = False
-            for s in self.stop_strings:
-                start = text.find(s, max(0, before - len(s) + 1))
-                hit = hit or start != -1
-            done.append(hit)
+            new_from = _common_prefix_length(text, self.tokenizer.decode(tail[:-1]))
+            done.append(any(text.find(s, max(0, new_from - len(s) + 1)) != -1 for s in self.stop_strings))
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def _common_prefix_length(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
