@@ -216,7 +216,7 @@ class SequenceGroup:
     def get_max_num_running_seqs(self) -> int:
         """Sequences this group will run at once: ``best_of`` before its first sample forks it, then its live ones."""
         params = self.sampling_params
-        if params is not None and self.is_prefill() and len(self.seqs_dict) == 1:
+        if params is not None and len(self.seqs_dict) == 1:
             seq = next(iter(self.seqs_dict.values()))
             if not seq.output_token_ids:
                 return max(params.n, params.best_of or params.n)

@@ -1,0 +1,69 @@
+"""Engine configuration objects (vLLM ``vllm/config.py``): what the scheduler, the KV cache and the model need.
+
+``EngineArgs`` (``engine/arg_utils.py``) turns user arguments into these; each validates itself and names the
+offending value, so a bad argument fails at construction, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass
+class SchedulerConfig:
+    """Per-step budgets and policies (vLLM ``SchedulerConfig``; positional order as vLLM's for its tests)."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    enable_chunked_prefill: bool = False
+    preemption_mode: str | None = None  # None: recompute single-sequence groups, swap multi-sequence ones
+    num_lookahead_slots: int = 0
+
+    def __post_init__(self):
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_lookahead_slots < 0:
+            raise ValueError(f"num_lookahead_slots must be >= 0, got {self.num_lookahead_slots}")
+        if self.preemption_mode is not None and self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES} or None, got {self.preemption_mode!r}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
+                f"({self.max_model_len}): without chunked prefill the longest prompt could never be scheduled; "
+                "raise max_num_batched_tokens, lower max_model_len or set enable_chunked_prefill"
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}): every running sequence needs a token per step"
+            )
+
+
+@dataclass
+class CacheConfig:
+    """KV cache geometry (vLLM ``CacheConfig``): block size, block counts once known, prefix caching."""
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    swap_space: float = 4.0  # GiB of CPU memory for swapped-out blocks
+    cache_dtype: str = "auto"
+    enable_prefix_caching: bool = False
+    watermark: float = 0.01
+    num_gpu_blocks: int | None = None
+    num_cpu_blocks: int | None = None
+
+    def __post_init__(self):
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
+        if self.cache_dtype != "auto":
+            raise ValueError(f"cache_dtype {self.cache_dtype!r} not supported: only 'auto' (the model's dtype)")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
