@@ -72,3 +72,20 @@ def test_llama_chunked_prefill_with_cache_equals_full_forward():
         first = model(input_ids=ids[:, :5], use_cache=True)
         second = model(input_ids=ids[:, 5:], past_key_values=first.past_key_values, use_cache=True)
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_loading_keeps_the_rope_table_fp32_like_transformers(tmp_path):
+    """inv_freq is a non-persistent fp32 buffer: cast to bf16, cos at position 8000 was off by 1.77."""
+    make_model("llama").save_pretrained(tmp_path)
+    ours = LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert ours.dtype == torch.bfloat16 and ours.model.rotary_emb.inv_freq.dtype == torch.float32
+    x, positions = torch.zeros(1, 3, 32, dtype=torch.bfloat16), torch.tensor([[1, 1000, 8000]])
+    cos, sin = ours.model.rotary_emb(x, positions)
+    their_cos, their_sin = theirs.model.rotary_emb(x, positions)
+    assert torch.equal(cos, their_cos) and torch.equal(sin, their_sin)
+    exact = LlamaForCausalLM(tiny_llama_config()).model.rotary_emb(x.float(), positions)[0]
+    assert (cos.float() - exact).abs().max() < 0.01  # bf16 rounding of the result only
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(input_ids=ids).logits, theirs(input_ids=ids).logits, rtol=0, atol=0)

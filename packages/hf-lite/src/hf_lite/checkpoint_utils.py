@@ -20,7 +20,30 @@ from .utils import atomic_write_bytes, atomic_write_text
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-_SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+
+
+def add_variant(name: str, variant: str | None) -> str:
+    """``model.safetensors`` -> ``model.fp16.safetensors``, ``...index.json`` -> ``...index.fp16.json``."""
+    if variant is None:
+        return name
+    if not isinstance(variant, str) or not variant or any(c in variant for c in "/\\"):
+        raise ValueError(f"variant={variant!r} must be a non-empty name such as 'fp16'")
+    stem, ext = name.rsplit(".", 1)
+    return f"{stem}.{variant}.{ext}"
+
+
+def _shard_pattern(variant: str | None) -> re.Pattern:
+    stem = re.escape(add_variant(SAFE_WEIGHTS_NAME, variant)[: -len(".safetensors")])
+    return re.compile(rf"^{stem}-\d{{5}}-of-\d{{5}}\.safetensors$")
+
+
+def is_weight_file(name: str, variant: str | None) -> bool:
+    """A file a save of this ``variant`` writes (or leaves stale): its single file, a shard, or its index."""
+    return (
+        name in (add_variant(SAFE_WEIGHTS_NAME, variant), add_variant(SAFE_WEIGHTS_INDEX_NAME, variant))
+        or _shard_pattern(variant).match(name) is not None
+    )
+
 
 _DTYPE_BYTES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -70,44 +93,46 @@ def split_state_dict_into_shards(state_dict: dict[str, torch.Tensor], max_shard_
 
 
 def save_state_dict(
-    state_dict: dict[str, torch.Tensor], save_directory: str, max_shard_size: int | str = "5GB", metadata=None
+    state_dict: dict[str, torch.Tensor],
+    save_directory: str,
+    max_shard_size: int | str = "5GB",
+    metadata=None,
+    variant: str | None = None,
 ) -> list[str]:
-    """Write ``state_dict`` as one file or shards + index; stale weight files of an earlier save are removed."""
-    os.makedirs(save_directory, exist_ok=True)
+    """Write ``state_dict`` into ``save_directory`` as one file, or shards + index (transformers' layout)."""
     metadata = {"format": "pt", **(metadata or {})}
-    # safetensors refuses shared storage; a contiguous copy per tensor is what transformers writes too.
-    tensors = {k: v.detach().contiguous() for k, v in state_dict.items()}
+    tensors, storages = {}, set()
+    for key, value in state_dict.items():
+        tensor = value.detach().contiguous()
+        # safetensors refuses tensors sharing memory (views of one buffer): each gets its own copy.
+        storage = (tensor.device, tensor.untyped_storage().data_ptr())
+        tensors[key] = tensor.clone() if storage in storages else tensor
+        storages.add(storage)
     shards = split_state_dict_into_shards(tensors, max_shard_size)
+    single = add_variant(SAFE_WEIGHTS_NAME, variant)
     if len(shards) == 1:
-        names = [SAFE_WEIGHTS_NAME]
+        names = [single]
     else:
-        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    written = set()
+        stem = single[: -len(".safetensors")]
+        names = [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     weight_map = {}
     for name, keys in zip(names, shards):
         data = safetensors_save({k: tensors[k] for k in keys}, metadata=metadata)
         atomic_write_bytes(os.path.join(save_directory, name), data)
-        written.add(name)
         weight_map.update({k: name for k in keys})
-    index_path = os.path.join(save_directory, SAFE_WEIGHTS_INDEX_NAME)
     if len(shards) > 1:
         total = sum(tensor_nbytes(t) for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        index_path = os.path.join(save_directory, add_variant(SAFE_WEIGHTS_INDEX_NAME, variant))
         atomic_write_text(index_path, json.dumps(index, indent=2) + "\n")
-    elif os.path.exists(index_path):
-        os.remove(index_path)
-    for entry in os.listdir(save_directory):
-        stale = entry == SAFE_WEIGHTS_NAME or _SHARD_RE.match(entry)
-        if stale and entry not in written:
-            os.remove(os.path.join(save_directory, entry))
     return names
 
 
-def resolve_weight_files(directory: str) -> dict[str, list[str]]:
+def resolve_weight_files(directory: str, variant: str | None = None) -> dict[str, list[str]]:
     """Map each weight file of a checkpoint directory to the keys the index promises it holds."""
     directory = os.fspath(directory)
-    index_path = os.path.join(directory, SAFE_WEIGHTS_INDEX_NAME)
-    single = os.path.join(directory, SAFE_WEIGHTS_NAME)
+    index_path = os.path.join(directory, add_variant(SAFE_WEIGHTS_INDEX_NAME, variant))
+    single = os.path.join(directory, add_variant(SAFE_WEIGHTS_NAME, variant))
     if os.path.isfile(index_path):
         try:
             with open(index_path, encoding="utf-8") as f:
@@ -123,9 +148,10 @@ def resolve_weight_files(directory: str) -> dict[str, list[str]]:
         return files
     if os.path.isfile(single):
         return {single: list(read_safetensors_header(single))}
-    raise CheckpointError(
-        f"no {SAFE_WEIGHTS_NAME} or {SAFE_WEIGHTS_INDEX_NAME} in {directory!r} (hf-lite reads safetensors only)"
-    )
+    names = f"{os.path.basename(single)} or {os.path.basename(index_path)}"
+    others = sorted(e for e in os.listdir(directory) if e.endswith(".safetensors")) if os.path.isdir(directory) else []
+    hint = f"; it has {others} (pass the matching variant=)" if others else " (hf-lite reads safetensors only)"
+    raise CheckpointError(f"no {names} in {directory!r}{hint}")
 
 
 def read_safetensors_header(file: str) -> dict[str, dict]:

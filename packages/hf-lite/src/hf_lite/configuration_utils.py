@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import os
 from typing import Any
+
+import torch
 
 from .utils import atomic_write_text
 
@@ -15,12 +18,22 @@ logger = logging.getLogger(__name__)
 CONFIG_NAME = "config.json"
 
 
+def to_torch_dtype(dtype) -> torch.dtype | None:
+    """``"bfloat16"`` / ``"torch.bfloat16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; anything else is an error."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, str(dtype).removeprefix("torch."), None) if isinstance(dtype, str) else None
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"dtype={dtype!r} is not a torch dtype (e.g. 'float32', 'bfloat16', torch.float16)")
+    return resolved
+
+
 class PretrainedConfig:
     """Base class of every model configuration.
 
     Like transformers, every keyword becomes an attribute; keys a subclass does not know are kept (and saved back), so
     a config.json written by a newer library survives a load/save round trip. ``attribute_map`` lets a subclass expose
-    canonical names (``hidden_size``) for its historical ones (GPT-2's ``n_embd``).
+    canonical names (``hidden_size``) for its historical ones (GPT-2's ``n_embd``), in keywords too.
     """
 
     model_type: str = ""
@@ -28,15 +41,35 @@ class PretrainedConfig:
     # Attributes derived at init time that must not be written to config.json.
     _derived_attributes: tuple[str, ...] = ()
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" not in cls.__dict__:
+            return
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kw):
+            # GPT2Config(hidden_size=16) must set n_embd: the subclass assigns its own names after super().__init__.
+            for alias, name in type(self).attribute_map.items():
+                if alias in kw and name not in kw:
+                    kw[name] = kw.pop(alias)
+            init(self, *args, **kw)
+
+        cls.__init__ = __init__
+
     def __setattr__(self, key, value):
-        key = type(self).attribute_map.get(key, key)
+        key = "dtype" if key == "torch_dtype" else type(self).attribute_map.get(key, key)
+        if key == "dtype":
+            value = to_torch_dtype(value)
         super().__setattr__(key, value)
 
     def __getattr__(self, key):
-        # Only reached when normal lookup fails: resolve an aliased name.
+        # Only reached when normal lookup fails: resolve an aliased name (torch_dtype is transformers 4's dtype).
         amap = type(self).attribute_map
         if key in amap:
             return getattr(self, amap[key])
+        if key == "torch_dtype":
+            return self.dtype
         raise AttributeError(f"{type(self).__name__} has no attribute {key!r}")
 
     def __init__(
@@ -49,7 +82,8 @@ class PretrainedConfig:
         tie_word_embeddings: bool = True,
         use_cache: bool = True,
         architectures: list[str] | None = None,
-        torch_dtype: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        torch_dtype: str | torch.dtype | None = None,
         is_encoder_decoder: bool = False,
         **kwargs,
     ):
@@ -61,8 +95,8 @@ class PretrainedConfig:
         self.tie_word_embeddings = tie_word_embeddings
         self.use_cache = use_cache
         self.architectures = architectures
-        # transformers 5 writes "dtype", 4.x wrote "torch_dtype"; accept both.
-        self.torch_dtype = kwargs.pop("dtype", torch_dtype)
+        # transformers 5 writes "dtype", 4.x wrote "torch_dtype"; both load, as a torch.dtype.
+        self.dtype = dtype if dtype is not None else torch_dtype
         self.is_encoder_decoder = is_encoder_decoder
         kwargs.pop("transformers_version", None)
         kwargs.pop("model_type", None)
@@ -78,9 +112,8 @@ class PretrainedConfig:
         for key in self._derived_attributes:
             out.pop(key, None)
         out["model_type"] = self.model_type
-        dtype = out.pop("torch_dtype", None)
-        if dtype is not None:
-            out["dtype"] = str(dtype).replace("torch.", "")
+        if out.get("dtype") is not None:
+            out["dtype"] = str(out["dtype"]).removeprefix("torch.")
         return dict(sorted(out.items()))
 
     def to_json_string(self) -> str:
@@ -96,14 +129,26 @@ class PretrainedConfig:
         return isinstance(other, PretrainedConfig) and self.to_dict() == other.to_dict()
 
     @classmethod
-    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> PretrainedConfig:
-        merged = dict(config_dict)
-        merged.update(kwargs)
-        return cls(**merged)
+    def from_dict(cls, config_dict: dict[str, Any], return_unused_kwargs: bool = False, **kwargs):
+        """Build from a config.json dict; ``kwargs`` naming config attributes override it (transformers).
+
+        Other kwargs are returned with ``return_unused_kwargs=True`` (``from_pretrained`` hands them to the model's
+        ``__init__``) and are an error otherwise: transformers drops them silently.
+        """
+        config = cls(**config_dict)
+        known = {cls.attribute_map.get(k, k): v for k, v in kwargs.items() if hasattr(config, k)}
+        unused = {k: v for k, v in kwargs.items() if not hasattr(config, k)}
+        if known:  # rebuilt rather than set, so derived values (rope_parameters) and checks follow the override
+            config = cls(**{**config_dict, **known})
+        if return_unused_kwargs:
+            return config, unused
+        if unused:
+            raise ValueError(f"{sorted(unused)} are not attributes of {cls.__name__}; nothing uses them")
+        return config
 
     @classmethod
-    def get_config_dict(cls, pretrained_model_name_or_path: str | os.PathLike) -> dict[str, Any]:
-        path = os.fspath(pretrained_model_name_or_path)
+    def get_config_dict(cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "") -> dict[str, Any]:
+        path = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
         file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
         if not os.path.isfile(file):
             raise OSError(f"{path!r} does not contain a file named {CONFIG_NAME} (hf-lite loads local dirs only)")
@@ -114,12 +159,15 @@ class PretrainedConfig:
             raise OSError(f"{file} is not valid JSON: {err}") from err
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> PretrainedConfig:
-        config_dict = cls.get_config_dict(pretrained_model_name_or_path)
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "", return_unused_kwargs: bool = False,
+        **kwargs,
+    ):
+        config_dict = cls.get_config_dict(pretrained_model_name_or_path, subfolder=subfolder)
         found = config_dict.get("model_type")
         if cls.model_type and found and found != cls.model_type:
             logger.warning("Loading a %r config into %s (model_type %r)", found, cls.__name__, cls.model_type)
-        return cls.from_dict(config_dict, **kwargs)
+        return cls.from_dict(config_dict, return_unused_kwargs=return_unused_kwargs, **kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
         if os.path.isfile(save_directory):

@@ -8,30 +8,52 @@ import torch.nn.functional as F
 from .modeling_outputs import CausalLMOutputWithPast
 
 
-def causal_lm_loss(
-    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100, num_items_in_batch=None, **kwargs
+def ForCausalLMLoss(  # noqa: N802 -- transformers' name, looked up through LOSS_MAPPING
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    vocab_size: int | None = None,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    ignore_index: int = -100,
+    shift_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    if labels.shape != logits.shape[:-1]:
-        raise ValueError(f"labels shape {tuple(labels.shape)} does not match logits {tuple(logits.shape[:-1])}")
+    """Mean over non-ignored tokens, or their sum / ``num_items_in_batch`` (what gradient accumulation needs)."""
+    if shift_labels is None:
+        if labels.shape != logits.shape[:-1]:
+            raise ValueError(f"labels shape {tuple(labels.shape)} does not match logits {tuple(logits.shape[:-1])}")
+        # Shift by padding the labels (not slicing the logits) so every position keeps its row, like transformers.
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:].contiguous()
     logits = logits.float()
-    # Shift by padding the labels (not slicing the logits) so every position keeps its row, like transformers.
-    shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:].contiguous()
     reduction = "sum" if num_items_in_batch is not None else "mean"
     loss = F.cross_entropy(
-        logits.view(-1, logits.shape[-1]), shift_labels.view(-1).to(logits.device),
+        logits.view(-1, vocab_size or logits.shape[-1]), shift_labels.view(-1).to(logits.device),
         ignore_index=ignore_index, reduction=reduction,
     )
     if num_items_in_batch is not None:
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
         loss = loss / num_items_in_batch
     return loss
 
 
-def causal_lm_output(lm_head, base_output, labels=None, logits_to_keep: int = 0, **loss_kwargs):
+LOSS_MAPPING = {"ForCausalLM": ForCausalLMLoss}
+LOSS_KWARGS = ("num_items_in_batch", "ignore_index", "shift_labels")
+
+
+def causal_lm_output(model, base_output, labels=None, logits_to_keep: int = 0, return_dict=None, **loss_kwargs):
     """The shared tail of every ``*ForCausalLM.forward``: project the last ``logits_to_keep`` positions (all when 0)
-    through the LM head, add the shifted loss when labels are given."""
+    through the LM head, add ``model.loss_function``'s loss when labels are given."""
+    unknown = sorted(set(loss_kwargs) - set(LOSS_KWARGS))
+    if unknown:
+        raise TypeError(f"{type(model).__name__}.forward() got unexpected keyword arguments {unknown}")
     hidden = base_output.last_hidden_state
     if logits_to_keep:
         hidden = hidden[:, -logits_to_keep:]
-    logits = lm_head(hidden)
-    loss = causal_lm_loss(logits, labels, **loss_kwargs) if labels is not None else None
-    return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=base_output.past_key_values)
+    logits = model.lm_head(hidden)
+    loss = None
+    if labels is not None:
+        loss = model.loss_function(logits, labels, vocab_size=model.config.vocab_size, **loss_kwargs)
+    out = CausalLMOutputWithPast(
+        loss=loss, logits=logits, past_key_values=base_output.past_key_values,
+        hidden_states=base_output.hidden_states, attentions=base_output.attentions,
+    )
+    return out if return_dict is not False else out.to_tuple()

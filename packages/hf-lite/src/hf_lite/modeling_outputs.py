@@ -35,6 +35,8 @@ class ModelOutput(OrderedDict):
 class BaseModelOutputWithPast(ModelOutput):
     last_hidden_state: torch.Tensor | None = None
     past_key_values: object | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
     @property
     def cache(self):
@@ -47,6 +49,8 @@ class CausalLMOutputWithPast(ModelOutput):
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     past_key_values: object | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
     @property
     def cache(self):

@@ -1,34 +1,44 @@
-"""PreTrainedModel: weight init, tied embeddings, the checkpoint-directory contract (transformers' modeling_utils).
+"""PreTrainedModel: weight init, tied weights, training switches and the checkpoint-directory contract
+(transformers' ``modeling_utils``).
 
-``from_pretrained`` reads ``config.json`` + safetensors (single file or shards with an index), checks every tensor's
-shape against the model *before* copying anything (so nothing is half-loaded), and reports missing/unexpected keys
-like transformers does. ``save_pretrained`` writes the same layout transformers reads.
+``from_pretrained`` builds the model uninitialised in the target dtype, then ``core_model_loading`` fills it from
+``config.json`` + safetensors (single file or shards with an index). ``save_pretrained`` writes the layout
+transformers reads, staged beside the directory and swapped in whole.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import os
-import re
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from torch.utils.checkpoint import checkpoint
 
-from .checkpoint_utils import CheckpointError, load_safetensors_file, resolve_weight_files, save_state_dict
-from .configuration_utils import PretrainedConfig
+from .checkpoint_utils import is_weight_file, resolve_weight_files, save_state_dict
+from .configuration_utils import CONFIG_NAME, PretrainedConfig, to_torch_dtype
+from .core_model_loading import checkpoint_float_dtype, load_checkpoint, log_loading_info
 from .generation.configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig
+from .initialization import default_dtype, init_weights_enabled, no_init_weights
+from .loss_utils import LOSS_MAPPING
+from .modeling_layers import GradientCheckpointingLayer
+from .utils import atomic_save_directory
 
 logger = logging.getLogger(__name__)
 
 
-def _resolve_dtype(dtype):
-    if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
+def _resolve_dtype(dtype, torch_dtype=None):
+    """``dtype`` / ``torch_dtype`` (transformers 4's name) -> a floating torch dtype, ``"auto"`` or None."""
+    if dtype is not None and torch_dtype is not None and dtype != torch_dtype:
+        raise ValueError(f"dtype={dtype!r} and torch_dtype={torch_dtype!r} disagree; pass only dtype")
+    dtype = torch_dtype if dtype is None else dtype
+    if dtype is None or dtype == "auto":
         return dtype
-    name = str(dtype).replace("torch.", "")
-    resolved = getattr(torch, name, None)
-    if not isinstance(resolved, torch.dtype):
-        raise ValueError(f"dtype={dtype!r} is not a torch dtype (e.g. 'float32', 'bfloat16', torch.float16)")
+    resolved = to_torch_dtype(dtype)
+    if not resolved.is_floating_point:
+        raise ValueError(f"dtype={dtype!r}: a model is built in a floating-point dtype (e.g. 'bfloat16')")
     return resolved
 
 
@@ -56,6 +66,10 @@ class PreTrainedModel(nn.Module):
     # {target: source} as transformers 5 spells it: the target parameter is the source parameter when tied.
     _tied_weights_keys: dict[str, str] = {}
     _keys_to_ignore_on_load_unexpected: list[str] = []
+    # Modules that must stay on one device when a model is split (accelerate's device maps read it).
+    _no_split_modules: list[str] = []
+    supports_gradient_checkpointing = False
+    loss_type: str | None = None
 
     def __init__(self, config: PretrainedConfig, *inputs, **kwargs):
         super().__init__()
@@ -73,7 +87,8 @@ class PreTrainedModel(nn.Module):
         """Per-module initialisation; models override it."""
 
     def post_init(self) -> None:
-        self.apply(self._init_weights)
+        if init_weights_enabled():  # skipped while from_pretrained builds a model it is about to fill
+            self.apply(self._init_weights)
         self.tie_weights()
 
     @property
@@ -101,9 +116,18 @@ class PreTrainedModel(nn.Module):
             output.weight = self.get_input_embeddings().weight
 
     def _tied_keys(self) -> set[str]:
-        if not getattr(self.config, "tie_word_embeddings", False):
-            return set()
-        return set(self._tied_weights_keys)
+        """State-dict keys naming a tensor another key already names: the declared ``_tied_weights_keys`` targets
+        and any tie a model makes in its own ``tie_weights``. They are saved once and re-tied on load."""
+        declared = set(self._tied_weights_keys) if getattr(self.config, "tie_word_embeddings", False) else set()
+        by_tensor: dict[int, list[str]] = {}
+        for key, tensor in self.state_dict(keep_vars=True).items():
+            by_tensor.setdefault(id(tensor), []).append(key)
+        tied = set()
+        for names in by_tensor.values():
+            if len(names) > 1:
+                keep = next((n for n in names if n not in declared), names[0])
+                tied.update(n for n in names if n != keep)
+        return tied
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -122,6 +146,21 @@ class PreTrainedModel(nn.Module):
         return sum(
             p.numel() for p in self.parameters() if id(p) not in skip and (p.requires_grad or not only_trainable)
         )
+
+    def _output_flags(self, output_attentions, output_hidden_states) -> tuple[bool, bool]:
+        """``None`` reads the config, as in transformers."""
+        config = self.config
+        return (
+            getattr(config, "output_attentions", False) if output_attentions is None else output_attentions,
+            getattr(config, "output_hidden_states", False) if output_hidden_states is None else output_hidden_states,
+        )
+
+    def estimate_tokens(self, input_dict: dict) -> int:
+        return input_dict[self.main_input_name].numel() if self.main_input_name in input_dict else 0
+
+    def floating_point_ops(self, input_dict: dict, exclude_embeddings: bool = True) -> int:
+        """6 x tokens x parameters per forward + backward (Kaplan et al. 2020, sec. 2.1), what the Trainer logs."""
+        return 6 * self.estimate_tokens(input_dict) * self.num_parameters(exclude_embeddings=exclude_embeddings)
 
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
@@ -165,138 +204,150 @@ class PreTrainedModel(nn.Module):
                 new_w.normal_(0.0, std)
             new_w[:n] = old_w[:n]
 
+    # ------------------------------------------------------------------ training
+    @property
+    def loss_function(self):
+        if hasattr(self, "_loss_function"):
+            return self._loss_function
+        loss_type = self.loss_type or getattr(self.config, "loss_type", None) or "ForCausalLM"
+        if loss_type not in LOSS_MAPPING:
+            raise ValueError(f"loss_type={loss_type!r} is not one of {sorted(LOSS_MAPPING)}")
+        return LOSS_MAPPING[loss_type]
+
+    @loss_function.setter
+    def loss_function(self, value) -> None:
+        self._loss_function = value
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Recompute each decoder block in backward instead of keeping its activations (non-reentrant by default,
+        as transformers 5). The input embeddings' output requires grad, so reentrant checkpointing of frozen
+        embeddings still reaches the trainable layers."""
+        if not self.supports_gradient_checkpointing:
+            raise ValueError(f"{type(self).__name__} does not support gradient checkpointing.")
+        kwargs = {"use_reentrant": False} if gradient_checkpointing_kwargs is None else gradient_checkpointing_kwargs
+        func = functools.partial(checkpoint, **kwargs)
+        for module in self.modules():
+            if isinstance(module, GradientCheckpointingLayer):
+                module.gradient_checkpointing, module._gradient_checkpointing_func = True, func
+        if self.main_input_name == "input_ids":
+            self.enable_input_require_grads()
+
+    def gradient_checkpointing_disable(self) -> None:
+        for module in self.modules():
+            if isinstance(module, GradientCheckpointingLayer):
+                module.gradient_checkpointing = False
+
+    # transformers 5.24 renamed them; its Trainer calls the new names.
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None) -> None:
+        self.gradient_checkpointing_enable(activation_checkpointing_kwargs)
+
+    def activation_checkpointing_disable(self) -> None:
+        self.gradient_checkpointing_disable()
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return any(getattr(m, "gradient_checkpointing", False) for m in self.modules())
+
+    def enable_input_require_grads(self) -> None:
+        def make_inputs_require_grads(module, inputs, output):
+            output.requires_grad_(True)
+
+        self.disable_input_require_grads()
+        self._require_grads_hook = self.get_input_embeddings().register_forward_hook(make_inputs_require_grads)
+
+    def disable_input_require_grads(self) -> None:
+        hook = self.__dict__.pop("_require_grads_hook", None)
+        if hook is not None:
+            hook.remove()
+
     # ------------------------------------------------------------------ saving
     def save_pretrained(
         self,
         save_directory: str | os.PathLike,
+        is_main_process: bool = True,
         state_dict: dict[str, torch.Tensor] | None = None,
         max_shard_size: int | str = "5GB",
         safe_serialization: bool = True,
-        **kwargs,
+        variant: str | None = None,
     ) -> None:
+        """Write config.json, generation_config.json and the weights; the directory changes in one step.
+
+        Under torchrun every rank calls this; only ``is_main_process`` writes. Files other than this save's (a
+        tokenizer, other variants) stay in the directory.
+        """
         if not safe_serialization:
             raise ValueError("hf-lite writes safetensors only (safe_serialization=False is not supported)")
-        save_directory = os.fspath(save_directory)
-        if os.path.isfile(save_directory):
-            raise AssertionError(f"Provided path ({save_directory}) should be a directory, not a file")
-        os.makedirs(save_directory, exist_ok=True)
-        self.config.architectures = [type(self).__name__]
-        self.config.torch_dtype = str(self.dtype).replace("torch.", "")
-        self.config.save_pretrained(save_directory)
-        if self.generation_config is not None:
-            self.generation_config.save_pretrained(save_directory)
+        if not is_main_process:
+            return
         if state_dict is None:
-            state_dict = self.state_dict()
-        # Tied copies are not written: the loader re-ties them (what transformers does).
-        state_dict = {k: v for k, v in state_dict.items() if k not in self._tied_keys()}
-        save_state_dict(state_dict, save_directory, max_shard_size=max_shard_size)
+            # A tied copy is written once: the loader re-ties it (what transformers does).
+            tied = self._tied_keys()
+            state_dict = {k: v for k, v in self.state_dict().items() if k not in tied}
+        self.config.architectures = [type(self).__name__]
+        self.config.dtype = self.dtype
+
+        def owned(name: str) -> bool:
+            return name in (CONFIG_NAME, GENERATION_CONFIG_NAME) or is_weight_file(name, variant)
+
+        with atomic_save_directory(save_directory, owned) as stage:
+            self.config.save_pretrained(stage)
+            if self.generation_config is not None:
+                self.generation_config.save_pretrained(stage)
+            save_state_dict(state_dict, stage, max_shard_size=max_shard_size, variant=variant)
 
     # ------------------------------------------------------------------ loading
+    @classmethod
+    def _from_config(cls, config: PretrainedConfig, dtype=None, torch_dtype=None, **kwargs):
+        """A freshly initialised model in ``dtype`` (transformers' ``from_config`` path)."""
+        dtype = _resolve_dtype(dtype, torch_dtype)
+        if dtype == "auto":
+            dtype = config.dtype
+        config = copy.deepcopy(config)
+        with default_dtype(dtype):
+            model = cls(config, **kwargs)
+        if dtype is not None:
+            config.dtype = dtype
+        return model
+
     @classmethod
     def from_pretrained(
         cls,
         pretrained_model_name_or_path: str | os.PathLike,
         *model_args,
         config: PretrainedConfig | None = None,
-        torch_dtype=None,
         dtype=None,
+        torch_dtype=None,
         device_map=None,
         output_loading_info: bool = False,
         ignore_mismatched_sizes: bool = False,
+        subfolder: str = "",
+        variant: str | None = None,
+        use_safetensors: bool | None = None,
         **kwargs,
     ):
-        path = os.fspath(pretrained_model_name_or_path)
+        """Kwargs naming config attributes override config.json; any other goes to the model's ``__init__``."""
+        path = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
         if not os.path.isdir(path):
             raise OSError(f"{path!r} is not a local directory (hf-lite does not download from a hub)")
+        if use_safetensors is False:
+            raise ValueError("use_safetensors=False: hf-lite reads safetensors weights only")
         if config is None:
-            config = cls.config_class.from_pretrained(path, **kwargs)
-        elif kwargs:
-            config.update(kwargs)
-        files = resolve_weight_files(path)
-        requested = _resolve_dtype(dtype if dtype is not None else torch_dtype) or "auto"
-        model = cls(config, *model_args)
-        model.eval()
-        checkpoint = model._read_checkpoint(files, ignore_mismatched_sizes)
+            config, model_kwargs = cls.config_class.from_pretrained(path, return_unused_kwargs=True, **kwargs)
+        else:
+            config, model_kwargs = copy.deepcopy(config), kwargs
+        requested = _resolve_dtype(dtype, torch_dtype) or "auto"
+        files = resolve_weight_files(path, variant)
         if requested == "auto":
-            floats = [t.dtype for t in checkpoint["tensors"].values() if t.is_floating_point()]
-            requested = floats[0] if floats else torch.get_default_dtype()
-        model.to(dtype=requested)
-        with torch.no_grad():
-            params = dict(model.state_dict(keep_vars=True))
-            for key, tensor in checkpoint["tensors"].items():
-                params[key].copy_(tensor)
+            requested = config.dtype or checkpoint_float_dtype(files) or torch.get_default_dtype()
+        device = _resolve_device(device_map) or torch.device("cpu")
+        with no_init_weights(), default_dtype(requested), device:
+            model = cls(config, *model_args, **model_kwargs)
+        info = load_checkpoint(model, files, ignore_mismatched_sizes)
         model.tie_weights()
-        device = _resolve_device(device_map)
-        if device is not None:
-            model.to(device)
+        model.config.dtype = requested
+        model.eval()
         gen_file = os.path.join(path, GENERATION_CONFIG_NAME)
         if model.can_generate() and os.path.isfile(gen_file):
             model.generation_config = GenerationConfig.from_pretrained(path)
-        info = {k: checkpoint[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-        info["error_msgs"] = []
-        model._log_loading_info(path, info)
+        log_loading_info(model, path, info)
         return (model, info) if output_loading_info else model
-
-    def _checkpoint_key_mapper(self, checkpoint_keys: list[str]):
-        """Translate checkpoint keys to ours: add or strip ``base_model_prefix`` (base <-> head model loading)."""
-        prefix = self.base_model_prefix
-        own = set(self.state_dict())
-        has_prefix_in_model = any(k.startswith(prefix + ".") for k in own) if prefix else False
-        has_prefix_in_ckpt = any(k.startswith(prefix + ".") for k in checkpoint_keys) if prefix else False
-        if has_prefix_in_model and not has_prefix_in_ckpt:
-            return lambda k: f"{prefix}.{k}"
-        if not has_prefix_in_model and has_prefix_in_ckpt:
-            return lambda k: k[len(prefix) + 1 :] if k.startswith(prefix + ".") else k
-        return lambda k: k
-
-    def _read_checkpoint(self, files: dict[str, list[str]], ignore_mismatched_sizes: bool) -> dict:
-        expected = self.state_dict()
-        all_keys = [k for keys in files.values() for k in keys]
-        to_model_key = self._checkpoint_key_mapper(all_keys)
-        ignore = [re.compile(p) for p in self._keys_to_ignore_on_load_unexpected]
-        tensors, unexpected, mismatched = {}, [], []
-        shards = tqdm(files.items(), desc="Loading checkpoint shards", disable=len(files) <= 1, leave=False)
-        for file, keys in shards:
-            for ckpt_key, tensor in load_safetensors_file(file, keys).items():
-                key = to_model_key(ckpt_key)
-                if key not in expected:
-                    if not any(p.search(key) for p in ignore):
-                        unexpected.append(key)
-                    continue
-                want = tuple(expected[key].shape)
-                if tuple(tensor.shape) != want:
-                    if not ignore_mismatched_sizes:
-                        raise CheckpointError(
-                            f"{file}: tensor {ckpt_key!r} has shape {tuple(tensor.shape)} but {type(self).__name__} "
-                            f"expects {want} for {key!r} (does config.json match the weights?). Pass "
-                            "ignore_mismatched_sizes=True to re-initialise such weights instead."
-                        )
-                    mismatched.append((key, tuple(tensor.shape), want))
-                    continue
-                tensors[key] = tensor
-        tied = self._tied_keys()
-        skipped = {m[0] for m in mismatched}
-        missing = [k for k in expected if k not in tensors and k not in tied and k not in skipped]
-        return {
-            "tensors": tensors,
-            "missing_keys": missing,
-            "unexpected_keys": unexpected,
-            "mismatched_keys": mismatched,
-        }
-
-    def _log_loading_info(self, path: str, info: dict) -> None:
-        name = type(self).__name__
-        if info["unexpected_keys"]:
-            logger.warning(
-                "Some weights of the model checkpoint at %s were not used when initializing %s: %s",
-                path, name, info["unexpected_keys"],
-            )
-        if info["missing_keys"]:
-            logger.warning(
-                "Some weights of %s were not initialized from the model checkpoint at %s and are newly "
-                "initialized: %s\nYou should probably TRAIN this model on a down-stream task.",
-                name, path, info["missing_keys"],
-            )
-        if info["mismatched_keys"]:
-            detail = ", ".join(f"{k}: checkpoint {a} vs model {b}" for k, a, b in info["mismatched_keys"])
-            logger.warning("Some weights of %s were re-initialized because of shape mismatches: %s", name, detail)

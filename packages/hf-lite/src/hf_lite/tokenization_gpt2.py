@@ -132,8 +132,10 @@ class GPT2Tokenizer(PreTrainedTokenizer):
 
     # ------------------------------------------------------------------ files
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> GPT2Tokenizer:
-        directory = os.fspath(pretrained_model_name_or_path)
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "", **kwargs
+    ) -> GPT2Tokenizer:
+        directory = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
         config = cls._read_tokenizer_config(directory)
         config.update(kwargs)
         tokenizer_json = os.path.join(directory, TOKENIZER_FILE)

@@ -87,8 +87,10 @@ class PreTrainedTokenizerFast(PreTrainedTokenizerBase):
 
     # ------------------------------------------------------------------ files
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> PreTrainedTokenizerFast:
-        directory = os.fspath(pretrained_model_name_or_path)
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "", **kwargs
+    ) -> PreTrainedTokenizerFast:
+        directory = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
         path = os.path.join(directory, TOKENIZER_FILE)
         if not os.path.isfile(path):
             raise OSError(f"{directory!r} does not contain {TOKENIZER_FILE}")

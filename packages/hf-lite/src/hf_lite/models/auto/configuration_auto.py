@@ -31,11 +31,15 @@ class AutoConfig:
         return cls._lookup(model_type)(*args, **kwargs)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> PretrainedConfig:
-        config_dict = PretrainedConfig.get_config_dict(pretrained_model_name_or_path)
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "", return_unused_kwargs: bool = False,
+        **kwargs,
+    ):
+        config_dict = PretrainedConfig.get_config_dict(pretrained_model_name_or_path, subfolder=subfolder)
         if "model_type" not in config_dict:
             raise ValueError(f"{pretrained_model_name_or_path}: config.json has no `model_type` key")
-        return cls._lookup(config_dict["model_type"]).from_dict(config_dict, **kwargs)
+        config_class = cls._lookup(config_dict["model_type"])
+        return config_class.from_dict(config_dict, return_unused_kwargs=return_unused_kwargs, **kwargs)
 
     @staticmethod
     def register(model_type: str, config: type[PretrainedConfig], exist_ok: bool = False) -> None:

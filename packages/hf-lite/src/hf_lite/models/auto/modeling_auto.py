@@ -31,14 +31,20 @@ class _BaseAutoModelClass:
 
     @classmethod
     def from_config(cls, config: PretrainedConfig, **kwargs):
-        return cls._model_class(config)(config, **kwargs)
+        """A freshly initialised model; ``dtype=`` builds it in that dtype (transformers' ``_from_config``)."""
+        return cls._model_class(config)._from_config(config, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args, **kwargs):
         config = kwargs.pop("config", None)
         if config is None:
-            config_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k not in _LOAD_KWARGS}
-            config = AutoConfig.from_pretrained(pretrained_model_name_or_path, **config_kwargs)
+            load_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _LOAD_KWARGS}
+            # Config attributes override config.json; what is left goes to the model's __init__ (transformers).
+            config, kwargs = AutoConfig.from_pretrained(
+                pretrained_model_name_or_path, subfolder=load_kwargs.get("subfolder", ""), return_unused_kwargs=True,
+                **kwargs,
+            )
+            kwargs.update(load_kwargs)
         model_class = cls._model_class(config)
         return model_class.from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
 
@@ -54,7 +60,10 @@ class _BaseAutoModelClass:
         cls._model_mapping[config_class] = model_class
 
 
-_LOAD_KWARGS = {"torch_dtype", "dtype", "device_map", "output_loading_info", "ignore_mismatched_sizes"}
+_LOAD_KWARGS = {
+    "torch_dtype", "dtype", "device_map", "output_loading_info", "ignore_mismatched_sizes", "subfolder", "variant",
+    "use_safetensors",
+}
 
 
 class AutoModel(_BaseAutoModelClass):

@@ -28,8 +28,10 @@ class AutoTokenizer:
         raise OSError("AutoTokenizer is designed to be instantiated using `AutoTokenizer.from_pretrained(path)`.")
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, use_fast: bool = True, **kwargs):
-        directory = os.fspath(pretrained_model_name_or_path)
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, use_fast: bool = True, subfolder: str = "", **kwargs
+    ):
+        directory = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
         if not os.path.isdir(directory):
             raise OSError(f"{directory!r} is not a local directory (hf-lite does not download from a hub)")
         has_json = os.path.isfile(os.path.join(directory, TOKENIZER_FILE))

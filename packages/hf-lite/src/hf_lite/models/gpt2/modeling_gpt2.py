@@ -8,14 +8,15 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...activations import get_activation
+from ...attention_utils import attention_forward
 from ...cache_utils import DynamicCache, prepare_past_key_values
 from ...generation.utils import GenerationMixin
 from ...loss_utils import causal_lm_output
 from ...masking_utils import create_causal_mask
+from ...modeling_layers import GradientCheckpointingLayer, use_cache_under_checkpointing
 from ...modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from ...modeling_utils import PreTrainedModel
 from .configuration_gpt2 import GPT2Config
@@ -50,23 +51,16 @@ class GPT2Attention(nn.Module):
         self.attn_dropout = nn.Dropout(config.attn_pdrop)
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
-    def forward(self, hidden_states, attention_mask=None, cache: DynamicCache | None = None):
+    def forward(self, hidden_states, attention_mask=None, cache: DynamicCache | None = None, output_attentions=False):
         bsz, q_len, _ = hidden_states.shape
         q, k, v = self.c_attn(hidden_states).split(self.embed_dim, dim=2)
         q, k, v = (t.view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attention_mask,
-            dropout_p=self.attn_dropout.p if self.training else 0.0,
-            is_causal=attention_mask is None and q_len > 1,
-            scale=self.scaling,
-        )
+        dropout = self.attn_dropout.p if self.training else 0.0
+        out, weights = attention_forward(q, k, v, attention_mask, self.scaling, dropout, output_attentions)
         out = out.transpose(1, 2).reshape(bsz, q_len, self.embed_dim)
-        return self.resid_dropout(self.c_proj(out))
+        return self.resid_dropout(self.c_proj(out)), weights
 
 
 class GPT2MLP(nn.Module):
@@ -81,7 +75,7 @@ class GPT2MLP(nn.Module):
         return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
-class GPT2Block(nn.Module):
+class GPT2Block(GradientCheckpointingLayer):
     def __init__(self, config: GPT2Config, layer_idx: int):
         super().__init__()
         inner = config.n_inner if config.n_inner is not None else 4 * config.n_embd
@@ -90,14 +84,17 @@ class GPT2Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = GPT2MLP(inner, config)
 
-    def forward(self, hidden_states, attention_mask=None, cache=None):
-        hidden_states = hidden_states + self.attn(self.ln_1(hidden_states), attention_mask, cache)
-        return hidden_states + self.mlp(self.ln_2(hidden_states))
+    def forward(self, hidden_states, attention_mask=None, cache=None, output_attentions=False):
+        attn, weights = self.attn(self.ln_1(hidden_states), attention_mask, cache, output_attentions)
+        hidden_states = hidden_states + attn
+        return hidden_states + self.mlp(self.ln_2(hidden_states)), weights
 
 
 class GPT2PreTrainedModel(PreTrainedModel):
     config_class = GPT2Config
     base_model_prefix = "transformer"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["GPT2Block"]
     _keys_to_ignore_on_load_unexpected = [r"attn\.bias$", r"attn\.masked_bias$"]
 
     def _init_weights(self, module):
@@ -140,34 +137,53 @@ class GPT2Model(GPT2PreTrainedModel):
         input_ids=None,
         past_key_values=None,
         attention_mask=None,
+        token_type_ids=None,
         position_ids=None,
         inputs_embeds=None,
         use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
         cache=None,
-        **kwargs,
     ) -> BaseModelOutputWithPast:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        config = self.config
+        use_cache = config.use_cache if use_cache is None else use_cache
+        use_cache = use_cache_under_checkpointing(self.h, use_cache, self.training)
+        output_attentions, output_hidden_states = self._output_flags(output_attentions, output_hidden_states)
         past_key_values = prepare_past_key_values(past_key_values, cache, use_cache)
         if inputs_embeds is None:
             inputs_embeds = self.wte(input_ids)
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
         q_len = inputs_embeds.shape[1]
-        if past_len + q_len > self.config.n_positions:
-            raise ValueError(f"sequence length {past_len + q_len} exceeds n_positions={self.config.n_positions}")
+        if past_len + q_len > config.n_positions:
+            raise ValueError(f"sequence length {past_len + q_len} exceeds n_positions={config.n_positions}")
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + q_len, device=inputs_embeds.device)[None]
-        hidden = self.drop(inputs_embeds + self.wpe(position_ids))
+        hidden = inputs_embeds + self.wpe(position_ids)
+        if token_type_ids is not None:  # GPT-2 embeds segment ids with the token table (transformers)
+            hidden = hidden + self.wte(token_type_ids)
+        hidden = self.drop(hidden)
         mask = create_causal_mask(attention_mask, q_len, past_len, hidden.dtype, hidden.device)
+        all_hidden, all_attn = [], []
         for block in self.h:
-            hidden = block(hidden, mask, past_key_values)
+            all_hidden.append(hidden)
+            hidden, weights = block(hidden, mask, past_key_values if use_cache else None, output_attentions)
+            all_attn.append(weights)
         hidden = self.ln_f(hidden)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values if use_cache else None)
+        out = BaseModelOutputWithPast(
+            last_hidden_state=hidden,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=(*all_hidden, hidden) if output_hidden_states else None,
+            attentions=tuple(all_attn) if output_attentions else None,
+        )
+        return out if return_dict is not False else out.to_tuple()
 
 
 class GPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+    accepts_loss_kwargs = True  # the Trainer then passes num_items_in_batch (gradient accumulation)
 
     def __init__(self, config: GPT2Config):
         super().__init__(config)
@@ -180,20 +196,27 @@ class GPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
         input_ids=None,
         past_key_values=None,
         attention_mask=None,
+        token_type_ids=None,
         position_ids=None,
         inputs_embeds=None,
         labels=None,
         use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
         logits_to_keep: int = 0,
         cache=None,
-        **kwargs,
+        **loss_kwargs,
     ) -> CausalLMOutputWithPast:
         out = self.transformer(
             input_ids=input_ids,
             past_key_values=past_key_values if past_key_values is not None else cache,
             attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
         )
-        return causal_lm_output(self.lm_head, out, labels, logits_to_keep, **kwargs)
+        return causal_lm_output(self, out, labels, logits_to_keep, return_dict, **loss_kwargs)

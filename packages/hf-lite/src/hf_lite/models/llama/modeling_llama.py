@@ -6,14 +6,15 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...activations import get_activation
+from ...attention_utils import attention_forward
 from ...cache_utils import DynamicCache, prepare_past_key_values
 from ...generation.utils import GenerationMixin
 from ...loss_utils import causal_lm_output
 from ...masking_utils import create_causal_mask
+from ...modeling_layers import GradientCheckpointingLayer, use_cache_under_checkpointing
 from ...modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from ...modeling_utils import PreTrainedModel
 from .configuration_llama import LlamaConfig
@@ -109,7 +110,10 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
-    def forward(self, hidden_states, position_embeddings, attention_mask=None, cache: DynamicCache | None = None):
+    def forward(
+        self, hidden_states, position_embeddings, attention_mask=None, cache: DynamicCache | None = None,
+        output_attentions=False,
+    ):
         bsz, q_len, _ = hidden_states.shape
         q = self.q_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
@@ -119,20 +123,12 @@ class LlamaAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         # The cache stores the compact K/V heads; SDPA broadcasts each to its query group without copying.
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attention_mask,
-            dropout_p=self.attention_dropout if self.training else 0.0,
-            is_causal=attention_mask is None and q_len > 1,
-            scale=self.scaling,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
-        return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
+        dropout = self.attention_dropout if self.training else 0.0
+        out, weights = attention_forward(q, k, v, attention_mask, self.scaling, dropout, output_attentions)
+        return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1)), weights
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config: LlamaConfig, layer_idx: int):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx)
@@ -140,15 +136,19 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None):
-        attn = self.self_attn(self.input_layernorm(hidden_states), position_embeddings, attention_mask, cache)
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None, output_attentions=False):
+        attn, weights = self.self_attn(
+            self.input_layernorm(hidden_states), position_embeddings, attention_mask, cache, output_attentions
+        )
         h = hidden_states + attn
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h)), weights
 
 
 class LlamaPreTrainedModel(PreTrainedModel):
     config_class = LlamaConfig
     base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["LlamaDecoderLayer"]
 
     def _init_weights(self, module):
         std = self.config.initializer_range
@@ -188,12 +188,16 @@ class LlamaModel(LlamaPreTrainedModel):
         past_key_values=None,
         inputs_embeds=None,
         use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
         cache=None,
-        **kwargs,
     ) -> BaseModelOutputWithPast:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         use_cache = self.config.use_cache if use_cache is None else use_cache
+        use_cache = use_cache_under_checkpointing(self.layers, use_cache, self.training)
+        output_attentions, output_hidden_states = self._output_flags(output_attentions, output_hidden_states)
         past_key_values = prepare_past_key_values(past_key_values, cache, use_cache)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
@@ -204,14 +208,25 @@ class LlamaModel(LlamaPreTrainedModel):
         mask = create_causal_mask(attention_mask, q_len, past_len, inputs_embeds.dtype, inputs_embeds.device)
         hidden = inputs_embeds
         position_embeddings = self.rotary_emb(hidden, position_ids)
+        all_hidden, all_attn = [], []
         for layer in self.layers:
-            hidden = layer(hidden, position_embeddings, mask, past_key_values)
+            all_hidden.append(hidden)
+            cache_arg = past_key_values if use_cache else None
+            hidden, weights = layer(hidden, position_embeddings, mask, cache_arg, output_attentions)
+            all_attn.append(weights)
         hidden = self.norm(hidden)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values if use_cache else None)
+        out = BaseModelOutputWithPast(
+            last_hidden_state=hidden,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=(*all_hidden, hidden) if output_hidden_states else None,
+            attentions=tuple(all_attn) if output_attentions else None,
+        )
+        return out if return_dict is not False else out.to_tuple()
 
 
 class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    accepts_loss_kwargs = True  # the Trainer then passes num_items_in_batch (gradient accumulation)
 
     def __init__(self, config: LlamaConfig):
         super().__init__(config)
@@ -228,9 +243,12 @@ class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
         inputs_embeds=None,
         labels=None,
         use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
         logits_to_keep: int = 0,
         cache=None,
-        **kwargs,
+        **loss_kwargs,
     ) -> CausalLMOutputWithPast:
         out = self.model(
             input_ids=input_ids,
@@ -239,5 +257,7 @@ class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
             past_key_values=past_key_values if past_key_values is not None else cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
         )
-        return causal_lm_output(self.lm_head, out, labels, logits_to_keep, **kwargs)
+        return causal_lm_output(self, out, labels, logits_to_keep, return_dict, **loss_kwargs)

@@ -1,0 +1,114 @@
+"""save_pretrained writes a directory the way a checkpoint must survive a crash: staged beside the target, fsynced,
+swapped in whole; files get the umask's mode; only the main process writes; other files in the directory stay.
+
+Mirrors the save cases of transformers' tests/utils/test_modeling_utils.py; the crash and mode cases are hf-lite's
+own (transformers writes in place).
+"""
+
+import os
+
+import pytest
+import torch
+from hf_lite import GPT2Tokenizer, LlamaForCausalLM
+from hf_lite_testing import make_model
+
+
+def _snapshot(directory) -> dict[str, bytes]:
+    return {e: (directory / e).read_bytes() for e in sorted(os.listdir(directory)) if (directory / e).is_file()}
+
+
+def _logits(model_dir):
+    with torch.no_grad():
+        return LlamaForCausalLM.from_pretrained(model_dir)(input_ids=torch.tensor([[3, 4, 5]])).logits
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_saved_files_get_the_umask_mode(tmp_path, umask_022, trained_tokenizer_dir):
+    make_model("llama").save_pretrained(tmp_path / "ckpt", max_shard_size="30KB")
+    GPT2Tokenizer.from_pretrained(trained_tokenizer_dir).save_pretrained(tmp_path / "ckpt")
+    assert os.stat(tmp_path / "ckpt").st_mode & 0o777 == 0o755
+    modes = {e: os.stat(tmp_path / "ckpt" / e).st_mode & 0o777 for e in os.listdir(tmp_path / "ckpt")}
+    assert len(modes) > 6 and set(modes.values()) == {0o644}, modes
+
+
+@pytest.mark.parametrize("exchange", ["renameat2", "rename_fallback"])
+def test_a_crash_mid_save_leaves_the_previous_checkpoint_whole(exchange, tmp_path, monkeypatch):
+    import hf_lite.checkpoint_utils as checkpoint_utils
+    import hf_lite.utils as utils
+
+    if exchange == "rename_fallback":
+        monkeypatch.setattr(utils, "_exchange", lambda a, b: False)
+    make_model("llama", seed=0).save_pretrained(tmp_path / "ckpt", max_shard_size="30KB")
+    before, logits = _snapshot(tmp_path / "ckpt"), _logits(tmp_path / "ckpt")
+    real_save, calls = checkpoint_utils.safetensors_save, []
+
+    def dies_on_the_second_shard(tensors, metadata=None):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed mid-save")
+        return real_save(tensors, metadata=metadata)
+
+    monkeypatch.setattr(checkpoint_utils, "safetensors_save", dies_on_the_second_shard)
+    with pytest.raises(KeyboardInterrupt):
+        make_model("llama", seed=1).save_pretrained(tmp_path / "ckpt", max_shard_size="20KB")
+    assert _snapshot(tmp_path / "ckpt") == before
+    assert os.listdir(tmp_path) == ["ckpt"], "the staging directory is removed"
+    torch.testing.assert_close(_logits(tmp_path / "ckpt"), logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("exchange", ["renameat2", "rename_fallback"])
+def test_the_new_checkpoint_appears_whole_and_other_files_stay(exchange, tmp_path, monkeypatch):
+    import hf_lite.modeling_utils as modeling_utils
+    import hf_lite.utils as utils
+
+    if exchange == "rename_fallback":
+        monkeypatch.setattr(utils, "_exchange", lambda a, b: False)
+    target = tmp_path / "ckpt"
+    make_model("llama", seed=0).save_pretrained(target, max_shard_size="30KB")
+    (target / "tokenizer.json").write_text("{}")
+    (target / "runs").mkdir()
+    (target / "runs" / "events").write_text("log")
+    before = _snapshot(target)
+    seen_during_save = []
+    real = modeling_utils.save_state_dict
+
+    def watching(*args, **kwargs):
+        names = real(*args, **kwargs)
+        seen_during_save.append(_snapshot(target))  # everything of the new save is written, not yet swapped in
+        return names
+
+    monkeypatch.setattr(modeling_utils, "save_state_dict", watching)
+    new = make_model("llama", seed=1)
+    new.save_pretrained(target)
+    assert seen_during_save == [before]
+    assert sorted(os.listdir(target)) == ["config.json", "generation_config.json", "model.safetensors", "runs",
+                                          "tokenizer.json"]
+    assert (target / "runs" / "events").read_text() == "log" and (target / "tokenizer.json").read_text() == "{}"
+    with torch.no_grad():
+        torch.testing.assert_close(_logits(target), new(input_ids=torch.tensor([[3, 4, 5]])).logits)
+    assert os.listdir(tmp_path) == ["ckpt"]
+
+
+def test_every_written_file_and_the_directory_are_fsynced(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real(fd))
+    make_model("llama").save_pretrained(tmp_path / "ckpt", max_shard_size="30KB")
+    names = set(os.listdir(tmp_path / "ckpt"))
+    synced_names = {os.path.basename(p) for p in synced}
+    assert all(any(s.endswith(n) for s in synced_names) for n in names), (names, synced_names)
+    # the staged directory itself, and its parent once it is renamed into place
+    assert any(os.path.basename(s).startswith(".ckpt.saving-") for s in synced) and str(tmp_path) in synced
+
+
+def test_only_the_main_process_writes(tmp_path):
+    make_model("llama").save_pretrained(tmp_path / "rank1", is_main_process=False)
+    assert not (tmp_path / "rank1").exists()
+    make_model("llama").save_pretrained(tmp_path / "rank0", is_main_process=True)
+    assert (tmp_path / "rank0" / "model.safetensors").is_file()
