@@ -1,3 +1,18 @@
-"""paged_serve."""
+"""paged_serve: vLLM rebuilt small. ``from paged_serve import LLM, SamplingParams`` works like vLLM's import."""
+
+from paged_serve.engine.arg_utils import EngineArgs
+from paged_serve.engine.llm_engine import LLMEngine
+from paged_serve.entrypoints.llm import LLM
+from paged_serve.outputs import CompletionOutput, RequestOutput
+from paged_serve.sampling_params import RequestOutputKind, SamplingParams
 
 __version__ = "0.1.0"
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineArgs",
+    "LLMEngine",
+    "RequestOutput",
+    "RequestOutputKind",
+    "SamplingParams",
+]

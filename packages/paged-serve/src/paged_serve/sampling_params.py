@@ -106,6 +106,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be 0 with beam search, got {self.temperature}")
         if self.top_p < 1.0 - _SAMPLING_EPS or self.top_k != -1 or self.min_p > 0:
             raise ValueError("top_p, top_k and min_p must be off (1.0, -1, 0.0) with beam search")
+        if self.stop:
+            raise ValueError("stop strings are not supported with beam search (use stop_token_ids)")
         if self.early_stopping not in (True, False, "never"):
             raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
 

@@ -1,0 +1,1 @@
+"""The engine: LLMEngine (synchronous steps), AsyncLLMEngine (for the server), arguments, statistics."""

@@ -1,0 +1,214 @@
+"""``LLMEngine`` (vLLM v0 ``engine/llm_engine.py``): one call to ``step`` is one iteration of continuous batching.
+
+``step``: the scheduler picks this step's sequences -> the cache engine applies its swap/copy decisions -> the model
+runner runs one packed forward pass -> the sampler picks the next tokens -> the output processor appends them,
+forks, stops and frees -> ``RequestOutput`` s for the requests that moved. Requests join (``add_request``) and
+leave (finish, ``abort_request``) between any two steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from paged_serve.config import CacheConfig
+from paged_serve.core.scheduler import Scheduler
+from paged_serve.core.sequence import Sequence, SequenceGroup
+from paged_serve.engine.arg_utils import EngineArgs
+from paged_serve.engine.beam_search import BeamSearchProcessor
+from paged_serve.engine.metrics import StatLogger, Stats
+from paged_serve.engine.output_processor import OutputProcessor, RequestState
+from paged_serve.engine.stop_checker import StopChecker
+from paged_serve.model_executor.layers.sampler import Sampler, SampleRow
+from paged_serve.model_executor.model_loader import get_model, load_hf_config, resolve_dtype
+from paged_serve.outputs import RequestOutput
+from paged_serve.sampling_params import SamplingParams
+from paged_serve.transformers_utils.tokenizer import Tokenizer
+from paged_serve.worker.cache_engine import CacheEngine
+from paged_serve.worker.kv_budget import determine_num_blocks
+from paged_serve.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+def _eos_token_ids(model_dir: Path, hf_config: dict, tokenizer: Tokenizer) -> set[int]:
+    ids: set[int] = set()
+    sources = [hf_config.get("eos_token_id"), tokenizer.eos_token_id]
+    gen = model_dir / "generation_config.json"
+    if gen.is_file():
+        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+    for value in sources:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids |= {int(v) for v in value}
+    return {i for i in ids if i >= 0}
+
+
+class LLMEngine:
+    def __init__(self, engine_args: EngineArgs):
+        args = self.engine_args = engine_args
+        if args.device == "auto":
+            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        else:
+            if args.device == "cuda" and not torch.cuda.is_available():
+                raise ValueError("device='cuda' but no CUDA device is available")
+            self.device = torch.device(args.device)
+        model_dir = Path(args.model)
+        self.hf_config = load_hf_config(model_dir)
+        self.dtype = resolve_dtype(args.dtype, self.hf_config)
+        model_max_len = self.hf_config.get("max_position_embeddings") or self.hf_config.get("n_positions") or 2048
+        self.scheduler_config = args.create_scheduler_config(model_max_len)
+        self.tokenizer = Tokenizer(args.tokenizer or args.model)
+        self.eos_token_ids = _eos_token_ids(model_dir, self.hf_config, self.tokenizer)
+        self.model = get_model(model_dir, self.dtype, self.device, self.hf_config)
+        self.vocab_size = self.hf_config["vocab_size"]
+        num_layers = self.hf_config.get("num_hidden_layers") or self.hf_config["n_layer"]
+        geometry = (args.block_size, num_layers, self.model.num_kv_heads, self.model.head_dim, self.dtype)
+        num_gpu, num_cpu = determine_num_blocks(args, self.model, geometry, self.device, self.scheduler_config)
+        max_len = self.scheduler_config.max_model_len
+        if num_gpu * args.block_size < max_len:
+            raise ValueError(
+                f"max_model_len ({max_len}) is larger than the KV cache holds ({num_gpu} blocks x {args.block_size} "
+                f"tokens): lower max_model_len or give the cache more blocks / memory"
+            )
+        self.cache_config = CacheConfig(
+            args.block_size,
+            args.gpu_memory_utilization,
+            args.swap_space,
+            enable_prefix_caching=args.enable_prefix_caching,
+        )
+        self.cache_config.num_gpu_blocks, self.cache_config.num_cpu_blocks = num_gpu, num_cpu
+        self.cache_engine = CacheEngine(
+            num_layers, self.model.num_kv_heads, self.model.head_dim, args.block_size, num_gpu, num_cpu,
+            self.dtype, self.device,
+        )  # fmt: skip
+        self.scheduler = Scheduler(self.scheduler_config, self.cache_config)
+        self.model_runner = ModelRunner(self.model, args.block_size, self.device)
+        self.sampler = Sampler(torch.Generator(self.device).manual_seed(args.seed))
+        self.seq_counter = itertools.count()
+        self.output_processor = OutputProcessor(self.scheduler, self.tokenizer, StopChecker(max_len), self.seq_counter)
+        self.beam_search = BeamSearchProcessor(self.output_processor)
+        self.requests: dict[str, RequestState] = {}
+        self.stat_logger = StatLogger()
+        logger.info("KV cache: %d device blocks, %d CPU blocks of %d tokens", num_gpu, num_cpu, args.block_size)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        return cls(engine_args)
+
+    # -------------------------------------------------------------- requests
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        params: SamplingParams | None = None,
+        prompt_token_ids: list[int] | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; exactly one of ``prompt`` (text) and ``prompt_token_ids`` is needed."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if (prompt is None) == (prompt_token_ids is None):
+            raise ValueError("give exactly one of prompt and prompt_token_ids")
+        if prompt_token_ids is None:
+            prompt_token_ids = self.tokenizer.encode(prompt)
+        prompt_token_ids = [int(t) for t in prompt_token_ids]
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty (no tokens)")
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        params = (params or SamplingParams()).clone()
+        if params.logprobs is not None and params.logprobs > self.engine_args.max_logprobs:
+            raise ValueError(f"logprobs={params.logprobs} exceeds max_logprobs={self.engine_args.max_logprobs}")
+        params.update_from_generation_config(self.eos_token_ids)
+        seq = Sequence(next(self.seq_counter), prompt_token_ids, self.cache_config.block_size, prompt)
+        group = SequenceGroup(request_id, [seq], arrival_time=arrival_time, sampling_params=params)
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(self.device).manual_seed(params.seed)
+        self.requests[request_id] = RequestState(group, params, generator, index={seq.seq_id: 0})
+        self.scheduler.add_seq_group(group)
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        self.scheduler.abort_seq_group(ids)
+        for rid in ids:
+            self.requests.pop(rid, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_seqs()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.get_num_unfinished_seq_groups()
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> list[RequestOutput]:
+        metas, outs = self.scheduler.schedule()
+        self.cache_engine.swap_out(outs.blocks_to_swap_out)
+        self.cache_engine.swap_in(outs.blocks_to_swap_in)
+        self.cache_engine.copy(outs.blocks_to_copy)
+        num_prompt = num_gen = 0
+        if metas:
+            model_input = self.model_runner.prepare_input(metas)
+            logits = self.model_runner.execute_model(model_input, self.cache_engine.gpu_cache)
+            self.scheduler.update_from_output(outs)
+            num_prompt = model_input.attn_metadata.num_prefill_tokens
+            num_gen = len(model_input.sampled_seqs)
+            self._sample_and_process(model_input.sampled_seqs, logits)
+        finished = self.scheduler.free_finished_seq_groups()
+        outputs = []
+        moved = [s.seq_group for s in outs.scheduled_seq_groups] + list(outs.ignored_seq_groups)
+        for group in moved:
+            state = self.requests.get(group.request_id)
+            if state is None:
+                continue
+            output = self.output_processor.make_output(state)
+            if output is not None:
+                outputs.append(output)
+            if group.is_finished():
+                del self.requests[group.request_id]
+        self.stat_logger.record_step(num_prompt, num_gen, len(finished) + len(outs.ignored_seq_groups))
+        return outputs
+
+    def _sample_and_process(self, sampled_seqs, logits: torch.Tensor) -> None:
+        rows, plain, beams = [], [], {}
+        for i, (meta, seq) in enumerate(sampled_seqs):
+            state = self.requests[meta.request_id]
+            if state.params.use_beam_search:
+                beams.setdefault(meta.request_id, []).append((i, seq))
+                continue
+            first = seq.get_output_len() == 0 and state.group.num_seqs() == 1
+            num = state.params.best_of if first else 1
+            rows.append(SampleRow(state.params, seq.prompt_token_ids, seq.output_token_ids, state.generator, num))
+            plain.append((i, state, seq))
+        if plain:
+            index = torch.tensor([i for i, _, _ in plain], device=logits.device)
+            for (_, state, seq), result in zip(plain, self.sampler(logits[index], rows)):
+                self.output_processor.process_sample(state, seq, result)
+        for request_id, members in beams.items():
+            index = torch.tensor([i for i, _ in members], device=logits.device)
+            self.beam_search.step(self.requests[request_id], [s for _, s in members], logits[index], self.sampler)
+
+    # ----------------------------------------------------------------- stats
+    def get_stats(self) -> Stats:
+        manager = self.scheduler.block_manager
+        stats = Stats(**self.stat_logger.totals.as_dict())
+        stats.num_running = len(self.scheduler.running)
+        stats.num_waiting = len(self.scheduler.waiting)
+        stats.num_swapped = len(self.scheduler.swapped)
+        total_gpu, total_cpu = self.cache_config.num_gpu_blocks, self.cache_config.num_cpu_blocks
+        stats.gpu_cache_usage = 1.0 - manager.get_num_free_gpu_blocks() / total_gpu if total_gpu else 0.0
+        stats.cpu_cache_usage = 1.0 - manager.get_num_free_cpu_blocks() / total_cpu if total_cpu else 0.0
+        stats.kv_utilization = manager.get_kv_utilization()
+        stats.prefix_cache_hit_rate = manager.get_prefix_cache_hit_rate()
+        stats.num_preemptions_recompute = self.scheduler.num_preemptions["recompute"]
+        stats.num_preemptions_swap = self.scheduler.num_preemptions["swap"]
+        stats.prompt_throughput, stats.generation_throughput = self.stat_logger.throughputs()
+        return stats

@@ -1,0 +1,69 @@
+"""``LLM`` (vLLM ``entrypoints/llm.py``): offline batched generation over ``LLMEngine``.
+
+``LLM(model_dir, **engine_args).generate(prompts, sampling_params)`` queues every prompt, steps the engine until
+all are done (continuous batching does the rest) and returns one ``RequestOutput`` per prompt, in prompt order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from paged_serve.engine.arg_utils import EngineArgs
+from paged_serve.engine.llm_engine import LLMEngine
+from paged_serve.engine.metrics import Stats
+from paged_serve.outputs import RequestOutput
+from paged_serve.sampling_params import RequestOutputKind, SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str, **kwargs):
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs.from_kwargs(model, **kwargs))
+        self._counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        prompt_token_ids: Sequence[Sequence[int]] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for text prompts, or for ``prompt_token_ids`` (one list of ids per prompt)."""
+        if (prompts is None) == (prompt_token_ids is None):
+            raise ValueError("give exactly one of prompts and prompt_token_ids")
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        items = list(prompts) if prompts is not None else [list(ids) for ids in prompt_token_ids]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(items)
+        if len(sampling_params) != len(items):
+            raise ValueError(f"{len(sampling_params)} sampling_params for {len(items)} prompts")
+        engine = self.llm_engine
+        ids = []
+        for item, params in zip(items, sampling_params):
+            params = params.clone()
+            params.output_kind = RequestOutputKind.FINAL_ONLY
+            rid = str(next(self._counter))
+            if isinstance(item, str):
+                engine.add_request(rid, prompt=item, params=params)
+            else:
+                engine.add_request(rid, prompt_token_ids=item, params=params)
+            ids.append(rid)
+        results: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm, unit="req") as bar:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished:
+                        results[output.request_id] = output
+                        bar.update(1)
+        return [results[rid] for rid in ids]
+
+    def get_stats(self) -> Stats:
+        return self.llm_engine.get_stats()

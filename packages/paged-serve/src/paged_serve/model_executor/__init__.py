@@ -1,0 +1,1 @@
+"""Models written on the paged attention kernels, their layers, the sampler and the checkpoint loader."""

@@ -1,0 +1,1 @@
+"""Model building blocks over the paged KV cache: attention, rotary embedding, norms, the sampler."""

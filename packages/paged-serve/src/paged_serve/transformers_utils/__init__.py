@@ -1,0 +1,1 @@
+"""Hugging Face formats the engine reads: tokenizer.json and tokenizer_config.json."""

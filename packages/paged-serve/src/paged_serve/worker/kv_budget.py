@@ -1,0 +1,83 @@
+"""How many KV blocks each pool gets (vLLM ``Worker.determine_num_available_blocks``).
+
+In order: an explicit block count; a byte budget (``kv_cache_memory_bytes``); on CUDA, ``gpu_memory_utilization``
+of the device minus the weights and the peak activations of a profiling forward pass at the largest batch; on CPU
+4 GiB (vLLM CPU's ``VLLM_CPU_KVCACHE_SPACE`` default). A derived (not explicit) count is capped at what
+``max_num_seqs`` sequences of ``max_model_len`` tokens can use. The CPU swap pool is ``swap_space`` GiB unless
+``num_cpu_blocks`` is given.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from paged_serve.config import SchedulerConfig
+from paged_serve.model_executor.layers.attention import AttentionMetadata
+from paged_serve.worker.cache_engine import CacheEngine
+
+logger = logging.getLogger(__name__)
+GiB = 1 << 30
+CPU_KV_CACHE_BYTES = 4 * GiB
+
+
+@torch.inference_mode()
+def _profile_cuda_bytes(model, geometry, device, config: SchedulerConfig, utilization: float) -> int:
+    """Bytes left for the KV cache after the weights and one largest-batch forward pass (peak memory)."""
+    block_size, num_layers, kv_heads, head_dim, dtype = geometry
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    free, total = torch.cuda.mem_get_info(device)
+    non_torch = (total - free) - torch.cuda.memory_allocated(device)
+    tokens = config.max_num_batched_tokens
+    seq_len = min(tokens, config.max_model_len)
+    num_seqs = -(-tokens // seq_len)
+    blocks_per_seq = -(-seq_len // block_size)
+    cache = CacheEngine(num_layers, kv_heads, head_dim, block_size, num_seqs * blocks_per_seq, 0, dtype, device)
+    lens = [min(seq_len, tokens - i * seq_len) for i in range(num_seqs)]
+    starts = [0]
+    for n in lens:
+        starts.append(starts[-1] + n)
+    tables = torch.arange(num_seqs * blocks_per_seq, dtype=torch.int32, device=device).view(num_seqs, blocks_per_seq)
+    slots = torch.cat([tables[i].long().repeat_interleave(block_size)[:n] * block_size
+                       + torch.arange(n, device=device) % block_size for i, n in enumerate(lens)])  # fmt: skip
+    md = AttentionMetadata(
+        num_prefill_tokens=tokens, num_decode_tokens=0, slot_mapping=slots, prefill_block_tables=tables,
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        prefill_context_lens=torch.tensor(lens, dtype=torch.int32, device=device), max_query_len=seq_len,
+    )  # fmt: skip
+    positions = torch.cat([torch.arange(n, device=device) for n in lens])
+    hidden = model(torch.zeros(tokens, dtype=torch.long, device=device), positions, cache.gpu_cache, md)
+    model.compute_logits(hidden[-num_seqs:])
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - cache.num_bytes()["gpu"]
+    del cache, hidden
+    torch.cuda.empty_cache()
+    return int(total * utilization - peak - non_torch)
+
+
+def determine_num_blocks(args, model, geometry, device: torch.device, config: SchedulerConfig) -> tuple[int, int]:
+    block_bytes = CacheEngine.get_cache_block_size(*geometry)
+    block_size = geometry[0]
+    cap = config.max_num_seqs * -(-config.max_model_len // block_size)
+    if args.gpu_blocks is not None:
+        num_gpu = args.gpu_blocks
+    else:
+        if args.kv_cache_memory_bytes is not None:
+            budget = args.kv_cache_memory_bytes
+        elif device.type == "cuda":
+            budget = _profile_cuda_bytes(model, geometry, device, config, args.gpu_memory_utilization)
+        else:
+            budget = CPU_KV_CACHE_BYTES
+        num_gpu = min(budget // block_bytes, cap)
+        if num_gpu < 1:
+            raise ValueError(
+                f"no memory left for the KV cache ({budget} bytes for {block_bytes}-byte blocks): raise "
+                "gpu_memory_utilization / kv_cache_memory_bytes or use a smaller model"
+            )
+    if args.num_cpu_blocks is not None:
+        num_cpu = args.num_cpu_blocks
+    else:
+        num_cpu = min(int(args.swap_space * GiB) // block_bytes, cap)
+    return int(num_gpu), int(num_cpu)
