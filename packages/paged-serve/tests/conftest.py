@@ -85,3 +85,68 @@ def sdpa_reference(q, k, v, causal_offset=None):
 @pytest.fixture
 def sdpa():
     return sdpa_reference
+
+
+# ---------------------------------------------------------------- tiny Hugging Face checkpoints
+_CORPUS = [f"the quick brown fox jumps over the lazy dog {i} times, said the cat to the bird" for i in range(200)]
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def _save_tokenizer(path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(_CORPUS, trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    hf.chat_template = _CHAT_TEMPLATE
+    hf.save_pretrained(path)
+    return len(hf)
+
+
+def build_checkpoint(path, arch="llama", seed=0, max_shard_size=None, **overrides):
+    """A tiny random model saved by transformers (weights, config, tokenizer) into ``path``; returns the model."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    vocab = _save_tokenizer(path)
+    torch.manual_seed(seed)
+    if arch == "llama":
+        kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+        cfg = LlamaConfig(vocab_size=vocab, bos_token_id=0, eos_token_id=1, **{**kw, **overrides})
+        model = LlamaForCausalLM(cfg)
+    else:
+        kw = dict(n_embd=64, n_layer=2, n_head=4, n_positions=256)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, bos_token_id=0, eos_token_id=1, **{**kw, **overrides}))
+    model.eval()
+    model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    return model
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """``checkpoint(arch, **config)`` -> (directory, transformers model); built once per distinct arguments."""
+    cache = {}
+
+    def make(arch="llama", **overrides):
+        key = (arch, repr(sorted(overrides.items())))
+        if key not in cache:
+            path = tmp_path_factory.mktemp(f"ckpt-{arch}")
+            cache[key] = (str(path), build_checkpoint(path, arch, **overrides))
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture
+def checkpoint_builder():
+    """``build_checkpoint`` itself, for tests that need a checkpoint of their own (sharded, other seed)."""
+    return build_checkpoint
