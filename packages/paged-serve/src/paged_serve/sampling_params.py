@@ -86,13 +86,19 @@ class SamplingParams:
         check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]")
         check(isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 1), "top_k", "-1 (off) or >= 1")
         check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]")
-        check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1), "max_tokens",
-              "None or an int >= 1")  # fmt: skip
+        check(
+            self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+            "max_tokens",
+            "None or an int >= 1",
+        )
         check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", "an int >= 0")
         if self.max_tokens is not None:
             check(self.min_tokens <= self.max_tokens, "min_tokens", f"<= max_tokens ({self.max_tokens})")
-        check(self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0), "logprobs",
-              "None or an int >= 0")  # fmt: skip
+        check(
+            self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
+            "logprobs",
+            "None or an int >= 0",
+        )
         check(self.seed is None or isinstance(self.seed, int), "seed", "None or an int")
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings")
         check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "token ids >= 0")

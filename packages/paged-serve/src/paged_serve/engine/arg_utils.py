@@ -132,7 +132,7 @@ class EngineArgs:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=_HELP[f.name])
                 continue
             kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
-            parser.add_argument(flag, type=kind, default=default, help=f"{_HELP[f.name]} (default: {default})")
+            parser.add_argument(flag, type=kind, default=default, help=_HELP[f.name])
         return parser
 
     @classmethod

@@ -85,9 +85,15 @@ class LLMEngine:
         )
         self.cache_config.num_gpu_blocks, self.cache_config.num_cpu_blocks = num_gpu, num_cpu
         self.cache_engine = CacheEngine(
-            num_layers, self.model.num_kv_heads, self.model.head_dim, args.block_size, num_gpu, num_cpu,
-            self.dtype, self.device,
-        )  # fmt: skip
+            num_layers,
+            self.model.num_kv_heads,
+            self.model.head_dim,
+            args.block_size,
+            num_gpu,
+            num_cpu,
+            self.dtype,
+            self.device,
+        )
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config)
         self.model_runner = ModelRunner(self.model, args.block_size, self.device)
         self.sampler = Sampler(torch.Generator(self.device).manual_seed(args.seed))

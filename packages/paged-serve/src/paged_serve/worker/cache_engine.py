@@ -30,15 +30,19 @@ class CacheEngine:
         shape = (block_size, num_kv_heads, head_size)
         pin = device.type == "cuda"
         self.gpu_cache = [
-            (torch.empty((num_gpu_blocks, *shape), dtype=dtype, device=device),
-             torch.empty((num_gpu_blocks, *shape), dtype=dtype, device=device))
+            (
+                torch.empty((num_gpu_blocks, *shape), dtype=dtype, device=device),
+                torch.empty((num_gpu_blocks, *shape), dtype=dtype, device=device),
+            )
             for _ in range(num_layers)
-        ]  # fmt: skip
+        ]
         self.cpu_cache = [
-            (torch.empty((num_cpu_blocks, *shape), dtype=dtype, pin_memory=pin),
-             torch.empty((num_cpu_blocks, *shape), dtype=dtype, pin_memory=pin))
+            (
+                torch.empty((num_cpu_blocks, *shape), dtype=dtype, pin_memory=pin),
+                torch.empty((num_cpu_blocks, *shape), dtype=dtype, pin_memory=pin),
+            )
             for _ in range(num_layers)
-        ]  # fmt: skip
+        ]
 
     @staticmethod
     def get_cache_block_size(block_size: int, num_layers: int, num_kv_heads: int, head_size: int, dtype) -> int:

@@ -40,13 +40,22 @@ def _profile_cuda_bytes(model, geometry, device, config: SchedulerConfig, utiliz
     for n in lens:
         starts.append(starts[-1] + n)
     tables = torch.arange(num_seqs * blocks_per_seq, dtype=torch.int32, device=device).view(num_seqs, blocks_per_seq)
-    slots = torch.cat([tables[i].long().repeat_interleave(block_size)[:n] * block_size
-                       + torch.arange(n, device=device) % block_size for i, n in enumerate(lens)])  # fmt: skip
+    slots = torch.cat(
+        [
+            tables[i].long().repeat_interleave(block_size)[:n] * block_size
+            + torch.arange(n, device=device) % block_size
+            for i, n in enumerate(lens)
+        ]
+    )
     md = AttentionMetadata(
-        num_prefill_tokens=tokens, num_decode_tokens=0, slot_mapping=slots, prefill_block_tables=tables,
+        num_prefill_tokens=tokens,
+        num_decode_tokens=0,
+        slot_mapping=slots,
+        prefill_block_tables=tables,
         query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-        prefill_context_lens=torch.tensor(lens, dtype=torch.int32, device=device), max_query_len=seq_len,
-    )  # fmt: skip
+        prefill_context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+        max_query_len=seq_len,
+    )
     positions = torch.cat([torch.arange(n, device=device) for n in lens])
     hidden = model(torch.zeros(tokens, dtype=torch.long, device=device), positions, cache.gpu_cache, md)
     model.compute_logits(hidden[-num_seqs:])

@@ -84,8 +84,9 @@ class Sampler:
             if len(r.output_token_ids) < r.params.min_tokens:
                 stop = [t for t in r.params.all_stop_token_ids if t < logits.shape[1]]
                 logits[i, stop] = float("-inf")
-        if any(r.params.repetition_penalty != 1.0 or r.params.frequency_penalty or r.params.presence_penalty
-               for r in rows):  # fmt: skip
+        if any(
+            r.params.repetition_penalty != 1.0 or r.params.frequency_penalty or r.params.presence_penalty for r in rows
+        ):
             logits = _penalties(logits, rows)
         return logits
 

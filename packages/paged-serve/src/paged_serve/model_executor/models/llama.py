@@ -86,8 +86,13 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     # transformers' separate projections -> (fused parameter, shard index)
-    stacked_params_mapping = (("q_proj", "qkv_proj", 0), ("k_proj", "qkv_proj", 1), ("v_proj", "qkv_proj", 2),
-                              ("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1))  # fmt: skip
+    stacked_params_mapping = (
+        ("q_proj", "qkv_proj", 0),
+        ("k_proj", "qkv_proj", 1),
+        ("v_proj", "qkv_proj", 2),
+        ("gate_proj", "gate_up_proj", 0),
+        ("up_proj", "gate_up_proj", 1),
+    )
 
     def __init__(self, config: dict):
         super().__init__()

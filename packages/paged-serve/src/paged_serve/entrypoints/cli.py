@@ -1,0 +1,49 @@
+"""``paged-serve serve MODEL_DIR`` (vLLM's ``vllm serve``): the OpenAI-compatible server on loopback by default."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from paged_serve.engine.arg_utils import EngineArgs
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="paged-serve", description="paged-serve: vLLM rebuilt small")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="serve a Hugging Face model directory over the OpenAI API",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument("model", help="Hugging Face model directory (config.json, safetensors, tokenizer.json)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it to the network)")
+    serve.add_argument("--port", type=int, default=8000, help="port to bind (0: any free port)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    serve.add_argument("--served-model-name", default=None, help="model name in the API (default: the directory)")
+    serve.add_argument(
+        "--max-waiting-requests", type=int, default=256, help="waiting requests beyond which new ones get 429"
+    )
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    EngineArgs.add_cli_args(serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = make_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        from paged_serve.entrypoints.openai.api_server import build_app, run_server
+    except ImportError as exc:
+        raise SystemExit(f"the server needs the [server] extra: pip install 'paged-serve[server]' ({exc})") from None
+    from paged_serve.engine.async_llm_engine import AsyncLLMEngine
+
+    engine_args = EngineArgs.from_cli_args(args)
+    engine = AsyncLLMEngine.from_engine_args(engine_args, max_waiting_requests=args.max_waiting_requests)
+    name = args.served_model_name or Path(args.model).name
+    run_server(build_app(engine, name, args.api_key), args.host, args.port, args.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server: protocol, completion and chat endpoints, the FastAPI app."""

@@ -1,0 +1,164 @@
+"""``/v1/completions`` (vLLM ``serving_completion.py``): one engine request per prompt, merged into one response.
+
+Non-streaming answers once every prompt is done; streaming sends each request's new text as a server-sent event
+chunk, then ``data: [DONE]``. A prompt may be text, a list of texts, token ids or a list of token-id lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from paged_serve.entrypoints.openai.protocol import CompletionRequest
+from paged_serve.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, sse
+from paged_serve.outputs import CompletionOutput
+
+
+def _logprobs(tokenizer, out: CompletionOutput, offset: int) -> dict | None:
+    if out.logprobs is None:
+        return None
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    text_offset = offset
+    for token_id, lps in zip(out.token_ids, out.logprobs):
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        tokens.append(text)
+        token_logprobs.append(lps[token_id].logprob)
+        entry: dict[str, float] = {}
+        for t, lp in sorted(lps.items(), key=lambda kv: kv[1].rank or 0):  # texts can collide (byte tokens): best wins
+            entry.setdefault(tokenizer.decode([t], skip_special_tokens=False), lp.logprob)
+        top.append(entry)
+        offsets.append(text_offset)
+        text_offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    def _prompts(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        p = request.prompt
+        if isinstance(p, str):
+            return [(p, self.tokenizer.encode(p))]
+        if not p:
+            raise OpenAIError("the prompt is empty", param="prompt")
+        if all(isinstance(x, int) for x in p):
+            return [(None, self.check_ids(list(p)))]
+        if all(isinstance(x, str) for x in p):
+            return [(x, self.tokenizer.encode(x)) for x in p]
+        return [(None, self.check_ids(list(x))) for x in p]
+
+    async def create_completion(self, request: CompletionRequest, raw: Request):
+        self.check_model(request.model)
+        if request.suffix is not None:
+            raise OpenAIError("suffix is not supported", param="suffix")
+        if request.logprobs is not None and request.logprobs > self.engine.engine.engine_args.max_logprobs:
+            raise OpenAIError(f"logprobs={request.logprobs} exceeds the server's max_logprobs", param="logprobs")
+        prompts = self._prompts(request)
+        params = [
+            self.make_params(request, self.check_length(ids, request.max_tokens), request.logprobs)
+            for _, ids in prompts
+        ]
+        base = self.new_id("cmpl")
+        streams = [self.stream(raw, f"{base}-{i}", None, params[i], ids) for i, (_, ids) in enumerate(prompts)]
+        n = request.n
+        if request.stream:
+            return StreamingResponse(self._stream(request, base, prompts, streams, n), media_type="text/event-stream")
+        finals = await asyncio.gather(*(self._last(s) for s in streams))
+        if any(f is None for f in finals):
+            raise OpenAIError("the client disconnected", 499)
+        choices, completion_tokens = [], 0
+        for i, ((text, ids), final) in enumerate(zip(prompts, finals)):
+            prefix = (text if text is not None else self.tokenizer.decode(ids)) if request.echo else ""
+            for out in final.outputs:
+                completion_tokens += len(out.token_ids)
+                choices.append(
+                    {
+                        "index": i * n + out.index,
+                        "text": prefix + out.text,
+                        "logprobs": _logprobs(self.tokenizer, out, len(prefix)),
+                        "finish_reason": out.finish_reason,
+                        "stop_reason": out.stop_reason,
+                    }
+                )
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        body = {
+            "id": base,
+            "object": "text_completion",
+            "created": self.created(),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": usage,
+        }
+        return JSONResponse(body)
+
+    @staticmethod
+    async def _last(stream):
+        last = None
+        async for output in stream:
+            last = output
+        return last if last is not None and last.finished else None
+
+    async def _stream(self, request: CompletionRequest, base: str, prompts, streams, n: int):
+        created, queue = self.created(), asyncio.Queue()
+        usage = {"prompt_tokens": sum(len(ids) for _, ids in prompts), "completion_tokens": 0}
+
+        async def pump(i, stream):
+            async for output in stream:
+                await queue.put((i, output))
+            await queue.put((i, None))
+
+        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            if request.echo:
+                for i, (text, ids) in enumerate(prompts):
+                    for k in range(n):
+                        echo = text if text is not None else self.tokenizer.decode(ids)
+                        yield sse(self._chunk(base, created, i * n + k, echo, None, None))
+            remaining = len(streams)
+            while remaining:
+                i, output = await queue.get()
+                if output is None:
+                    remaining -= 1
+                    continue
+                for out in output.outputs:
+                    usage["completion_tokens"] += len(out.token_ids)
+                    if out.text or out.finish_reason is not None:
+                        yield sse(self._chunk(base, created, i * n + out.index, out.text, out, out.finish_reason))
+            if request.stream_options and request.stream_options.include_usage:
+                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+                yield sse(
+                    {
+                        "id": base,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": self.model_name,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                )
+            yield sse("[DONE]")
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _chunk(self, base, created, index, text, out, finish_reason) -> dict:
+        choice = {
+            "index": index,
+            "text": text,
+            "logprobs": _logprobs(self.tokenizer, out, 0) if out else None,
+            "finish_reason": finish_reason,
+            "stop_reason": out.stop_reason if out else None,
+        }
+        return {
+            "id": base,
+            "object": "text_completion",
+            "created": created,
+            "model": self.model_name,
+            "choices": [choice],
+        }
