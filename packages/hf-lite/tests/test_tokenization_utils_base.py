@@ -1,5 +1,9 @@
 """The shared interface on both tokenizers: padding, truncation, masks, tensors, special tokens, errors, saving,
-chat templates, training; and the files load in transformers with the same ids."""
+chat templates, training; and the files load in transformers with the same ids.
+
+Mirrors transformers' tests/test_tokenization_common.py (TokenizerTesterMixin: padding, truncation, pairs,
+overflowing tokens, special-token masks, pad()) with parity checks against transformers 5's TokenizersBackend.
+"""
 
 import pytest
 import torch
@@ -52,19 +56,31 @@ def test_truncation_keeps_special_tokens(tok):
 def test_bad_inputs_raise_clear_errors(tok, templated_tokenizer_dir):
     with pytest.raises(ValueError, match="below the 2 special tokens"):
         tok("some text", truncation=True, max_length=1)
-    with pytest.raises(ValueError, match="activate padding"):
+    with pytest.raises(ValueError, match="Unable to create tensor"):
         tok(["a", "a b c d"], return_tensors="pt")
-    with pytest.raises(ValueError, match=r"pad_token='\[PAD\]' is not in the vocabulary"):
-        type(tok).from_pretrained(templated_tokenizer_dir, pad_token="[PAD]")
+    with pytest.raises(ValueError, match="return_tensors='tf'"):
+        tok(["a"], return_tensors="tf")
     with pytest.raises(ValueError, match="not a special token attribute"):
         tok.add_special_tokens({"banana_token": "<b>"})
     with pytest.raises(ValueError, match="padding="):
         tok(["a"], padding="sometimes")
     with pytest.raises(ValueError, match="not a non-negative int"):
         tok.decode([-1])
-    no_pad = type(tok).from_pretrained(templated_tokenizer_dir)
-    with pytest.raises(ValueError, match="does not have a padding token"):
-        no_pad(["a", "a b c"], padding=True)
+    # transformers silently drops unknown keywords; here each names itself
+    with pytest.raises(TypeError, match="bogus"):
+        tok("a", bogus=True)
+    with pytest.raises(TypeError, match="bogus"):
+        tok.encode("a", bogus=True)
+    with pytest.raises(TypeError, match="bogus"):
+        tok.tokenize("a", bogus=True)
+    with pytest.raises(TypeError, match="bogus"):
+        tok.pad({"input_ids": [[1]]}, bogus=True)
+    with pytest.raises(ValueError, match=r"does not take \['bogus'\]"):
+        type(tok).from_pretrained(templated_tokenizer_dir, bogus=True)
+    with pytest.raises(ValueError, match="text_pair"):
+        tok(["a", "b"], "c")
+    with pytest.raises(ValueError, match="only_second.*needs a second sequence"):
+        tok("a b c d e f", truncation="only_second", max_length=4)
 
 
 def test_added_tokens_and_new_special_tokens(templated_tokenizer_dir):

@@ -17,9 +17,9 @@ import regex
 
 from .tokenization_utils import PreTrainedTokenizer
 from .tokenization_utils_base import TOKENIZER_FILE
+from .tokenizer_json import GPT2_SPLIT_PATTERN, read_byte_level_bpe, write_byte_level_bpe
 from .utils import atomic_write_text
 
-GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 VOCAB_FILES_NAMES = {"vocab_file": "vocab.json", "merges_file": "merges.txt"}
 
 
@@ -50,16 +50,28 @@ def _parse_merges(merges) -> list[tuple[str, str]]:
 
 class GPT2Tokenizer(PreTrainedTokenizer):
     vocab_files_names = VOCAB_FILES_NAMES
+    vocab_files = ("vocab.json", "merges.txt", TOKENIZER_FILE)
+    extra_init_kwargs = ("errors",)
 
     def __init__(
         self,
-        vocab: dict[str, int],
-        merges: list,
+        vocab: dict[str, int] | str,
+        merges: list | str,
         add_prefix_space: bool = False,
         errors: str = "replace",
         post_processor: dict | None = None,
+        split_pattern: str = GPT2_SPLIT_PATTERN,
+        ignore_merges: bool = False,
         **kwargs,
     ):
+        """``split_pattern``: the pre-tokenizer regex (GPT-2's, or a tokenizer.json ``Split``'s such as Llama 3's);
+        ``ignore_merges``: a whole word that is in the vocabulary is one token (tokenizers' BPE option)."""
+        if isinstance(vocab, (str, os.PathLike)):  # transformers 5 takes the files' paths too
+            with open(vocab, encoding="utf-8") as f:
+                vocab = json.load(f)
+        if isinstance(merges, (str, os.PathLike)):
+            with open(merges, encoding="utf-8") as f:
+                merges = [ln.rstrip("\n") for ln in f if ln.strip() and not ln.startswith("#version")]
         self.encoder = dict(vocab)
         self.decoder = {v: k for k, v in self.encoder.items()}
         self.bpe_ranks = {pair: rank for rank, pair in enumerate(_parse_merges(merges))}
@@ -67,13 +79,13 @@ class GPT2Tokenizer(PreTrainedTokenizer):
         self.byte_decoder = {c: b for b, c in self.byte_encoder.items()}
         self.add_prefix_space = add_prefix_space
         self.errors = errors
-        self.pat = regex.compile(GPT2_SPLIT_PATTERN)
+        self.split_pattern = split_pattern
+        self.pat = regex.compile(split_pattern)
+        self.ignore_merges = ignore_merges
         self.cache: dict[str, list[str]] = {}
         self._post_processor = post_processor
         super().__init__(**kwargs)
-        self._special_prefix, self._special_suffix = self._template_specials(post_processor)
-        for token in self._special_prefix + self._special_suffix:
-            self._require_known(token, "post_processor")
+        self._set_post_processor(post_processor)
 
     # ------------------------------------------------------------------ BPE
     @property
@@ -83,6 +95,8 @@ class GPT2Tokenizer(PreTrainedTokenizer):
     def bpe(self, token: str) -> list[str]:
         if token in self.cache:
             return self.cache[token]
+        if self.ignore_merges and token in self.encoder:
+            return [token]
         word = list(token)
         while len(word) > 1:
             ranked = [(self.bpe_ranks.get(pair, float("inf")), pair) for pair in zip(word, word[1:])]
@@ -102,12 +116,19 @@ class GPT2Tokenizer(PreTrainedTokenizer):
             self.cache[token] = word
         return word
 
-    def _tokenize(self, text: str) -> list[str]:
-        if self.add_prefix_space and text and not text[0].isspace():
+    def _tokenize(self, text: str, add_prefix_space: bool | None = None) -> list[str]:
+        add_prefix_space = self.add_prefix_space if add_prefix_space is None else add_prefix_space
+        if add_prefix_space and text and not text[0].isspace():
             text = " " + text
-        tokens = []
-        for word in self.pat.findall(text):
-            tokens.extend(self.bpe("".join(self.byte_encoder[b] for b in word.encode("utf-8"))))
+        tokens, last = [], 0
+        # tokenizers' Split "Isolated": matches and the text between them are both pieces (GPT-2's regex leaves none).
+        for match in self.pat.finditer(text):
+            for word in (text[last : match.start()], match.group()):
+                if word:
+                    tokens.extend(self.bpe("".join(self.byte_encoder[b] for b in word.encode("utf-8"))))
+            last = match.end()
+        if text[last:]:
+            tokens.extend(self.bpe("".join(self.byte_encoder[b] for b in text[last:].encode("utf-8"))))
         return tokens
 
     def _convert_token_to_id(self, token: str) -> int | None:
@@ -136,43 +157,26 @@ class GPT2Tokenizer(PreTrainedTokenizer):
         cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "", **kwargs
     ) -> GPT2Tokenizer:
         directory = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
-        config = cls._read_tokenizer_config(directory)
-        config.update(kwargs)
+        config = cls._read_tokenizer_config(directory, kwargs)
         tokenizer_json = os.path.join(directory, TOKENIZER_FILE)
         vocab_file = os.path.join(directory, VOCAB_FILES_NAMES["vocab_file"])
         merges_file = os.path.join(directory, VOCAB_FILES_NAMES["merges_file"])
         if os.path.isfile(tokenizer_json):
             return cls.from_tokenizer_json(tokenizer_json, **config)
         if os.path.isfile(vocab_file) and os.path.isfile(merges_file):
-            with open(vocab_file, encoding="utf-8") as f:
-                vocab = json.load(f)
-            with open(merges_file, encoding="utf-8") as f:
-                lines = [ln.rstrip("\n") for ln in f if ln.strip() and not ln.startswith("#version")]
             added = []
             added_file = os.path.join(directory, "added_tokens.json")
             if os.path.isfile(added_file):
                 with open(added_file, encoding="utf-8") as f:
                     added = [{"content": c, "id": i, "special": True} for c, i in json.load(f).items()]
-            return cls(vocab, lines, added_tokens=added, **config)
+            return cls(vocab_file, merges_file, added_tokens=added, **config)
         raise OSError(f"{directory!r} has neither {TOKENIZER_FILE} nor vocab.json + merges.txt")
 
     @classmethod
     def from_tokenizer_json(cls, path: str, **kwargs) -> GPT2Tokenizer:
         with open(path, encoding="utf-8") as f:
             spec = json.load(f)
-        model = spec.get("model") or {}
-        if model.get("type") != "BPE":
-            raise ValueError(f"{path}: model type {model.get('type')!r} is not BPE; GPT2Tokenizer reads byte-level BPE")
-        if spec.get("normalizer") is not None:
-            raise ValueError(f"{path}: normalizer {spec['normalizer'].get('type')!r} is not supported by GPT2Tokenizer")
-        pre = spec.get("pre_tokenizer") or {}
-        if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True):
-            raise ValueError(f"{path}: pre_tokenizer {pre.get('type')!r} is not the GPT-2 ByteLevel one")
-        kwargs.setdefault("add_prefix_space", pre.get("add_prefix_space", False))
-        added = [{"content": t["content"], "id": t["id"], "special": t.get("special", False)}
-                 for t in spec.get("added_tokens", [])]
-        return cls(model["vocab"], model["merges"], added_tokens=added, post_processor=spec.get("post_processor"),
-                   **kwargs)
+        return cls(**{**read_byte_level_bpe(spec, path), **kwargs})
 
     def to_tokenizer_json(self) -> dict:
         """The ``tokenizers`` library's serialisation of this tokenizer, so the Rust side can load our files."""
@@ -181,17 +185,10 @@ class GPT2Tokenizer(PreTrainedTokenizer):
              "normalized": c not in self._special_added, "special": c in self._special_added}
             for i, c in sorted(self._added_tokens_decoder.items())
         ]
-        byte_level = {"type": "ByteLevel", "add_prefix_space": self.add_prefix_space, "trim_offsets": True,
-                      "use_regex": True}
         merges = [list(p) for p, _ in sorted(self.bpe_ranks.items(), key=lambda kv: kv[1])]
-        return {
-            "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-            "pre_tokenizer": byte_level, "post_processor": self._post_processor or byte_level,
-            "decoder": byte_level,
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                      "ignore_merges": False, "vocab": self.encoder, "merges": merges},
-        }
+        post_processor = self._template.to_post_processor() if self.templated else self._post_processor
+        return write_byte_level_bpe(self.encoder, merges, added, self.add_prefix_space, self.split_pattern,
+                                    self.ignore_merges, post_processor)
 
     def _save_vocabulary_files(self, save_directory: str) -> list[str]:
         atomic_write_text(os.path.join(save_directory, "vocab.json"), json.dumps(self.encoder, ensure_ascii=False))
@@ -201,9 +198,13 @@ class GPT2Tokenizer(PreTrainedTokenizer):
         atomic_write_text(os.path.join(save_directory, "merges.txt"), merges)
         tokenizer_json = json.dumps(self.to_tokenizer_json(), ensure_ascii=False)
         atomic_write_text(os.path.join(save_directory, TOKENIZER_FILE), tokenizer_json)
-        return ["vocab.json", "merges.txt", TOKENIZER_FILE]
+        return list(self.vocab_files)
 
     def _tokenizer_config(self) -> dict:
         config = super()._tokenizer_config()
         config["add_prefix_space"] = self.add_prefix_space
+        if self.split_pattern != GPT2_SPLIT_PATTERN or self.ignore_merges:
+            # transformers' GPT2Tokenizer rebuilds GPT-2's own pipeline from vocab + merges; this one needs the
+            # tokenizer.json as written, which transformers 5 loads for TokenizersBackend.
+            config["tokenizer_class"] = "TokenizersBackend"
         return config

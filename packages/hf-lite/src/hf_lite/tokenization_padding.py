@@ -1,56 +1,117 @@
-"""Truncation and padding of token-id batches (transformers' ``PaddingStrategy`` / ``TruncationStrategy``).
+"""Truncation (with overflowing windows) and padding of token-id rows (transformers' ``TruncationStrategy`` /
+``PaddingStrategy``, computed the way the Rust ``tokenizers`` does it, which is what transformers 5 runs).
 
-Truncation leaves room for the special tokens the template adds afterwards; padding fills with ``pad_token_id`` on
-the chosen side and builds the attention mask (0 on padding).
+Truncation leaves room for the special tokens the template adds afterwards. ``stride`` makes consecutive windows
+of an overflowing sequence overlap by that many tokens. Padding fills every row to one length and builds the
+attention mask (0 on padding).
 """
 
 from __future__ import annotations
 
 VERY_LARGE_INTEGER = int(1e30)
+# What each padded key is filled with (transformers' ``_pad``); other keys (labels) are left as they are.
+PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1}
+_TRUNCATION = {True: "longest_first", "longest_first": "longest_first", "only_first": "only_first",
+               "only_second": "only_second"}
 
 
-def truncate_ids(ids: list[int], truncation, limit, n_special: int, side: str) -> list[int]:
+def truncation_strategy(truncation) -> str | None:
     if truncation in (None, False, "do_not_truncate"):
-        return ids
-    if truncation not in (True, "longest_first", "only_first"):
-        raise ValueError(f"truncation={truncation!r}: use True, 'longest_first', 'only_first' or False")
-    if not isinstance(limit, int) or limit < n_special or limit < 0:
-        raise ValueError(
-            f"max_length={limit!r} is below the {n_special} special tokens this tokenizer adds; "
-            "nothing would be left of the text"
-        )
-    keep = limit - n_special
-    if len(ids) <= keep:
-        return ids
-    return ids[:keep] if side == "right" else ids[len(ids) - keep :]
+        return None
+    if truncation not in _TRUNCATION:
+        raise ValueError(f"truncation={truncation!r}: use True, 'longest_first', 'only_first', 'only_second' or False")
+    return _TRUNCATION[truncation]
 
 
-def pad_batch(ids, masks, padding, max_length, pad_to_multiple_of, side, pad_token_id):
-    """Return padded (ids, masks); ``max_length`` is only used for ``padding="max_length"``."""
+def padding_strategy(padding) -> str | None:
     if padding in (False, None, "do_not_pad"):
-        return ids, masks
+        return None
     if padding in (True, "longest"):
-        target = max(len(x) for x in ids)
-    elif padding == "max_length":
-        target = max_length
-        if target is None or target >= VERY_LARGE_INTEGER:
-            raise ValueError("padding='max_length' needs max_length (the tokenizer has no model_max_length)")
+        return "longest"
+    if padding == "max_length":
+        return "max_length"
+    raise ValueError(f"padding={padding!r}: use True, 'longest', 'max_length' or False")
+
+
+def windows(ids: list[int], max_len: int, stride: int, side: str) -> list[list[int]]:
+    """The kept part, then the overflowing windows (tokenizers' ``Encoding::truncate``)."""
+    if len(ids) <= max_len:
+        return [ids]
+    if max_len == 0:
+        return [[], ids]
+    if stride >= max_len:
+        raise ValueError(f"stride={stride} must be smaller than the {max_len} tokens a window keeps")
+    offset, out = max_len - stride, []
+    if side == "right":
+        for start in range(0, len(ids), offset):
+            out.append(ids[start : start + max_len])
+            if start + max_len >= len(ids):
+                break
     else:
-        raise ValueError(f"padding={padding!r}: use True, 'longest', 'max_length' or False")
-    if pad_to_multiple_of:
-        target = -(-target // pad_to_multiple_of) * pad_to_multiple_of
-    if side not in ("left", "right"):
-        raise ValueError(f"padding_side should be 'left' or 'right', got {side!r}")
-    if any(len(x) < target for x in ids) and pad_token_id is None:
+        for stop in range(len(ids), 0, -offset):
+            out.append(ids[max(0, stop - max_len) : stop])
+            if stop <= max_len:
+                break
+    return out
+
+
+def truncate(ids_a, ids_b, strategy, limit: int, stride: int, side: str):
+    """Windows of each sequence so that both fit ``limit`` tokens (special tokens already taken off)."""
+    if strategy is None or len(ids_a) + len(ids_b or []) <= limit:
+        return [ids_a], None if ids_b is None else [ids_b]
+    if ids_b is None:
+        if strategy == "only_second":
+            raise ValueError("truncation='only_second' needs a second sequence (text_pair)")
+        return windows(ids_a, limit, stride, side), None
+    if strategy == "longest_first":
+        # The shorter one keeps its length when the longer alone can make room; otherwise both get half.
+        n1, n2 = sorted((len(ids_a), len(ids_b)))
+        n2 = n1 if n1 > limit else max(n1, limit - n1)
+        if n1 + n2 > limit:
+            n1, n2 = limit // 2, limit // 2 + limit % 2
+        if len(ids_a) > len(ids_b):
+            n1, n2 = n2, n1
+        return windows(ids_a, n1, stride, side), windows(ids_b, n2, stride, side)
+    target = ids_a if strategy == "only_first" else ids_b
+    to_remove = len(ids_a) + len(ids_b) - limit
+    if len(target) <= to_remove:
+        raise ValueError(
+            f"truncation={strategy!r}: the sequence to truncate has {len(target)} tokens, {to_remove} must go to "
+            "respect max_length"
+        )
+    kept = windows(target, len(target) - to_remove, stride, side)
+    return (kept, [ids_b]) if strategy == "only_first" else ([ids_a], kept)
+
+
+def pad_rows(rows: dict[str, list[list]], strategy, max_length, pad_to_multiple_of, side, pad_token_id, main_key):
+    """Pad every padded key of ``rows`` to one length; returns new lists."""
+    if strategy is None:
+        return rows
+    if pad_token_id is None:
         raise ValueError(
             "Asking to pad but the tokenizer does not have a padding token. Please select a token to use as "
             "`pad_token` `(tokenizer.pad_token = tokenizer.eos_token e.g.)` or add a new pad token via "
             "`tokenizer.add_special_tokens({'pad_token': '[PAD]'})`."
         )
-    out_ids, out_masks = [], []
-    for x, m in zip(ids, masks):
-        n = max(0, target - len(x))
-        pad_ids, pad_mask = [pad_token_id] * n, [0] * n
-        out_ids.append(pad_ids + x if side == "left" else x + pad_ids)
-        out_masks.append(pad_mask + m if side == "left" else m + pad_mask)
-    return out_ids, out_masks
+    if side not in ("left", "right"):
+        raise ValueError(f"padding_side should be 'left' or 'right', got {side!r}")
+    if strategy == "longest":
+        target = max((len(x) for x in rows[main_key]), default=0)
+    else:
+        target = max_length
+        if target is None or target >= VERY_LARGE_INTEGER:
+            raise ValueError("padding='max_length' needs max_length (the tokenizer has no model_max_length)")
+    if pad_to_multiple_of:
+        target = -(-target // pad_to_multiple_of) * pad_to_multiple_of
+    values = {main_key: pad_token_id, **PAD_VALUES}
+    out = dict(rows)
+    for key, value in values.items():
+        if key in rows:
+            out[key] = [_pad(x, target - len(x), value, side) for x in rows[key]]
+    return out
+
+
+def _pad(row: list, n: int, value, side: str) -> list:
+    if n <= 0:
+        return list(row)
+    return [value] * n + list(row) if side == "left" else list(row) + [value] * n

@@ -26,9 +26,17 @@ class PreTrainedTokenizer(PreTrainedTokenizerBase):
             self._register_added(tok["content"], tok["id"], tok.get("special", False))
         super().__init__(**kwargs)
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> PreTrainedTokenizer:
+        """The pure-Python tokenizer for the files: byte-level BPE (a tokenizer.json, or vocab.json + merges.txt) is
+        ``GPT2Tokenizer`` (transformers' PythonBackend cannot load a lone tokenizer.json)."""
+        from .tokenization_gpt2 import GPT2Tokenizer  # it imports this module
+
+        return GPT2Tokenizer.from_pretrained(pretrained_model_name_or_path, **kwargs)
+
     # ------------------------------------------------------------------ model hooks
     @abc.abstractmethod
-    def _tokenize(self, text: str) -> list[str]:
+    def _tokenize(self, text: str, add_prefix_space: bool | None = None) -> list[str]:
         """Split a piece of text (no added tokens in it) into model tokens."""
 
     @abc.abstractmethod
@@ -121,24 +129,19 @@ class PreTrainedTokenizer(PreTrainedTokenizerBase):
             pieces.append((text[last:], False))
         return pieces
 
-    def tokenize(self, text: str, **kwargs) -> list[str]:
-        tokens = []
-        for piece, is_added in self._split_on_added_tokens(text):
-            tokens.extend([piece] if is_added else self._tokenize(piece))
-        return tokens
-
-    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+    def _encode_texts(self, texts: list[str], add_prefix_space: bool | None = None) -> list[list[int]]:
         out = []
         for text in texts:
             ids = []
-            for token in self.tokenize(text):
-                index = self._token_to_id(token)
-                if index is None:
-                    unk = self._special["unk_token"]
-                    if unk is None:
-                        raise ValueError(f"token {token!r} is not in the vocabulary and there is no unk_token")
-                    index = self._token_to_id(unk)
-                ids.append(index)
+            for piece, is_added in self._split_on_added_tokens(text):
+                for token in [piece] if is_added else self._tokenize(piece, add_prefix_space):
+                    index = self._token_to_id(token)
+                    if index is None:
+                        unk = self._special["unk_token"]
+                        if unk is None:
+                            raise ValueError(f"token {token!r} is not in the vocabulary and there is no unk_token")
+                        index = self._token_to_id(unk)
+                    ids.append(index)
             out.append(ids)
         return out
 

@@ -1,8 +1,9 @@
 """PreTrainedTokenizerBase: the interface shared by the pure-Python and the Rust-backed tokenizer.
 
 Subclasses provide ``_encode_texts`` (text -> ids without special tokens), ``_decode`` and the vocabulary; this
-class does everything transformers users touch: ``__call__`` with padding/truncation/tensors, ``encode``/``decode``,
-special and added tokens, the template's special-token prefix/suffix, ``save_pretrained`` and chat templates.
+class does everything transformers users touch: ``__call__`` / ``encode`` / ``pad`` (through ``batch_encoding``),
+``decode``, special and added tokens, the post-processor's special-token template, ``save_pretrained`` and chat
+templates.
 """
 
 from __future__ import annotations
@@ -10,44 +11,32 @@ from __future__ import annotations
 import abc
 import json
 import os
-from collections import UserDict
 
 import torch
 
-from .chat_template_utils import render_chat
-from .tokenization_padding import VERY_LARGE_INTEGER, pad_batch, truncate_ids
-from .utils import atomic_write_text
+from .batch_encoding import BatchEncoding, as_rows, encode_rows, finish_rows
+from .chat_template_utils import render_conversations
+from .tokenization_padding import VERY_LARGE_INTEGER
+from .tokenization_special_tokens import SPECIAL_TOKENS_ATTRIBUTES, SpecialTokensMixin, _content
+from .tokenization_template import SpecialTokensTemplate
+from .utils import atomic_save_directory, atomic_write_text
 
-SPECIAL_TOKENS_ATTRIBUTES = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"]
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 TOKENIZER_FILE = "tokenizer.json"
+# What a caller may pass to from_pretrained / __init__. tokenizer_config.json may hold more; those are kept.
+INIT_KWARGS = {
+    *SPECIAL_TOKENS_ATTRIBUTES, "additional_special_tokens", "extra_special_tokens", "model_max_length",
+    "padding_side", "truncation_side", "chat_template", "clean_up_tokenization_spaces", "add_bos_token",
+    "add_eos_token", "add_prefix_space",
+}
+
+__all__ = ["BatchEncoding", "PreTrainedTokenizerBase"]
 
 
-class BatchEncoding(UserDict):
-    """Dict of model inputs (``input_ids``, ``attention_mask``) with attribute access and ``.to(device)``."""
-
-    def __getattr__(self, item):
-        try:
-            return self.data[item]
-        except KeyError as err:
-            raise AttributeError(item) from err
-
-    def to(self, device) -> BatchEncoding:
-        self.data = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.data.items()}
-        return self
-
-
-def _content(token) -> str | None:
-    if token is None or isinstance(token, str):
-        return token
-    if isinstance(token, dict):
-        return token["content"]
-    return str(getattr(token, "content", token))
-
-
-class PreTrainedTokenizerBase(abc.ABC):
+class PreTrainedTokenizerBase(SpecialTokensMixin, abc.ABC):
     model_input_names = ["input_ids", "attention_mask"]
+    vocab_files: tuple[str, ...] = (TOKENIZER_FILE,)
 
     def __init__(self, **kwargs):
         self.model_max_length = kwargs.pop("model_max_length", VERY_LARGE_INTEGER) or VERY_LARGE_INTEGER
@@ -58,8 +47,9 @@ class PreTrainedTokenizerBase(abc.ABC):
                 raise ValueError(f"{name} should be 'left' or 'right', got {side!r}")
         self.chat_template = kwargs.pop("chat_template", None)
         self.clean_up_tokenization_spaces = kwargs.pop("clean_up_tokenization_spaces", False)
-        self._special_prefix: list[str] = []
-        self._special_suffix: list[str] = []
+        self._add_bos_token = kwargs.pop("add_bos_token", None)
+        self._add_eos_token = kwargs.pop("add_eos_token", None)
+        self._template = SpecialTokensTemplate.from_post_processor(None)
         self._special: dict[str, str | None] = dict.fromkeys(SPECIAL_TOKENS_ATTRIBUTES)
         self._additional_special_tokens: list[str] = []
         self.init_kwargs = {}
@@ -67,17 +57,44 @@ class PreTrainedTokenizerBase(abc.ABC):
         for attr in SPECIAL_TOKENS_ATTRIBUTES:
             value = _content(kwargs.pop(attr, None))
             if value is not None:
+                # transformers adds a special token it is given that the vocabulary lacks.
+                self._add_tokens([value], special_tokens=True)
                 self._set_special(attr, value)
         if isinstance(extra, dict):
             extra = list(extra.values())
-        for tok in extra:
-            self._require_known(_content(tok), "additional_special_tokens")
-            self._additional_special_tokens.append(_content(tok))
+        for tok in map(_content, extra):
+            self._add_tokens([tok], special_tokens=True)
+            self._additional_special_tokens.append(tok)
         self.init_kwargs.update(kwargs)
+
+    @classmethod
+    def _check_init_kwargs(cls, kwargs: dict) -> None:
+        unknown = sorted(set(kwargs) - INIT_KWARGS - set(getattr(cls, "extra_init_kwargs", ())))
+        if unknown:
+            raise ValueError(f"{cls.__name__} does not take {unknown}; it takes {sorted(INIT_KWARGS)}")
+
+    def _set_post_processor(self, post_processor: dict | None) -> None:
+        """The tokenizer.json post-processor's template, or the one ``add_bos_token`` / ``add_eos_token`` make (which
+        replaces the whole template, as in transformers 5: an unset flag counts as False)."""
+        if self._add_bos_token is None and self._add_eos_token is None:
+            template = SpecialTokensTemplate.from_post_processor(post_processor)
+            for token in template.tokens:
+                self._require_known(token, "post_processor")
+        else:
+            template = SpecialTokensTemplate.from_flags(
+                self.bos_token, self.eos_token, bool(self._add_bos_token), bool(self._add_eos_token),
+                self._token_to_id,
+            )
+        self._template = template
+
+    @property
+    def templated(self) -> bool:
+        """Whether ``add_bos_token`` / ``add_eos_token`` rewrote the post-processor (saved as TemplateProcessing)."""
+        return self._add_bos_token is not None or self._add_eos_token is not None
 
     # ------------------------------------------------------------------ vocabulary interface
     @abc.abstractmethod
-    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+    def _encode_texts(self, texts: list[str], add_prefix_space: bool | None = None) -> list[list[int]]:
         """Token ids for each text, added tokens honoured, no template special tokens."""
 
     @abc.abstractmethod
@@ -104,177 +121,108 @@ class PreTrainedTokenizerBase(abc.ABC):
     def _save_vocabulary_files(self, save_directory: str) -> list[str]:
         """Write tokenizer.json (and vocab files); return their names."""
 
-    @abc.abstractmethod
-    def tokenize(self, text: str, **kwargs) -> list[str]:
-        """Token strings for ``text``."""
-
     def __len__(self) -> int:
         return len(self.get_vocab())
 
-    # ------------------------------------------------------------------ special tokens
-    def _require_known(self, token: str, attr: str) -> None:
-        if self._token_to_id(token) is None:
-            raise ValueError(
-                f"{attr}={token!r} is not in the vocabulary nor an added token; add it first with "
-                f"tokenizer.add_special_tokens({{{attr!r}: {token!r}}})"
-            )
-
-    def _set_special(self, attr: str, token: str) -> None:
-        self._require_known(token, attr)
-        self._special[attr] = token
-
-    def __getattr__(self, name):
-        special = self.__dict__.get("_special", {})
-        if name in special:
-            return special[name]
-        if name.endswith("_token_id") and name[: -len("_id")] in special:
-            token = special[name[: -len("_id")]]
-            return None if token is None else self._token_to_id(token)
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
-
-    def __setattr__(self, name, value):
-        if name in SPECIAL_TOKENS_ATTRIBUTES and "_special" in self.__dict__:
-            if value is None:
-                self._special[name] = None
-            else:
-                self._set_special(name, _content(value))
-            return
-        super().__setattr__(name, value)
-
-    @property
-    def additional_special_tokens(self) -> list[str]:
-        return list(self._additional_special_tokens)
-
-    @property
-    def special_tokens_map(self) -> dict:
-        out = {k: v for k, v in self._special.items() if v is not None}
-        if self._additional_special_tokens:
-            out["additional_special_tokens"] = list(self._additional_special_tokens)
-        return out
-
-    @property
-    def all_special_tokens(self) -> list[str]:
-        tokens = [v for v in self._special.values() if v is not None] + self._additional_special_tokens
-        return list(dict.fromkeys(tokens))
-
-    @property
-    def all_special_ids(self) -> list[int]:
-        return [self._token_to_id(t) for t in self.all_special_tokens]
-
-    def add_special_tokens(self, special_tokens_dict: dict, replace_additional_special_tokens: bool = True) -> int:
-        """Add (if new) and assign special tokens; keys must be known attributes (like transformers)."""
-        allowed = set(SPECIAL_TOKENS_ATTRIBUTES) | {"additional_special_tokens"}
-        added = 0
-        for key, value in special_tokens_dict.items():
-            if key not in allowed:
-                raise ValueError(f"Key {key!r} is not a special token attribute; use one of {sorted(allowed)}")
-            if key == "additional_special_tokens":
-                tokens = [_content(t) for t in value]
-                added += self._add_tokens(tokens, special_tokens=True)
-                if replace_additional_special_tokens:
-                    self._additional_special_tokens = []
-                self._additional_special_tokens += [t for t in tokens if t not in self._additional_special_tokens]
-            else:
-                token = _content(value)
-                added += self._add_tokens([token], special_tokens=True)
-                self._set_special(key, token)
-        return added
-
-    def add_tokens(self, new_tokens, special_tokens: bool = False) -> int:
-        if isinstance(new_tokens, str) or not isinstance(new_tokens, (list, tuple)):
-            new_tokens = [new_tokens]
-        return self._add_tokens([_content(t) for t in new_tokens], special_tokens=special_tokens)
-
-    def convert_tokens_to_ids(self, tokens):
-        if isinstance(tokens, str):
-            found = self._token_to_id(tokens)
-            if found is None:
-                unk = self._special["unk_token"]
-                if unk is None:
-                    raise KeyError(f"token {tokens!r} is not in the vocabulary and the tokenizer has no unk_token")
-                return self._token_to_id(unk)
-            return found
-        return [self.convert_tokens_to_ids(t) for t in tokens]
-
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
-        if pair:
-            raise ValueError("hf-lite tokenizers encode single sequences (no text pairs)")
-        return len(self._special_prefix) + len(self._special_suffix)
+        return self._template.num_special_tokens_to_add(pair)
 
     def build_inputs_with_special_tokens(self, token_ids_0: list[int], token_ids_1=None) -> list[int]:
-        if token_ids_1 is not None:
-            raise ValueError("hf-lite tokenizers encode single sequences (no text pairs)")
-        prefix = [self._token_to_id(t) for t in self._special_prefix]
-        suffix = [self._token_to_id(t) for t in self._special_suffix]
-        return prefix + list(token_ids_0) + suffix
+        return self._template.apply(list(token_ids_0), None if token_ids_1 is None else list(token_ids_1))[0]
+
+    def create_token_type_ids_from_sequences(self, token_ids_0: list[int], token_ids_1=None) -> list[int]:
+        return self._template.apply(list(token_ids_0), None if token_ids_1 is None else list(token_ids_1))[1]
+
+    def get_special_tokens_mask(self, token_ids_0, token_ids_1=None, already_has_special_tokens: bool = False):
+        """1 for a special token. With ``already_has_special_tokens`` the ids are checked against the special ids;
+        otherwise the mask is the template's for ids it would wrap."""
+        if already_has_special_tokens:
+            if token_ids_1 is not None:
+                raise ValueError("already_has_special_tokens=True takes one sequence with its special tokens")
+            special = set(self.all_special_ids)
+            return [int(i in special) for i in token_ids_0]
+        return self._template.apply(list(token_ids_0), None if token_ids_1 is None else list(token_ids_1))[2]
 
     # ------------------------------------------------------------------ encoding
     def __call__(
         self,
-        text: str | list[str],
-        text_pair=None,
+        text: str | list[str] | list[tuple[str, str]],
+        text_pair: str | list[str] | None = None,
         add_special_tokens: bool = True,
         padding: bool | str = False,
         truncation: bool | str | None = None,
         max_length: int | None = None,
+        stride: int = 0,
         pad_to_multiple_of: int | None = None,
         padding_side: str | None = None,
         return_tensors: str | None = None,
+        return_token_type_ids: bool | None = None,
         return_attention_mask: bool | None = None,
-        **kwargs,
+        return_overflowing_tokens: bool = False,
+        return_special_tokens_mask: bool = False,
+        return_length: bool = False,
+        add_prefix_space: bool | None = None,
     ) -> BatchEncoding:
-        if text_pair is not None:
-            raise ValueError("hf-lite tokenizers encode single sequences: text_pair is not supported")
-        if kwargs:
-            raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
+        """One text, a text pair, or a batch of either (a list of texts, or of ``(text, pair)`` tuples)."""
         batched = isinstance(text, (list, tuple))
         texts = list(text) if batched else [text]
-        if not all(isinstance(t, str) for t in texts):
+        pairs = None
+        if text_pair is None and batched and texts and all(isinstance(t, (list, tuple)) for t in texts):
+            texts, pairs = [t[0] for t in texts], [t[1] for t in texts]
+        elif text_pair is not None:
+            pairs = list(text_pair) if batched else [text_pair]
+            if isinstance(text_pair, (list, tuple)) != batched or len(pairs) != len(texts):
+                raise ValueError("text_pair must be one text for one text, or a list as long as the batch")
+        if not all(isinstance(t, str) for t in texts + (pairs or [])):
             raise ValueError("text input must be of type `str` (single example) or `list[str]` (batch)")
-        ids = self._encode_texts(texts)
-        ids = [self._truncate(x, truncation, max_length, add_special_tokens) for x in ids]
-        if add_special_tokens:
-            ids = [self.build_inputs_with_special_tokens(x) for x in ids]
-        masks = [[1] * len(x) for x in ids]
-        ids, masks = self._pad(ids, masks, padding, max_length, pad_to_multiple_of, padding_side)
-        data = {"input_ids": ids}
-        if return_attention_mask is not False:
-            data["attention_mask"] = masks
-        if return_tensors is not None:
-            if return_tensors != "pt":
-                raise ValueError(f"return_tensors={return_tensors!r}: hf-lite returns 'pt' tensors or lists")
-            if len({len(x) for x in ids}) > 1:
-                raise ValueError(
-                    "Unable to create tensor, you should probably activate padding with 'padding=True' to have "
-                    "batched tensors with the same length."
-                )
-            data = {k: torch.tensor(v, dtype=torch.long) for k, v in data.items()}
-            if not batched:
-                return BatchEncoding(data)
-        elif not batched:
-            data = {k: v[0] for k, v in data.items()}
-        return BatchEncoding(data)
-
-    def _truncate(self, ids, truncation, max_length, add_special_tokens) -> list[int]:
-        n_special = self.num_special_tokens_to_add() if add_special_tokens else 0
-        limit = self.model_max_length if max_length is None else max_length
-        return truncate_ids(ids, truncation, limit, n_special, self.truncation_side)
-
-    def _pad(self, ids, masks, padding, max_length, pad_to_multiple_of, padding_side):
-        target = self.model_max_length if max_length is None else max_length
-        return pad_batch(ids, masks, padding, target, pad_to_multiple_of, padding_side or self.padding_side,
-                         self.pad_token_id)
+        ids_a = self._encode_texts(texts, add_prefix_space)
+        ids_b = self._encode_texts(pairs, add_prefix_space) if pairs is not None else [None] * len(texts)
+        rows, sample = encode_rows(
+            self, ids_a, ids_b, add_special_tokens=add_special_tokens, truncation=truncation, max_length=max_length,
+            stride=stride, return_overflowing_tokens=return_overflowing_tokens, side=self.truncation_side,
+        )
+        return finish_rows(
+            self, rows, batched=batched, padding=padding, max_length=max_length,
+            pad_to_multiple_of=pad_to_multiple_of, padding_side=padding_side, return_tensors=return_tensors,
+            return_attention_mask=return_attention_mask, return_token_type_ids=return_token_type_ids,
+            return_special_tokens_mask=return_special_tokens_mask, return_length=return_length,
+            overflow_to_sample=sample if return_overflowing_tokens else None,
+        )
 
     def encode(
-        self, text: str, add_special_tokens: bool = True, truncation=None, max_length=None, return_tensors=None,
-        **kwargs,
+        self, text: str, text_pair: str | None = None, add_special_tokens: bool = True, padding: bool | str = False,
+        truncation: bool | str | None = None, max_length: int | None = None, stride: int = 0,
+        padding_side: str | None = None, return_tensors: str | None = None, add_prefix_space: bool | None = None,
     ):
-        enc = self(text, add_special_tokens=add_special_tokens, truncation=truncation, max_length=max_length,
-                    return_tensors=return_tensors, return_attention_mask=False, **kwargs)
+        enc = self(text, text_pair, add_special_tokens=add_special_tokens, padding=padding, truncation=truncation,
+                   max_length=max_length, stride=stride, padding_side=padding_side, return_tensors=return_tensors,
+                   return_attention_mask=False, add_prefix_space=add_prefix_space)
         return enc["input_ids"]
 
+    def tokenize(
+        self, text: str, pair: str | None = None, add_special_tokens: bool = False, add_prefix_space: bool | None = None
+    ) -> list[str]:
+        """Token strings; ``add_prefix_space=True`` tokenizes " " + text, as GPT-2's slow tokenizer does."""
+        ids = self.encode(text, pair, add_special_tokens=add_special_tokens, add_prefix_space=add_prefix_space)
+        return self.convert_ids_to_tokens(ids)
+
+    def pad(
+        self, encoded_inputs, padding: bool | str = True, max_length: int | None = None,
+        pad_to_multiple_of: int | None = None, padding_side: str | None = None,
+        return_attention_mask: bool | None = None, return_tensors: str | None = None,
+    ) -> BatchEncoding:
+        """Pad already-encoded examples (what data collators call): a dict of lists or a list of dicts. Keys other
+        than the model inputs and masks (labels) are passed through unpadded, as in transformers."""
+        rows, batched = as_rows(encoded_inputs, self.model_input_names[0])
+        return finish_rows(
+            self, rows, batched=batched, padding=padding, max_length=max_length,
+            pad_to_multiple_of=pad_to_multiple_of, padding_side=padding_side, return_tensors=return_tensors,
+            return_attention_mask=return_attention_mask, return_token_type_ids="token_type_ids" in rows,
+            return_special_tokens_mask="special_tokens_mask" in rows, return_length=False,
+        )
+
     # ------------------------------------------------------------------ decoding
-    def decode(self, token_ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces=None, **kwargs) -> str:
+    def decode(self, token_ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces=None) -> str:
         if isinstance(token_ids, torch.Tensor):
             token_ids = token_ids.tolist()
         if isinstance(token_ids, int):
@@ -293,10 +241,10 @@ class PreTrainedTokenizerBase(abc.ABC):
                 text = text.replace(a, b)
         return text
 
-    def batch_decode(self, sequences, skip_special_tokens: bool = False, **kwargs) -> list[str]:
+    def batch_decode(self, sequences, skip_special_tokens: bool = False, clean_up_tokenization_spaces=None):
         if isinstance(sequences, torch.Tensor):
             sequences = sequences.tolist()
-        return [self.decode(s, skip_special_tokens=skip_special_tokens, **kwargs) for s in sequences]
+        return [self.decode(s, skip_special_tokens, clean_up_tokenization_spaces) for s in sequences]
 
     # ------------------------------------------------------------------ chat templates
     def apply_chat_template(
@@ -313,16 +261,11 @@ class PreTrainedTokenizerBase(abc.ABC):
         return_dict: bool = True,
         **kwargs,
     ):
-        template = chat_template or self.chat_template
-        if template is None:
-            raise ValueError("Cannot use apply_chat_template because this tokenizer does not have a chat template.")
-        batched = bool(conversation) and isinstance(conversation[0], (list, tuple))
-        conversations = conversation if batched else [conversation]
-        special = {k: v for k, v in self._special.items() if v is not None}
-        rendered = [
-            render_chat(c, template, add_generation_prompt, continue_final_message, **special, **kwargs)
-            for c in conversations
-        ]
+        """Render with the Jinja template (extra kwargs are template variables, as in transformers)."""
+        rendered, batched = render_conversations(
+            conversation, chat_template or self.chat_template, add_generation_prompt, continue_final_message,
+            {k: v for k, v in self._special.items() if v is not None}, kwargs,
+        )
         if not tokenize:
             return rendered if batched else rendered[0]
         # The template already wrote the special tokens it wants.
@@ -347,37 +290,26 @@ class PreTrainedTokenizerBase(abc.ABC):
             config["chat_template"] = self.chat_template
         return config
 
-    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> tuple[str, ...]:
-        save_directory = os.fspath(save_directory)
-        if os.path.isfile(save_directory):
-            raise ValueError(f"Provided path ({save_directory}) should be a directory, not a file")
-        os.makedirs(save_directory, exist_ok=True)
-        files = self._save_vocabulary_files(save_directory)
+    def save_pretrained(self, save_directory: str | os.PathLike) -> tuple[str, ...]:
+        """Write the tokenizer files; the directory changes in one step, other files in it stay."""
+        names = [*self.vocab_files, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE]
         dump = lambda obj: json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=True) + "\n"
-        atomic_write_text(os.path.join(save_directory, TOKENIZER_CONFIG_FILE), dump(self._tokenizer_config()))
-        atomic_write_text(os.path.join(save_directory, SPECIAL_TOKENS_MAP_FILE), dump(self.special_tokens_map))
-        return tuple(os.path.join(save_directory, f) for f in [*files, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE])
+        with atomic_save_directory(save_directory, lambda name: name in names) as stage:
+            self._save_vocabulary_files(stage)
+            atomic_write_text(os.path.join(stage, TOKENIZER_CONFIG_FILE), dump(self._tokenizer_config()))
+            atomic_write_text(os.path.join(stage, SPECIAL_TOKENS_MAP_FILE), dump(self.special_tokens_map))
+        return tuple(os.path.join(os.fspath(save_directory), name) for name in names)
 
-    @staticmethod
-    def _read_tokenizer_config(directory: str) -> dict:
+    @classmethod
+    def _read_tokenizer_config(cls, directory: str, user_kwargs: dict) -> dict:
+        """tokenizer_config.json's keys, overridden by the caller's (which must be ones the tokenizer takes)."""
+        cls._check_init_kwargs(user_kwargs)
         path = os.path.join(directory, TOKENIZER_CONFIG_FILE)
-        if not os.path.isfile(path):
-            return {}
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-        for key in ("tokenizer_class", "added_tokens_decoder", "auto_map", "name_or_path"):
+        config = {}
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                config = json.load(f)
+        for key in ("tokenizer_class", "added_tokens_decoder", "auto_map", "name_or_path", "backend", "is_local"):
             config.pop(key, None)
+        config.update(user_kwargs)
         return config
-
-    @staticmethod
-    def _template_specials(post_processor: dict | None) -> tuple[list[str], list[str]]:
-        """Special tokens a ``TemplateProcessing`` post-processor puts around a single sequence."""
-        if not post_processor or post_processor.get("type") != "TemplateProcessing":
-            return [], []
-        prefix, suffix, seen_sequence = [], [], False
-        for piece in post_processor.get("single", []):
-            if "Sequence" in piece:
-                seen_sequence = True
-            elif "SpecialToken" in piece:
-                (suffix if seen_sequence else prefix).append(piece["SpecialToken"]["id"])
-        return prefix, suffix

@@ -12,11 +12,15 @@ import os
 
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
 
-from .tokenization_utils_base import TOKENIZER_FILE, PreTrainedTokenizerBase, _content
+from .tokenization_special_tokens import _content
+from .tokenization_utils_base import TOKENIZER_FILE, PreTrainedTokenizerBase
 
 
 class PreTrainedTokenizerFast(PreTrainedTokenizerBase):
-    def __init__(self, tokenizer_object: Tokenizer | None = None, tokenizer_file: str | None = None, **kwargs):
+    def __init__(
+        self, tokenizer_object: Tokenizer | None = None, tokenizer_file: str | None = None,
+        add_prefix_space: bool | None = None, **kwargs,
+    ):
         if tokenizer_object is None and tokenizer_file is None:
             raise ValueError("PreTrainedTokenizerFast needs `tokenizer_object` or `tokenizer_file` (a tokenizer.json)")
         if tokenizer_object is None:
@@ -28,11 +32,35 @@ class PreTrainedTokenizerFast(PreTrainedTokenizerBase):
         # Padding/truncation belong to the Python side; a tokenizer.json may carry its own settings.
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
+        self._prefix_space_variants: dict = {}
+        if add_prefix_space is not None:
+            self._tokenizer = self._with_prefix_space(add_prefix_space)
         super().__init__(**kwargs)
         spec = json.loads(self._tokenizer.to_str())
-        self._special_prefix, self._special_suffix = self._template_specials(spec.get("post_processor"))
-        for token in self._special_prefix + self._special_suffix:
-            self._require_known(token, "post_processor")
+        self._set_post_processor(spec.get("post_processor"))
+        if self.templated:  # the Rust side encodes what add_bos_token / add_eos_token asked for too
+            spec["post_processor"] = self._template.to_post_processor()
+            self._tokenizer = Tokenizer.from_str(json.dumps(spec))
+
+    def _with_prefix_space(self, add_prefix_space: bool) -> Tokenizer:
+        """A copy of the Rust tokenizer whose ByteLevel pre-tokenizer has ``add_prefix_space`` set."""
+        spec = json.loads(self._tokenizer.to_str())
+        pre = spec.get("pre_tokenizer") or {}
+        steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+        byte_level = [step for step in steps if step.get("type") == "ByteLevel"]
+        if not byte_level:
+            raise ValueError(f"add_prefix_space needs a ByteLevel pre_tokenizer, this one is {pre.get('type')!r}")
+        for step in byte_level:
+            step["add_prefix_space"] = add_prefix_space
+        return Tokenizer.from_str(json.dumps(spec))
+
+    def _backend(self, add_prefix_space: bool | None) -> Tokenizer:
+        if add_prefix_space is None:
+            return self._tokenizer
+        key = (add_prefix_space, len(self))  # rebuilt once tokens are added
+        if key not in self._prefix_space_variants:
+            self._prefix_space_variants = {key: self._with_prefix_space(add_prefix_space)}
+        return self._prefix_space_variants[key]
 
     @property
     def backend_tokenizer(self) -> Tokenizer:
@@ -69,11 +97,8 @@ class PreTrainedTokenizerFast(PreTrainedTokenizerBase):
             return self._tokenizer.add_special_tokens(objs)
         return self._tokenizer.add_tokens(objs)
 
-    def tokenize(self, text: str, **kwargs) -> list[str]:
-        return self._tokenizer.encode(text, add_special_tokens=False).tokens
-
-    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
+    def _encode_texts(self, texts: list[str], add_prefix_space: bool | None = None) -> list[list[int]]:
+        return [e.ids for e in self._backend(add_prefix_space).encode_batch(texts, add_special_tokens=False)]
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         if skip_special_tokens:
@@ -94,8 +119,7 @@ class PreTrainedTokenizerFast(PreTrainedTokenizerBase):
         path = os.path.join(directory, TOKENIZER_FILE)
         if not os.path.isfile(path):
             raise OSError(f"{directory!r} does not contain {TOKENIZER_FILE}")
-        config = cls._read_tokenizer_config(directory)
-        config.update(kwargs)
+        config = cls._read_tokenizer_config(directory, kwargs)
         return cls(tokenizer_file=path, **config)
 
     def _save_vocabulary_files(self, save_directory: str) -> list[str]:

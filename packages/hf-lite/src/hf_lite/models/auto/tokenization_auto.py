@@ -20,6 +20,8 @@ _BY_NAME: dict[str, type] = {
     "GPT2TokenizerFast": PreTrainedTokenizerFast,
     "PreTrainedTokenizerFast": PreTrainedTokenizerFast,
     "LlamaTokenizerFast": PreTrainedTokenizerFast,
+    # transformers 5 writes this for a tokenizer.json without a model-specific class.
+    "TokenizersBackend": PreTrainedTokenizerFast,
 }
 
 

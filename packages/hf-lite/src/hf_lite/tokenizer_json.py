@@ -1,0 +1,65 @@
+"""The byte-level BPE part of the ``tokenizers`` library's tokenizer.json, read into ``GPT2Tokenizer`` arguments and
+written back (transformers' ``convert_slow_tokenizer`` goes the same way for GPT-2).
+
+Two pre-tokenizers are byte-level BPE: GPT-2's (``ByteLevel`` with its built-in regex) and the Llama 3 / GPT-4 kind
+(``Sequence[Split(regex, "Isolated"), ByteLevel(use_regex=False)]``); the regex is all that differs.
+"""
+
+from __future__ import annotations
+
+GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def _split_pattern(pre: dict, path: str) -> tuple[str, bool]:
+    """(regex, add_prefix_space) of a byte-level pre-tokenizer; anything else is refused by name."""
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    kinds = [step.get("type") for step in steps]
+    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
+        return GPT2_SPLIT_PATTERN, steps[0].get("add_prefix_space", False)
+    if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
+        split = steps[0]
+        pattern = split.get("pattern", {})
+        if "Regex" in pattern and split.get("behavior") == "Isolated" and not split.get("invert", False):
+            return pattern["Regex"], steps[1].get("add_prefix_space", False)
+    name = pre.get("type") if pre.get("type") != "Sequence" else f"Sequence of {kinds}"
+    raise ValueError(
+        f"{path}: pre_tokenizer {name!r} is not a byte-level BPE one (ByteLevel, or Split(Regex, 'Isolated') + "
+        "ByteLevel(use_regex=False)); PreTrainedTokenizerFast reads any tokenizer.json"
+    )
+
+
+def read_byte_level_bpe(spec: dict, path: str) -> dict:
+    """``GPT2Tokenizer(**read_byte_level_bpe(json.load(f), path))``."""
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        raise ValueError(f"{path}: model type {model.get('type')!r} is not BPE; GPT2Tokenizer reads byte-level BPE")
+    if spec.get("normalizer") is not None:
+        raise ValueError(f"{path}: normalizer {spec['normalizer'].get('type')!r} is not supported by GPT2Tokenizer")
+    for key in ("continuing_subword_prefix", "end_of_word_suffix", "dropout"):
+        if model.get(key):
+            raise ValueError(f"{path}: BPE {key}={model[key]!r} is not supported by GPT2Tokenizer")
+    if model.get("byte_fallback"):
+        raise ValueError(f"{path}: BPE byte_fallback is not byte-level BPE; use PreTrainedTokenizerFast")
+    pattern, add_prefix_space = _split_pattern(spec.get("pre_tokenizer") or {}, path)
+    added = [{"content": t["content"], "id": t["id"], "special": t.get("special", False)}
+             for t in spec.get("added_tokens", [])]
+    return {
+        "vocab": model["vocab"], "merges": model["merges"], "added_tokens": added, "add_prefix_space": add_prefix_space,
+        "split_pattern": pattern, "ignore_merges": model.get("ignore_merges", False),
+        "post_processor": spec.get("post_processor"),
+    }
+
+
+def write_byte_level_bpe(vocab, merges, added, add_prefix_space, split_pattern, ignore_merges, post_processor):
+    byte_level = {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": True, "use_regex": True}
+    pre = byte_level
+    if split_pattern != GPT2_SPLIT_PATTERN:
+        split = {"type": "Split", "pattern": {"Regex": split_pattern}, "behavior": "Isolated", "invert": False}
+        pre = {"type": "Sequence", "pretokenizers": [split, {**byte_level, "use_regex": False}]}
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": pre, "post_processor": post_processor or byte_level, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
+    }
