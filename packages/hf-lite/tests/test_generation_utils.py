@@ -197,3 +197,64 @@ def test_negative_eos_token_id_warns_and_generates_to_max_length_like_transforme
         assert "should consist of positive integers" in caplog.text
         assert got.shape == (2, 9)
         assert torch.equal(got, theirs.generate(ids, attention_mask=torch.ones_like(ids), **kw))
+
+
+# ---------------------------------------------------------------- ports of transformers' GenerationTesterMixin
+def _mixin_kwargs(max_length):
+    """What upstream's _get_logits_processor_kwargs passes to every generate call."""
+    return dict(min_length=max_length - 1, bad_words_ids=[[1, 0]], no_repeat_ngram_size=2, repetition_penalty=1.2,
+                remove_invalid_values=True)
+
+
+MIXIN_MODES = {
+    "greedy": dict(do_sample=False, num_beams=1),
+    "sample": dict(do_sample=True, num_beams=1, num_return_sequences=2, top_k=10, top_p=0.7, temperature=0.7),
+    "beam_search": dict(do_sample=False, num_beams=2, num_return_sequences=2, early_stopping=False,
+                        length_penalty=2.0),
+    "beam_sample": dict(do_sample=True, num_beams=2, num_return_sequences=2, top_k=10, top_p=0.7, temperature=0.7),
+}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_generate_dict_outputs_match_transformers(kind, tmp_path):
+    """test_greedy_generate_dict_outputs, test_sample_generate_dict_output, test_beam_search_generate_dict_output,
+    test_beam_sample_generate_dict_output: sequences, per-step scores and their shapes."""
+    ours, theirs = _pair(kind, tmp_path)
+    ids = torch.randint(3, 97, (2, 5), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    max_length = ids.shape[1] + 3
+    for name, mode in MIXIN_MODES.items():
+        kw = dict(attention_mask=mask, max_length=max_length, output_scores=True, return_dict_in_generate=True,
+                  pad_token_id=0, eos_token_id=None, **_mixin_kwargs(max_length), **mode)
+        torch.manual_seed(0)
+        expected = theirs.generate(ids, **kw)
+        torch.manual_seed(0)
+        got = ours.generate(ids, **kw)
+        rows = ids.shape[0] * mode.get("num_return_sequences", 1)
+        assert got.sequences.shape == (rows, max_length) and torch.equal(got.sequences, expected.sequences), name
+        assert len(got.scores) == len(expected.scores) == max_length - ids.shape[1], name
+        beams = ids.shape[0] * mode["num_beams"] if mode["num_beams"] > 1 else rows
+        for a, b in zip(got.scores, expected.scores):
+            assert a.shape == (beams, 97)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+        if mode["num_beams"] > 1:
+            assert got.sequences_scores.shape == (rows,) and got.beam_indices.shape == (rows, 3)
+            torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, rtol=1e-5, atol=1e-5)
+            assert torch.equal(got.beam_indices, expected.beam_indices[:, :3]), name
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_left_padding_compatibility(kind):
+    """Upstream's test_left_padding_compatibility: left padding with the mask (and the position ids generate
+    derives from it) leaves the last token's logits unchanged."""
+    model = make_model(kind)
+    ids = torch.randint(3, 97, (2, 6), generator=torch.Generator().manual_seed(1))
+    padded = torch.cat([torch.full((2, 3), 3), ids], dim=1)
+    mask = torch.cat([torch.zeros(2, 3, dtype=torch.long), torch.ones_like(ids)], dim=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits[:, -1]
+        left = model(input_ids=padded, attention_mask=mask, position_ids=positions).logits[:, -1]
+    torch.testing.assert_close(left, plain, rtol=1e-5, atol=1e-5)
+    greedy = model.generate(padded, attention_mask=mask, max_new_tokens=5, eos_token_id=None, pad_token_id=3)
+    assert torch.equal(greedy[:, 9:], model.generate(ids, max_new_tokens=5, eos_token_id=None)[:, 6:])

@@ -1,4 +1,7 @@
-"""Every logits processor against hand-computed expectations, and against transformers' own on random scores."""
+"""Every logits processor against hand-computed expectations, and against transformers' own on random scores.
+
+The second half ports transformers' tests/generation/test_logits_process.py for the processors hf-lite has.
+"""
 
 import math
 
@@ -89,6 +92,7 @@ def _transformers_pairs():
         (L.MinNewTokensLengthLogitsProcessor(5, 30, 3), T.MinNewTokensLengthLogitsProcessor(5, 30, 3)),
         (L.SuppressTokensLogitsProcessor([0, 7]), T.SuppressTokensLogitsProcessor([0, 7])),
         (L.NoBadWordsLogitsProcessor([[4], [5, 6]], 1), T.NoBadWordsLogitsProcessor([[4], [5, 6]], 1)),
+        (L.InfNanRemoveLogitsProcessor(), T.InfNanRemoveLogitsProcessor()),
     ]
 
 
@@ -107,3 +111,141 @@ def test_processor_list_applies_in_order():
     out = lst(None, torch.tensor([[1.0, 2.0]]))
     assert out.tolist() == [[INF, 4.0]]
     assert math.isinf(out[0, 0])
+
+
+# ---------------------------------------------------------------- ports of transformers' test_logits_process.py
+def _uniform(batch, length):
+    return torch.ones((batch, length)) / length
+
+
+def _ids(shape, vocab=20, seed=0):
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_min_length_dist_processor():
+    proc = L.MinLengthLogitsProcessor(min_length=10, eos_token_id=0)
+    assert proc(_ids((4, 5)), _uniform(4, 20))[:, 0].tolist() == 4 * [INF]
+    assert not torch.isinf(proc(_ids((4, 15)), _uniform(4, 20))).any()
+
+
+@pytest.mark.parametrize("eos_token_id", [0, [0, 18]])
+def test_new_min_length_dist_processor(eos_token_id):
+    proc = L.MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=5, min_new_tokens=3, eos_token_id=eos_token_id)
+    expected = 4 * [INF] * (len(eos_token_id) if isinstance(eos_token_id, list) else 1)
+    for length in (2, 5, 6, 7):
+        assert proc(_ids((4, length)), _uniform(4, 20))[:, eos_token_id].flatten().tolist() == expected, length
+    for length in (8, 15):
+        assert not torch.isinf(proc(_ids((4, length)), _uniform(4, 20))).any(), length
+
+
+def test_temperature_dist_warper():
+    scores = _uniform(2, 20)
+    scores[1, 5], scores[1, 10] = 1 / 20 + 0.1, 1 / 20 - 0.4
+    probs = torch.softmax(scores, -1)
+    sharp = torch.softmax(L.TemperatureLogitsWarper(0.5)(None, scores), -1)
+    smooth = torch.softmax(L.TemperatureLogitsWarper(1.3)(None, scores), -1)
+    torch.testing.assert_close(probs[0], sharp[0], rtol=1e-3, atol=1e-3)  # uniform stays uniform
+    torch.testing.assert_close(probs[0], smooth[0], rtol=1e-3, atol=1e-3)
+    assert probs[1].max() < sharp[1].max() and probs[1].min() > sharp[1].min()
+    assert probs[1].max() > smooth[1].max() and probs[1].min() < smooth[1].min()
+    assert not torch.all(scores == L.TemperatureLogitsWarper(1.3)(None, scores)), "not in place"
+
+
+def _rep_scores():
+    scores = _uniform(2, 10)
+    scores[0, 0], scores[1, 5] = -(1 / 10), 4 / 10
+    return scores
+
+
+def test_repetition_penalty_dist_process():
+    ids = torch.tensor([[0, 1], [5, 0]])
+    scores = _rep_scores()
+    out = L.RepetitionPenaltyLogitsProcessor(penalty=2.0)(ids, scores)
+    assert out[0, 0].item() == pytest.approx(-(1 / 10) * 2) and out[0, 1].item() == pytest.approx(1 / 20)
+    assert out[1, 0].item() == pytest.approx(1 / 20) and out[1, 5].item() == pytest.approx(4 / 20)
+    assert not torch.all(scores == out)
+    # prompt_ignore_length: the prompt itself is not penalised, tokens after it are
+    unchanged = L.RepetitionPenaltyLogitsProcessor(2.0, prompt_ignore_length=2)(ids, _rep_scores())
+    assert torch.equal(unchanged, _rep_scores())
+    longer = torch.tensor([[0, 1, 0, 1], [5, 0, 5, 0]])
+    torch.testing.assert_close(L.RepetitionPenaltyLogitsProcessor(2.0, prompt_ignore_length=2)(longer, _rep_scores()),
+                               out)
+
+
+def test_top_k_dist_warper():
+    ramp = torch.arange(10.0).repeat(2, 1)
+    ramp[1:, :5] += 10
+    out = L.TopKLogitsWarper(3)(None, ramp)
+    assert torch.isinf(out[0]).tolist() == 7 * [True] + 3 * [False]
+    assert torch.isinf(out[1]).tolist() == 2 * [True] + 3 * [False] + 5 * [True]
+    safety = L.TopKLogitsWarper(top_k=1, filter_value=0.0, min_tokens_to_keep=3)
+    assert (safety(None, _uniform(2, 5)) == 0.0).long().sum(-1).tolist() == [0, 0]  # uniform is not changed
+    assert (safety(None, torch.arange(5.0).repeat(2, 1)) == 0.0).long().sum(-1).tolist() == [2, 2]
+
+
+def test_top_p_dist_warper():
+    dist = torch.log(torch.tensor([[0.3, 0.1, 0.1, 0.5], [0.15, 0.3, 0.3, 0.25]]))
+    filtered = torch.exp(L.TopPLogitsWarper(0.8)(None, dist))
+    torch.testing.assert_close(filtered, torch.tensor([[0.3, 0.0, 0.0, 0.5], [0.0, 0.3, 0.3, 0.25]]),
+                               rtol=1e-3, atol=1e-3)
+    ramp = torch.arange(10.0).repeat(2, 1) - 5
+    ramp[1] *= 100.0
+    kept = L.TopPLogitsWarper(0.9, min_tokens_to_keep=2, filter_value=0.0)(None, ramp)
+    assert (kept != 0.0).long().sum(-1).tolist() == [3, 2]
+
+
+def test_min_p_dist_warper():
+    dist = torch.log(torch.tensor([[0.9, 0.0274, 0.047, 0.0274], [0.15, 0.3, 0.3, 0.25], [0.97, 0.01, 0.01, 0.01]]))
+    filtered = torch.exp(L.MinPLogitsWarper(0.05)(None, dist))
+    expected = torch.tensor([[0.9, 0.0, 0.047, 0.0], [0.15, 0.3, 0.3, 0.25], [0.97, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(filtered, expected, rtol=1e-3, atol=1e-3)
+    ramp = torch.arange(10.0).repeat(2, 1) - 5
+    ramp[1] *= 100.0
+    kept = L.MinPLogitsWarper(0.9, min_tokens_to_keep=2, filter_value=0.0)(None, ramp)
+    assert (kept != 0.0).long().sum(-1).tolist() == [2, 2]
+
+
+def test_no_repeat_ngram_dist_processor():
+    ids = torch.tensor([[1, 1, 2, 1], [0, 1, 0, 1]])
+    scores = _uniform(2, 3)
+    assert torch.isinf(L.NoRepeatNGramLogitsProcessor(2)(ids, scores)).tolist() == [[False, True, True],
+                                                                                       [True, False, False]]
+    assert torch.isinf(L.NoRepeatNGramLogitsProcessor(3)(ids, scores)).tolist() == [[False, False, False],
+                                                                                       [True, False, False]]
+    # a later n-gram ending in the banned token without repeating the prefix must not undo the ban
+    ids = torch.tensor([[1, 2, 5, 7, 8, 5, 1, 2]])
+    assert torch.isinf(L.NoRepeatNGramLogitsProcessor(3)(ids, _uniform(1, 10))).nonzero()[:, 1].tolist() == [5]
+    # one token short of a 3-gram: nothing banned yet
+    assert not torch.isinf(L.NoRepeatNGramLogitsProcessor(3)(torch.tensor([[1, 2], [0, 1]]), scores)).any()
+
+
+def test_no_bad_words_dist_processor():
+    ids = torch.tensor([[0, 1, 3, 1], [0, 1, 0, 1]])
+    bad = [[1], [4], [1, 0], [0, 1, 2], [1, 3, 1, 3]]
+    scores = _uniform(2, 5)
+    out = L.NoBadWordsLogitsProcessor(bad_words_ids=bad, eos_token_id=4)(ids, scores)
+    # the EOS entry [4] is not banned, so generation can still stop
+    assert torch.isinf(out).tolist() == [[True, True, False, True, False], [True, True, True, False, False]]
+    assert not torch.all(scores == out)
+    torch.testing.assert_close(L.NoBadWordsLogitsProcessor(bad_words_ids=[[4]], eos_token_id=4)(ids, scores), scores)
+
+
+def test_processor_list():
+    ids = _ids((4, 10), vocab=15)
+    original = ids.clone()
+    processors = [L.MinLengthLogitsProcessor(10, 0), L.TemperatureLogitsWarper(0.5),
+                  L.RepetitionPenaltyLogitsProcessor(2.0), L.TopKLogitsWarper(3), L.TopPLogitsWarper(0.8),
+                  L.NoRepeatNGramLogitsProcessor(2), L.NoBadWordsLogitsProcessor([[1]], 0)]
+    scores = _uniform(4, 15)
+    for proc in processors:
+        scores = proc(ids, scores)
+    torch.testing.assert_close(L.LogitsProcessorList(processors)(ids, _uniform(4, 15)), scores)
+    assert torch.equal(ids, original), "input_ids are never changed"
+
+
+def test_remove_nan_inf_logits_processor():
+    scores = torch.tensor([[0.0, 0.7, 0.8, float("nan")], [0.1, float("inf"), 0.3, float("-inf")]])
+    out = L.InfNanRemoveLogitsProcessor()(_ids((2, 4)), scores)
+    finfo = torch.finfo(out.dtype)
+    torch.testing.assert_close(out, torch.tensor([[0.0, 0.7, 0.8, 0.0], [0.1, finfo.max, 0.3, finfo.min]]))
+    assert not torch.all(scores == out), "not in place"

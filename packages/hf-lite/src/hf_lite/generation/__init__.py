@@ -2,6 +2,7 @@
 
 from .configuration_utils import GenerationConfig
 from .logits_process import (
+    InfNanRemoveLogitsProcessor,
     LogitsProcessor,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
@@ -32,6 +33,7 @@ __all__ = [
     "EosTokenCriteria",
     "GenerationConfig",
     "GenerationMixin",
+    "InfNanRemoveLogitsProcessor",
     "LogitsProcessor",
     "LogitsProcessorList",
     "MaxLengthCriteria",

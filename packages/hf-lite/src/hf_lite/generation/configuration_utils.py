@@ -34,6 +34,7 @@ _DEFAULTS: dict[str, Any] = {
     "no_repeat_ngram_size": 0,
     "bad_words_ids": None,
     "suppress_tokens": None,
+    "remove_invalid_values": False,
     # output
     "num_return_sequences": 1,
     "output_scores": False,

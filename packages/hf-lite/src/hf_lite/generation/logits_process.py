@@ -1,8 +1,8 @@
 """Logits processors and warpers (transformers' ``generation/logits_process.py``).
 
 Each maps ``(input_ids, scores)`` to new scores for the next token. ``GenerationMixin`` builds them in transformers'
-order: repetition penalty, no-repeat-ngram, bad words, min length, min new tokens, suppress tokens, then (sampling
-only) temperature, top-k, top-p, min-p.
+order: repetition penalty, no-repeat-ngram, bad words, min length, min new tokens, inf/nan removal, suppress tokens,
+then (sampling only) temperature, top-k, top-p, min-p.
 """
 
 from __future__ import annotations
@@ -193,6 +193,16 @@ class NoRepeatNGramLogitsProcessor(LogitsProcessor):
             if banned:
                 scores[row, banned] = -float("inf")
         return scores
+
+
+class InfNanRemoveLogitsProcessor(LogitsProcessor):
+    """NaN -> 0 and +-inf -> the dtype's extremes, so sampling never sees them (``remove_invalid_values``)."""
+
+    def __call__(self, input_ids, scores):
+        scores = torch.where(scores != scores, torch.zeros_like(scores), scores)
+        finfo = torch.finfo(scores.dtype)
+        scores = torch.where(scores == float("inf"), torch.full_like(scores, finfo.max), scores)
+        return torch.where(scores == -float("inf"), torch.full_like(scores, finfo.min), scores)
 
 
 class SuppressTokensLogitsProcessor(LogitsProcessor):

@@ -19,6 +19,7 @@ from ..modeling_outputs import ModelOutput
 from .beam_search import beam_search
 from .configuration_utils import GenerationConfig
 from .logits_process import (
+    InfNanRemoveLogitsProcessor,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
@@ -123,6 +124,8 @@ class GenerationMixin:
             processors.append(MinLengthLogitsProcessor(gc.min_length, eos, device=device))
         if gc.min_new_tokens is not None and eos is not None and gc.min_new_tokens > 0:
             processors.append(MinNewTokensLengthLogitsProcessor(input_len, gc.min_new_tokens, eos, device=device))
+        if gc.remove_invalid_values:
+            processors.append(InfNanRemoveLogitsProcessor())
         if gc.suppress_tokens is not None:
             processors.append(SuppressTokensLogitsProcessor(gc.suppress_tokens, device=device))
         processors = _merge(processors, custom)
