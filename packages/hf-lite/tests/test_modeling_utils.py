@@ -69,6 +69,10 @@ def test_tied_weights_are_not_saved_and_retie_on_load(tmp_path):
     assert "lm_head.weight" not in keys and "transformer.wte.weight" in keys
     loaded, info = GPT2LMHeadModel.from_pretrained(tmp_path, output_loading_info=True)
     assert info == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}
+    # the Trainer passes state_dict=model.state_dict(), tied copy included: it is still written once
+    model.save_pretrained(tmp_path / "given", state_dict=model.state_dict())
+    with safe_open(str(tmp_path / "given" / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == keys
     assert loaded.lm_head.weight is loaded.transformer.wte.weight
     assert loaded.num_parameters() == model.num_parameters()
 

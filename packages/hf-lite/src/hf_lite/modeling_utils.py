@@ -279,10 +279,14 @@ class PreTrainedModel(nn.Module):
             raise ValueError("hf-lite writes safetensors only (safe_serialization=False is not supported)")
         if not is_main_process:
             return
-        if state_dict is None:
-            # A tied copy is written once: the loader re-ties it (what transformers does).
-            tied = self._tied_keys()
-            state_dict = {k: v for k, v in self.state_dict().items() if k not in tied}
+        # A tied copy is written once, also from a given state_dict (the Trainer passes model.state_dict()):
+        # the loader re-ties it, as in transformers.
+        state_dict = self.state_dict() if state_dict is None else state_dict
+        tied, shared = self._tied_keys(), {}
+        for key, tensor in state_dict.items():
+            shared.setdefault((tensor.device, tensor.untyped_storage().data_ptr()), []).append(key)
+        state_dict = {k: v for k, v in state_dict.items()
+                      if k not in tied or len(shared[(v.device, v.untyped_storage().data_ptr())]) == 1}
         self.config.architectures = [type(self).__name__]
         self.config.dtype = self.dtype
 

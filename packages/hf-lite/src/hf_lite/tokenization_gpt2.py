@@ -77,6 +77,7 @@ class GPT2Tokenizer(PreTrainedTokenizer):
         self.bpe_ranks = {pair: rank for rank, pair in enumerate(_parse_merges(merges))}
         self.byte_encoder = bytes_to_unicode()
         self.byte_decoder = {c: b for b, c in self.byte_encoder.items()}
+        self._byte_chars = [self.byte_encoder[b] for b in range(256)]
         self.add_prefix_space = add_prefix_space
         self.errors = errors
         self.split_pattern = split_pattern
@@ -120,15 +121,17 @@ class GPT2Tokenizer(PreTrainedTokenizer):
         add_prefix_space = self.add_prefix_space if add_prefix_space is None else add_prefix_space
         if add_prefix_space and text and not text[0].isspace():
             text = " " + text
-        tokens, last = [], 0
-        # tokenizers' Split "Isolated": matches and the text between them are both pieces (GPT-2's regex leaves none).
-        for match in self.pat.finditer(text):
-            for word in (text[last : match.start()], match.group()):
-                if word:
-                    tokens.extend(self.bpe("".join(self.byte_encoder[b] for b in word.encode("utf-8"))))
-            last = match.end()
-        if text[last:]:
-            tokens.extend(self.bpe("".join(self.byte_encoder[b] for b in text[last:].encode("utf-8"))))
+        words = self.pat.findall(text)
+        if sum(map(len, words)) != len(text):
+            # tokenizers' Split "Isolated": the text between matches is a piece too (GPT-2's regex leaves none).
+            words, last = [], 0
+            for match in self.pat.finditer(text):
+                words += [w for w in (text[last : match.start()], match.group()) if w]
+                last = match.end()
+            words += [text[last:]] if text[last:] else []
+        table, tokens = self._byte_chars, []
+        for word in words:
+            tokens.extend(self.bpe("".join(map(table.__getitem__, word.encode("utf-8")))))
         return tokens
 
     def _convert_token_to_id(self, token: str) -> int | None:
