@@ -41,11 +41,24 @@ def bench_models(args, rows):
     from hf_lite import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     configs = {
-        "gpt2": (GPT2LMHeadModel, GPT2Config(vocab_size=8000, n_positions=512, n_embd=256, n_layer=4, n_head=8,
-                                                bos_token_id=0, eos_token_id=0)),
-        "llama": (LlamaForCausalLM, LlamaConfig(vocab_size=8000, hidden_size=256, intermediate_size=688,
-                                                num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                                                max_position_embeddings=512)),
+        "gpt2": (
+            GPT2LMHeadModel,
+            GPT2Config(
+                vocab_size=8000, n_positions=512, n_embd=256, n_layer=4, n_head=8, bos_token_id=0, eos_token_id=0
+            ),
+        ),
+        "llama": (
+            LlamaForCausalLM,
+            LlamaConfig(
+                vocab_size=8000,
+                hidden_size=256,
+                intermediate_size=688,
+                num_hidden_layers=4,
+                num_attention_heads=8,
+                num_key_value_heads=4,
+                max_position_embeddings=512,
+            ),
+        ),
     }
     for name, (cls, config) in configs.items():
         torch.manual_seed(0)
@@ -55,8 +68,13 @@ def bench_models(args, rows):
             theirs = transformers.AutoModelForCausalLM.from_pretrained(d).eval()
         for batch in (1, 8):
             ids = torch.randint(0, 8000, (batch, args.prompt_len), generator=torch.Generator().manual_seed(batch))
-            kw = dict(max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
-                      attention_mask=torch.ones_like(ids))
+            kw = dict(
+                max_new_tokens=args.new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                attention_mask=torch.ones_like(ids),
+            )
             a = ours.generate(ids, **kw)
             b = theirs.generate(ids, **kw)
             assert torch.equal(a, b), f"{name} batch {batch}: outputs differ"
@@ -87,9 +105,15 @@ def bench_tokenizers(args, rows):
     texts = [open(f, encoding="utf-8", errors="replace").read() for f in files]
     train, test = texts[: len(texts) // 2], texts[len(texts) // 2 :]
     tok = byte_level_bpe_tokenizer()
-    tok.train_from_iterator(train, trainers.BpeTrainer(vocab_size=4000, special_tokens=["<|endoftext|>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                       show_progress=False))
+    tok.train_from_iterator(
+        train,
+        trainers.BpeTrainer(
+            vocab_size=4000,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     budget, sample = args.tokenizer_mb * 1e6, []
     for t in test:
         if sum(len(s.encode()) for s in sample) >= budget:
@@ -109,8 +133,9 @@ def bench_tokenizers(args, rows):
     ids_pure = run_pure()
     assert ids_pure == [e.ids for e in rust.encode_batch(sample)], "pure and Rust ids differ"
     t_pure, t_rust = paired_median_times(run_pure, lambda: rust.encode_batch(sample), args.repeats)
-    t_fast, t_rust2 = paired_median_times(lambda: fast(sample)["input_ids"], lambda: rust.encode_batch(sample),
-                                          args.repeats)
+    t_fast, t_rust2 = paired_median_times(
+        lambda: fast(sample)["input_ids"], lambda: rust.encode_batch(sample), args.repeats
+    )
     rows.append((f"tokenizer pure-Python BPE ({mb:.2f} MB, MB/CPU-s)", mb / t_pure, mb / t_rust, "tokenizers"))
     rows.append(("tokenizer PreTrainedTokenizerFast (MB/CPU-s)", mb / t_fast, mb / t_rust2, "tokenizers"))
 
@@ -131,8 +156,10 @@ def main():
     rows: list[tuple[str, float, float, str]] = []
     bench_models(args, rows)
     bench_tokenizers(args, rows)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), prompt {args.prompt_len}, "
-          f"{args.new_tokens} new tokens, median of {args.repeats} CPU-time measurements (per CPU-second rates)")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), prompt {args.prompt_len}, "
+        f"{args.new_tokens} new tokens, median of {args.repeats} CPU-time measurements (per CPU-second rates)"
+    )
     print(f"| {'measurement':<52} | {'hf-lite':>10} | {'reference':>10} | {'ratio':>6} | reference |")
     print(f"|{'-' * 54}|{'-' * 12}|{'-' * 12}|{'-' * 8}|-----------|")
     for name, ours, ref, ref_name in rows:

@@ -23,8 +23,12 @@ def corpus() -> list[str]:
 def trained_tokenizer_dir(tmp_path_factory, corpus) -> str:
     """tokenizer.json of a byte-level BPE (vocab 800) trained by the `tokenizers` library on the stdlib corpus."""
     tok = byte_level_bpe_tokenizer()
-    trainer = trainers.BpeTrainer(vocab_size=800, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=800,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus, trainer=trainer)
     directory = tmp_path_factory.mktemp("bpe")
     tok.save(str(directory / "tokenizer.json"))

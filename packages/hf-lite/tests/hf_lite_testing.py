@@ -19,8 +19,18 @@ def tiny_gpt2_config(**kw) -> GPT2Config:
 
 
 def tiny_llama_config(**kw) -> LlamaConfig:
-    base = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=64, rope_theta=500.0, bos_token_id=1, eos_token_id=2)
+    base = dict(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=500.0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     base.update(kw)
     return LlamaConfig(**base)
 

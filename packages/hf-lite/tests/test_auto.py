@@ -33,11 +33,23 @@ def test_auto_classes_pick_by_model_type(tmp_path):
 def clean_registries():
     from hf_lite.models.auto import configuration_auto, modeling_auto, tokenization_auto
 
-    saved = [dict(m) for m in (configuration_auto.CONFIG_MAPPING, modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING,
-                               tokenization_auto.TOKENIZER_MAPPING)]
+    saved = [
+        dict(m)
+        for m in (
+            configuration_auto.CONFIG_MAPPING,
+            modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING,
+            tokenization_auto.TOKENIZER_MAPPING,
+        )
+    ]
     yield
-    for mapping, old in zip((configuration_auto.CONFIG_MAPPING, modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING,
-                             tokenization_auto.TOKENIZER_MAPPING), saved):
+    for mapping, old in zip(
+        (
+            configuration_auto.CONFIG_MAPPING,
+            modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING,
+            tokenization_auto.TOKENIZER_MAPPING,
+        ),
+        saved,
+    ):
         mapping.clear()
         mapping.update(old)
 

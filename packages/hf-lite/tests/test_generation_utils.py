@@ -26,8 +26,9 @@ def _left_padded(pad_id, seed=0, batch=4, length=7, vocab=97):
 
 def _eos_ids_that_get_hit(theirs, ids, mask, pad):
     """Pick EOS ids from a free run so that several rows stop early."""
-    free = theirs.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=None,
-                           pad_token_id=pad)
+    free = theirs.generate(
+        ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=pad
+    )
     new = free[:, ids.shape[1] :]
     return sorted({int(new[0, 2]), int(new[2, 5])})
 
@@ -73,8 +74,11 @@ def test_beam_search_matches_transformers(kind, tmp_path):
 def test_sampling_with_fixed_seed_matches_transformers(tmp_path):
     ours, theirs = _pair("llama", tmp_path)
     ids, mask = _left_padded(0, seed=2)
-    for case in [dict(top_k=20, top_p=0.9, temperature=0.7), dict(top_k=0, min_p=0.05, temperature=1.3),
-                 dict(num_return_sequences=2, top_k=10)]:
+    for case in [
+        dict(top_k=20, top_p=0.9, temperature=0.7),
+        dict(top_k=0, min_p=0.05, temperature=1.3),
+        dict(num_return_sequences=2, top_k=10),
+    ]:
         kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=True, pad_token_id=0, eos_token_id=2, **case)
         torch.manual_seed(123)
         expected = theirs.generate(ids, **kw)
@@ -89,8 +93,17 @@ def test_sampling_with_fixed_seed_matches_transformers(tmp_path):
 def test_beam_sampling_with_fixed_seed_matches_transformers(tmp_path):
     ours, theirs = _pair("gpt2", tmp_path)
     ids, mask = _left_padded(3, seed=3)
-    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=True, num_beams=3, num_return_sequences=2,
-              top_k=30, temperature=0.8, pad_token_id=3, eos_token_id=[0, 11])
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=8,
+        do_sample=True,
+        num_beams=3,
+        num_return_sequences=2,
+        top_k=30,
+        temperature=0.8,
+        pad_token_id=3,
+        eos_token_id=[0, 11],
+    )
     torch.manual_seed(5)
     expected = theirs.generate(ids, **kw)
     torch.manual_seed(5)
@@ -103,8 +116,17 @@ def test_processors_inside_generate_match_transformers(tmp_path):
     pad = 3
     ids, mask = _left_padded(pad, seed=4)
     eos = _eos_ids_that_get_hit(theirs, ids, mask, pad)
-    kw = dict(attention_mask=mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=pad, repetition_penalty=1.7,
-              no_repeat_ngram_size=2, bad_words_ids=[[11], [40, 41]], suppress_tokens=[12, 13], min_new_tokens=4)
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=12,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        repetition_penalty=1.7,
+        no_repeat_ngram_size=2,
+        bad_words_ids=[[11], [40, 41]],
+        suppress_tokens=[12, 13],
+        min_new_tokens=4,
+    )
     expected = theirs.generate(ids, do_sample=False, **kw)
     got = ours.generate(ids, **kw)
     assert torch.equal(got, expected)
@@ -157,11 +179,15 @@ def test_generate_uses_given_position_ids():
     assert not torch.equal(default, shifted), "sanity: GPT-2's learned positions change the continuation"
 
 
-@pytest.mark.parametrize("case", [
-    dict(num_beams=3, num_return_sequences=2),
-    dict(do_sample=True, num_return_sequences=3, top_k=20),
-    dict(do_sample=True, num_beams=2, num_return_sequences=2, top_k=20),
-], ids=["beam", "sample", "beam_sample"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(num_beams=3, num_return_sequences=2),
+        dict(do_sample=True, num_return_sequences=3, top_k=20),
+        dict(do_sample=True, num_beams=2, num_return_sequences=2, top_k=20),
+    ],
+    ids=["beam", "sample", "beam_sample"],
+)
 def test_repetition_penalty_with_expanded_batch_matches_transformers(case, tmp_path):
     """The penalty's per-row padding lengths are built after the batch is expanded to beams / return sequences."""
     ours, theirs = _pair("llama", tmp_path)
@@ -202,15 +228,19 @@ def test_negative_eos_token_id_warns_and_generates_to_max_length_like_transforme
 # ---------------------------------------------------------------- ports of transformers' GenerationTesterMixin
 def _mixin_kwargs(max_length):
     """What upstream's _get_logits_processor_kwargs passes to every generate call."""
-    return dict(min_length=max_length - 1, bad_words_ids=[[1, 0]], no_repeat_ngram_size=2, repetition_penalty=1.2,
-                remove_invalid_values=True)
+    return dict(
+        min_length=max_length - 1,
+        bad_words_ids=[[1, 0]],
+        no_repeat_ngram_size=2,
+        repetition_penalty=1.2,
+        remove_invalid_values=True,
+    )
 
 
 MIXIN_MODES = {
     "greedy": dict(do_sample=False, num_beams=1),
     "sample": dict(do_sample=True, num_beams=1, num_return_sequences=2, top_k=10, top_p=0.7, temperature=0.7),
-    "beam_search": dict(do_sample=False, num_beams=2, num_return_sequences=2, early_stopping=False,
-                        length_penalty=2.0),
+    "beam_search": dict(do_sample=False, num_beams=2, num_return_sequences=2, early_stopping=False, length_penalty=2.0),
     "beam_sample": dict(do_sample=True, num_beams=2, num_return_sequences=2, top_k=10, top_p=0.7, temperature=0.7),
 }
 
@@ -224,8 +254,16 @@ def test_generate_dict_outputs_match_transformers(kind, tmp_path):
     mask = torch.ones_like(ids)
     max_length = ids.shape[1] + 3
     for name, mode in MIXIN_MODES.items():
-        kw = dict(attention_mask=mask, max_length=max_length, output_scores=True, return_dict_in_generate=True,
-                  pad_token_id=0, eos_token_id=None, **_mixin_kwargs(max_length), **mode)
+        kw = dict(
+            attention_mask=mask,
+            max_length=max_length,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+            eos_token_id=None,
+            **_mixin_kwargs(max_length),
+            **mode,
+        )
         torch.manual_seed(0)
         expected = theirs.generate(ids, **kw)
         torch.manual_seed(0)

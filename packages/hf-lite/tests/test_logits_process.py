@@ -72,7 +72,11 @@ def test_min_length_and_min_new_tokens():
 def test_suppress_tokens_and_bad_words():
     scores = torch.zeros(2, 6)
     assert torch.isinf(L.SuppressTokensLogitsProcessor([1, 5])(None, scores)).nonzero().tolist() == [
-        [0, 1], [0, 5], [1, 1], [1, 5]]
+        [0, 1],
+        [0, 5],
+        [1, 1],
+        [1, 5],
+    ]
     ids = torch.tensor([[0, 3, 4], [0, 4, 3]])
     out = L.NoBadWordsLogitsProcessor([[2], [3, 4, 5]], eos_token_id=0)(ids, scores)
     assert torch.isinf(out).nonzero().tolist() == [[0, 2], [0, 5], [1, 2]]
@@ -102,8 +106,9 @@ def test_every_processor_equals_transformers_on_random_scores():
         ids = torch.randint(0, 12, (4, 20), generator=g)
         scores = torch.randn(4, 12, generator=g) * 3
         for ours, theirs in _transformers_pairs():
-            torch.testing.assert_close(ours(ids, scores.clone()), theirs(ids, scores.clone()),
-                                       msg=lambda m, o=ours: f"{type(o).__name__}: {m}")
+            torch.testing.assert_close(
+                ours(ids, scores.clone()), theirs(ids, scores.clone()), msg=lambda m, o=ours: f"{type(o).__name__}: {m}"
+            )
 
 
 def test_processor_list_applies_in_order():
@@ -168,8 +173,9 @@ def test_repetition_penalty_dist_process():
     unchanged = L.RepetitionPenaltyLogitsProcessor(2.0, prompt_ignore_length=2)(ids, _rep_scores())
     assert torch.equal(unchanged, _rep_scores())
     longer = torch.tensor([[0, 1, 0, 1], [5, 0, 5, 0]])
-    torch.testing.assert_close(L.RepetitionPenaltyLogitsProcessor(2.0, prompt_ignore_length=2)(longer, _rep_scores()),
-                               out)
+    torch.testing.assert_close(
+        L.RepetitionPenaltyLogitsProcessor(2.0, prompt_ignore_length=2)(longer, _rep_scores()), out
+    )
 
 
 def test_top_k_dist_warper():
@@ -186,8 +192,9 @@ def test_top_k_dist_warper():
 def test_top_p_dist_warper():
     dist = torch.log(torch.tensor([[0.3, 0.1, 0.1, 0.5], [0.15, 0.3, 0.3, 0.25]]))
     filtered = torch.exp(L.TopPLogitsWarper(0.8)(None, dist))
-    torch.testing.assert_close(filtered, torch.tensor([[0.3, 0.0, 0.0, 0.5], [0.0, 0.3, 0.3, 0.25]]),
-                               rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(
+        filtered, torch.tensor([[0.3, 0.0, 0.0, 0.5], [0.0, 0.3, 0.3, 0.25]]), rtol=1e-3, atol=1e-3
+    )
     ramp = torch.arange(10.0).repeat(2, 1) - 5
     ramp[1] *= 100.0
     kept = L.TopPLogitsWarper(0.9, min_tokens_to_keep=2, filter_value=0.0)(None, ramp)
@@ -208,10 +215,14 @@ def test_min_p_dist_warper():
 def test_no_repeat_ngram_dist_processor():
     ids = torch.tensor([[1, 1, 2, 1], [0, 1, 0, 1]])
     scores = _uniform(2, 3)
-    assert torch.isinf(L.NoRepeatNGramLogitsProcessor(2)(ids, scores)).tolist() == [[False, True, True],
-                                                                                       [True, False, False]]
-    assert torch.isinf(L.NoRepeatNGramLogitsProcessor(3)(ids, scores)).tolist() == [[False, False, False],
-                                                                                       [True, False, False]]
+    assert torch.isinf(L.NoRepeatNGramLogitsProcessor(2)(ids, scores)).tolist() == [
+        [False, True, True],
+        [True, False, False],
+    ]
+    assert torch.isinf(L.NoRepeatNGramLogitsProcessor(3)(ids, scores)).tolist() == [
+        [False, False, False],
+        [True, False, False],
+    ]
     # a later n-gram ending in the banned token without repeating the prefix must not undo the ban
     ids = torch.tensor([[1, 2, 5, 7, 8, 5, 1, 2]])
     assert torch.isinf(L.NoRepeatNGramLogitsProcessor(3)(ids, _uniform(1, 10))).nonzero()[:, 1].tolist() == [5]
@@ -233,9 +244,15 @@ def test_no_bad_words_dist_processor():
 def test_processor_list():
     ids = _ids((4, 10), vocab=15)
     original = ids.clone()
-    processors = [L.MinLengthLogitsProcessor(10, 0), L.TemperatureLogitsWarper(0.5),
-                  L.RepetitionPenaltyLogitsProcessor(2.0), L.TopKLogitsWarper(3), L.TopPLogitsWarper(0.8),
-                  L.NoRepeatNGramLogitsProcessor(2), L.NoBadWordsLogitsProcessor([[1]], 0)]
+    processors = [
+        L.MinLengthLogitsProcessor(10, 0),
+        L.TemperatureLogitsWarper(0.5),
+        L.RepetitionPenaltyLogitsProcessor(2.0),
+        L.TopKLogitsWarper(3),
+        L.TopPLogitsWarper(0.8),
+        L.NoRepeatNGramLogitsProcessor(2),
+        L.NoBadWordsLogitsProcessor([[1]], 0),
+    ]
     scores = _uniform(4, 15)
     for proc in processors:
         scores = proc(ids, scores)

@@ -38,9 +38,9 @@ def test_save_in_hf_lite_load_in_transformers_logits_and_loss_equal(kind, tmp_pa
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_save_in_transformers_load_in_hf_lite(kind, tmp_path):
     ours = make_model(kind)
-    hf_config = transformers.AutoConfig.for_model(kind, **{
-        k: v for k, v in ours.config.to_dict().items() if k not in ("model_type", "architectures", "dtype")
-    })
+    hf_config = transformers.AutoConfig.for_model(
+        kind, **{k: v for k, v in ours.config.to_dict().items() if k not in ("model_type", "architectures", "dtype")}
+    )
     torch.manual_seed(3)
     theirs = transformers.AutoModelForCausalLM.from_config(hf_config).eval()
     theirs.save_pretrained(tmp_path)
@@ -64,8 +64,13 @@ def test_gpt2_kv_cache_step_by_step_equals_full_forward():
         steps = [out.logits]
         cache = out.past_key_values
         for t in range(6, 10):
-            out = model(input_ids=ids[:, t : t + 1], attention_mask=mask[:, : t + 1], position_ids=pos[:, t : t + 1],
-                        past_key_values=cache, use_cache=True)
+            out = model(
+                input_ids=ids[:, t : t + 1],
+                attention_mask=mask[:, : t + 1],
+                position_ids=pos[:, t : t + 1],
+                past_key_values=cache,
+                use_cache=True,
+            )
             cache = out.past_key_values
             steps.append(out.logits)
     assert cache.get_seq_length() == 10

@@ -8,8 +8,13 @@ from hf_lite_testing import make_model, tiny_llama_config
 
 ROPES = [
     {"rope_type": "linear", "factor": 2.0},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 16},
+    {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    },
 ]
 
 
@@ -39,12 +44,15 @@ def test_llama_config_accepts_legacy_rope_keys_and_transformers_reads_ours(tmp_p
     assert theirs.num_key_value_heads == 2 and theirs.head_dim == 8
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(num_attention_heads=4, num_key_value_heads=3), "multiple of num_key_value_heads"),
-    (dict(rope_scaling={"rope_type": "yarnish", "factor": 2.0}), "not supported"),
-    (dict(rope_scaling={"rope_type": "llama3", "factor": 2.0}), "low_freq_factor"),
-    (dict(hidden_size=0), "hidden_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_attention_heads=4, num_key_value_heads=3), "multiple of num_key_value_heads"),
+        (dict(rope_scaling={"rope_type": "yarnish", "factor": 2.0}), "not supported"),
+        (dict(rope_scaling={"rope_type": "llama3", "factor": 2.0}), "low_freq_factor"),
+        (dict(hidden_size=0), "hidden_size"),
+    ],
+)
 def test_llama_config_rejects_invalid_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         tiny_llama_config(**kwargs)

@@ -124,8 +124,11 @@ def test_shape_mismatch_names_file_and_tensor_and_loads_nothing(tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["intermediate_size"] = 40
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.\w+_proj\.weight' "
-                                              r"has shape \(\d+, \d+\) but LlamaForCausalLM expects"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.\w+_proj\.weight' "
+        r"has shape \(\d+, \d+\) but LlamaForCausalLM expects",
+    ):
         LlamaForCausalLM.from_pretrained(tmp_path)
     model, info = LlamaForCausalLM.from_pretrained(tmp_path, ignore_mismatched_sizes=True, output_loading_info=True)
     assert len(info["mismatched_keys"]) == 6  # gate/up/down in 2 layers

@@ -87,8 +87,13 @@ def test_the_new_checkpoint_appears_whole_and_other_files_stay(exchange, tmp_pat
     new = make_model("llama", seed=1)
     new.save_pretrained(target)
     assert seen_during_save == [before]
-    assert sorted(os.listdir(target)) == ["config.json", "generation_config.json", "model.safetensors", "runs",
-                                          "tokenizer.json"]
+    assert sorted(os.listdir(target)) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "runs",
+        "tokenizer.json",
+    ]
     assert (target / "runs" / "events").read_text() == "log" and (target / "tokenizer.json").read_text() == "{}"
     with torch.no_grad():
         torch.testing.assert_close(_logits(target), new(input_ids=torch.tensor([[3, 4, 5]])).logits)

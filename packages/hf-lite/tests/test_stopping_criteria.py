@@ -79,8 +79,18 @@ def test_eos_token_criteria():
 
 
 TRUE_STRINGS = ["<|im_start|><|im_end|>", "<|im_start|><|im_end|<|im_end|>", ">><|im_start|>>stop", "stop", "e nd"]
-FALSE_STRINGS = ["<|im_start|><|im_end|", "<|im_start|><|im_end|<|im_end|", "<|im_end|><|im_start|>",
-                 "<|im_end|<>stop<|im_end|", "end", "en d", "eNd", "<|im_end|", "|im_end|>", "s"]
+FALSE_STRINGS = [
+    "<|im_start|><|im_end|",
+    "<|im_start|><|im_end|<|im_end|",
+    "<|im_end|><|im_start|>",
+    "<|im_end|<>stop<|im_end|",
+    "end",
+    "en d",
+    "eNd",
+    "<|im_end|",
+    "|im_end|>",
+    "s",
+]
 
 
 @pytest.mark.parametrize("kind", ["added_special_tokens", "plain_vocabulary"])
@@ -88,8 +98,9 @@ def test_stop_string_criteria(kind, tok, plain_tok):
     tokenizer = tok if kind == "added_special_tokens" else plain_tok
     criteria = StopStringCriteria(tokenizer=tokenizer, stop_strings=["<|im_end|>", "stop", "e nd"])
     for strings, expected in ((TRUE_STRINGS, True), (FALSE_STRINGS, False)):
-        batch = tokenizer(strings, return_tensors="pt", padding="longest", padding_side="left",
-                          add_special_tokens=False)["input_ids"]
+        batch = tokenizer(
+            strings, return_tensors="pt", padding="longest", padding_side="left", add_special_tokens=False
+        )["input_ids"]
         for i, text in enumerate(strings):
             assert bool(criteria(batch[i : i + 1])[0]) is expected, text
 
@@ -119,11 +130,15 @@ def test_single_letter_stop_string(tok):
 
 
 def test_criteria_per_row_batched(tok):
-    text = ["They completed the challenging puzzle, revealing the hidden image at the end",
-            "Today a dragon flew over France", "The aroma of freshly baked pizza filled the kitchen"]
+    text = [
+        "They completed the challenging puzzle, revealing the hidden image at the end",
+        "Today a dragon flew over France",
+        "The aroma of freshly baked pizza filled the kitchen",
+    ]
     inputs = tok(text, return_tensors="pt", padding="longest", padding_side="left", add_special_tokens=False)
-    criteria = StoppingCriteriaList([MaxLengthCriteria(max_length=50),
-                                     StopStringCriteria(tokenizer=tok, stop_strings=["end"])])
+    criteria = StoppingCriteriaList(
+        [MaxLengthCriteria(max_length=50), StopStringCriteria(tokenizer=tok, stop_strings=["end"])]
+    )
     assert criteria(inputs["input_ids"]).tolist() == [True, False, False]
     assert criteria(inputs["input_ids"][:, :-1]).tolist() == [False, False, False]
 

@@ -27,8 +27,11 @@ def test_text_iterator_streamer_from_another_thread(trained_tokenizer_dir):
     prompt = tok("import os\n", return_tensors="pt")
     streamer = TextIteratorStreamer(tok, timeout=60)
     result = {}
-    thread = threading.Thread(target=lambda: result.update(out=model.generate(
-        **prompt, max_new_tokens=12, streamer=streamer, eos_token_id=None)))
+    thread = threading.Thread(
+        target=lambda: result.update(
+            out=model.generate(**prompt, max_new_tokens=12, streamer=streamer, eos_token_id=None)
+        )
+    )
     thread.start()
     chunks = list(streamer)
     thread.join()
@@ -64,7 +67,14 @@ def test_streamer_and_stop_strings_survive_ids_past_the_tokenizer(trained_tokeni
             return scores
 
     prompt = tok("def f():", return_tensors="pt")
-    out = model.generate(**prompt, max_new_tokens=8, eos_token_id=None, logits_processor=LogitsProcessorList(
-        [ForcePaddedIds()]), streamer=TextStreamer(tok), stop_strings=["never appears"], tokenizer=tok)
+    out = model.generate(
+        **prompt,
+        max_new_tokens=8,
+        eos_token_id=None,
+        logits_processor=LogitsProcessorList([ForcePaddedIds()]),
+        streamer=TextStreamer(tok),
+        stop_strings=["never appears"],
+        tokenizer=tok,
+    )
     assert (out >= len(tok)).sum() >= 3, "sanity: padded ids were generated"
     assert capsys.readouterr().out == tok.decode(out[0]) + "\n"

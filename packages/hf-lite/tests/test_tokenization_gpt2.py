@@ -75,8 +75,9 @@ def test_special_tokens_in_the_middle_are_never_split(trio):
 def test_vocab_merges_files_and_tokenizer_json_give_the_same_tokenizer(trio, tmp_path):
     pure, fast, _ = trio
     pure.save_pretrained(tmp_path)
-    assert {"vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json"} <= set(os.listdir(tmp_path))
+    assert {"vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= set(
+        os.listdir(tmp_path)
+    )
     (tmp_path / "tokenizer.json").rename(tmp_path / "elsewhere.json")
     # the special tokens live in tokenizer.json's added_tokens; vocab.json/merges.txt + added_tokens.json carry them
     added = {t: i for i, t in pure.added_tokens_decoder.items()}
@@ -115,8 +116,29 @@ def test_unsupported_tokenizer_json_pipelines_raise_clear_errors(trained_tokeniz
 
 # ---------------------------------------------------------------- ports of transformers' test_tokenization_gpt2.py
 # Adapted from Sennrich et al. 2015, as upstream: a 21-token vocabulary where "lower newer" needs the merges.
-UPSTREAM_VOCAB = ["l", "o", "w", "e", "r", "s", "t", "i", "d", "n", "\u0120", "\u0120l", "\u0120n", "\u0120lo",
-                  "\u0120low", "er", "\u0120lowest", "\u0120newer", "\u0120wider", "<unk>", "<|endoftext|>"]
+UPSTREAM_VOCAB = [
+    "l",
+    "o",
+    "w",
+    "e",
+    "r",
+    "s",
+    "t",
+    "i",
+    "d",
+    "n",
+    "\u0120",
+    "\u0120l",
+    "\u0120n",
+    "\u0120lo",
+    "\u0120low",
+    "er",
+    "\u0120lowest",
+    "\u0120newer",
+    "\u0120wider",
+    "<unk>",
+    "<|endoftext|>",
+]
 UPSTREAM_MERGES = ["#version: 0.2", "\u0120 l", "\u0120l o", "\u0120lo w", "e r", ""]
 
 
@@ -143,9 +165,9 @@ def test_rust_and_python_full_tokenizers(upstream_dir):
     rust = Tokenizer(models.BPE(vocab, [tuple(m.split()) for m in UPSTREAM_MERGES[1:-1]]))
     rust.pre_tokenizer, rust.decoder = pre_tokenizers.ByteLevel(add_prefix_space=True), decoders.ByteLevel()
     rust_tokenizer = PreTrainedTokenizerFast(tokenizer_object=rust, unk_token="<unk>")
-    theirs = transformers.GPT2Tokenizer(vocab=vocab, merges=[tuple(m.split()) for m in UPSTREAM_MERGES[1:-1]],
-                                        add_prefix_space=True,
-                                        unk_token="<unk>")
+    theirs = transformers.GPT2Tokenizer(
+        vocab=vocab, merges=[tuple(m.split()) for m in UPSTREAM_MERGES[1:-1]], add_prefix_space=True, unk_token="<unk>"
+    )
     sequence = "lower newer"
     tokens = tokenizer.tokenize(sequence, add_prefix_space=True)
     assert tokens == rust_tokenizer.tokenize(sequence) == theirs.tokenize(sequence)
@@ -161,8 +183,10 @@ def test_padding_if_pad_token_set_slow(trained_tokenizer_dir):
     s = "This is a simple input"
     s2 = ["This is a simple input looooooooong", "This is a simple input"]
     p = ("This is a simple input", "This is a pair")
-    p2 = [("This is a simple input loooooong", "This is a simple input"),
-          ("This is a simple pair loooooong", "This is a simple pair")]
+    p2 = [
+        ("This is a simple input loooooong", "This is a simple input"),
+        ("This is a simple pair loooooong", "This is a simple pair"),
+    ]
     pad = tokenizer.pad_token_id
     out_s = tokenizer(s, padding="max_length", max_length=30, return_tensors="np")
     out_s2 = tokenizer(s2, padding=True, truncation=True, return_tensors="np")
@@ -197,8 +221,9 @@ def test_add_bos_token_slow(upstream_dir):
 def test_special_tokens_mask_input_pairs_and_bos_token(upstream_dir):
     tokenizer = GPT2Tokenizer.from_pretrained(upstream_dir, bos_token="<|endoftext|>", add_bos_token=True)
     sequence_0, sequence_1 = "lower newer", "newer lower"
-    encoded = tokenizer.encode(sequence_0, add_special_tokens=False) + tokenizer.encode(sequence_1,
-                                                                                        add_special_tokens=False)
+    encoded = tokenizer.encode(sequence_0, add_special_tokens=False) + tokenizer.encode(
+        sequence_1, add_special_tokens=False
+    )
     enc = tokenizer(sequence_0, sequence_1, add_special_tokens=True, return_special_tokens_mask=True)
     assert len(enc["special_tokens_mask"]) == len(enc["input_ids"]) and sum(enc["special_tokens_mask"]) == 2
     assert [x for x, m in zip(enc["input_ids"], enc["special_tokens_mask"]) if not m] == encoded
@@ -209,19 +234,30 @@ def _llama3_style_tokenizer(corpus) -> Tokenizer:
     """A byte-level BPE as Llama 3 ships: Split(regex) + ByteLevel(use_regex=False), ignore_merges, bos template."""
     from tokenizers import Regex, decoders, models, pre_tokenizers, processors, trainers
 
-    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    pattern = (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+    )
     tok = Tokenizer(models.BPE(ignore_merges=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                                            use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|begin_of_text|>", "<|eot_id|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=["<|begin_of_text|>", "<|eot_id|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(corpus[:8], trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(
-        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|>:1 $B:1",
-        special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])
+        single="<|begin_of_text|> $A",
+        pair="<|begin_of_text|> $A <|begin_of_text|>:1 $B:1",
+        special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))],
+    )
     return tok
 
 

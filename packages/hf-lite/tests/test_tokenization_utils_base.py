@@ -19,8 +19,13 @@ CHAT = (
 @pytest.fixture(scope="module", params=["pure", "fast"])
 def tok(request, templated_tokenizer_dir):
     cls = GPT2Tokenizer if request.param == "pure" else PreTrainedTokenizerFast
-    return cls.from_pretrained(templated_tokenizer_dir, pad_token="<pad>", eos_token="<|endoftext|>",
-                               bos_token="<|im_start|>", chat_template=CHAT)
+    return cls.from_pretrained(
+        templated_tokenizer_dir,
+        pad_token="<pad>",
+        eos_token="<|endoftext|>",
+        bos_token="<|im_start|>",
+        chat_template=CHAT,
+    )
 
 
 def test_padding_longest_and_max_length_both_sides(tok):
@@ -111,8 +116,9 @@ def test_save_pretrained_files_reload_in_hf_lite_and_transformers(tok, tmp_path)
     text = "print('hi')<|endoftext|>\n  x"
     assert again.encode(text) == tok.encode(text) == theirs(text)["input_ids"]
     assert again.pad_token == theirs.pad_token == "<pad>"
-    assert again.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == \
-        theirs.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert again.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == theirs.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False
+    )
 
 
 def test_apply_chat_template_matches_transformers(tok, tmp_path):

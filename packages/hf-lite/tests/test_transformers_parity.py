@@ -12,8 +12,13 @@ import transformers
 from hf_lite import AutoModelForCausalLM
 from hf_lite_testing import make_model
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 CONFIGS = {
     "gpt2_tied": ("gpt2", {}),
     "gpt2_untied": ("gpt2", {"tie_word_embeddings": False}),
@@ -64,8 +69,11 @@ def test_checkpoints_go_both_ways_with_exact_fp32_logits(pair, tmp_path):
     again = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert type(again) is type(ours) and again.config.tie_word_embeddings == ours.config.tie_word_embeddings
     torch.testing.assert_close(_logits(again, ids, mask), expected, rtol=0, atol=0)
-    assert not torch.allclose(_logits(make_model("gpt2" if "GPT2" in type(ours).__name__ else "llama", seed=99),
-                                      ids, mask), expected, atol=1e-3), "sanity: other weights differ"
+    assert not torch.allclose(
+        _logits(make_model("gpt2" if "GPT2" in type(ours).__name__ else "llama", seed=99), ids, mask),
+        expected,
+        atol=1e-3,
+    ), "sanity: other weights differ"
 
 
 def test_bf16_logits_within_transformers_own_bf16_drift(pair):

@@ -22,8 +22,13 @@ def attention_forward(
     q_len, kv_len = query.shape[-2], key.shape[-2]
     if not output_attentions:
         out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-            is_causal=attention_mask is None and q_len > 1, scale=scaling,
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            dropout_p=dropout,
+            is_causal=attention_mask is None and q_len > 1,
+            scale=scaling,
             enable_gqa=query.shape[1] != key.shape[1],
         )
         return out, None

@@ -41,8 +41,9 @@ class BatchEncoding(UserDict):
         return self
 
 
-def encode_rows(tokenizer, ids_a, ids_b, *, add_special_tokens, truncation, max_length, stride,
-                return_overflowing_tokens, side) -> tuple[dict[str, list], list[int]]:
+def encode_rows(
+    tokenizer, ids_a, ids_b, *, add_special_tokens, truncation, max_length, stride, return_overflowing_tokens, side
+) -> tuple[dict[str, list], list[int]]:
     """Rows of ids / token type ids / special-token masks for each example, and the example each row came from."""
     strategy = truncation_strategy(truncation)
     if strategy is None and max_length is not None and truncation is None:
@@ -59,8 +60,10 @@ def encode_rows(tokenizer, ids_a, ids_b, *, add_special_tokens, truncation, max_
             )
         windows_a, windows_b = truncate(a, b, strategy, limit - n_special, stride, side)
         if return_overflowing_tokens and b is not None and len(windows_a) > 1 and len(windows_b) > 1:
-            raise ValueError("return_overflowing_tokens with both sequences of a pair truncated: use "
-                             "truncation='only_first' or 'only_second'")
+            raise ValueError(
+                "return_overflowing_tokens with both sequences of a pair truncated: use "
+                "truncation='only_first' or 'only_second'"
+            )
         pairs = [(wa, None if b is None else windows_b[0]) for wa in windows_a]
         if b is not None and len(windows_b) > 1:
             pairs = [(windows_a[0], wb) for wb in windows_b]
@@ -77,9 +80,22 @@ def encode_rows(tokenizer, ids_a, ids_b, *, add_special_tokens, truncation, max_
     return rows, sample
 
 
-def finish_rows(tokenizer, rows: dict[str, list], *, batched, padding, max_length, pad_to_multiple_of,
-                padding_side, return_tensors, return_attention_mask, return_token_type_ids,
-                return_special_tokens_mask, return_length, overflow_to_sample=None) -> BatchEncoding:
+def finish_rows(
+    tokenizer,
+    rows: dict[str, list],
+    *,
+    batched,
+    padding,
+    max_length,
+    pad_to_multiple_of,
+    padding_side,
+    return_tensors,
+    return_attention_mask,
+    return_token_type_ids,
+    return_special_tokens_mask,
+    return_length,
+    overflow_to_sample=None,
+) -> BatchEncoding:
     """Pick the requested keys, pad, add lengths, and make tensors (shared by ``__call__`` and ``pad``)."""
     names = tokenizer.model_input_names
     main = names[0]
@@ -95,8 +111,9 @@ def finish_rows(tokenizer, rows: dict[str, list], *, batched, padding, max_lengt
     data = {k: v for k, v in rows.items() if k in keep or k not in ("token_type_ids", "special_tokens_mask")}
     target = tokenizer.model_max_length if max_length is None else max_length
     strategy = padding_strategy(padding)
-    data = pad_rows(data, strategy, target, pad_to_multiple_of, padding_side or tokenizer.padding_side,
-                    tokenizer.pad_token_id, main)
+    data = pad_rows(
+        data, strategy, target, pad_to_multiple_of, padding_side or tokenizer.padding_side, tokenizer.pad_token_id, main
+    )
     if return_length:
         data["length"] = [len(x) for x in data[main]]
     if overflow_to_sample is not None:

@@ -62,16 +62,18 @@ def render_chat(
     return rendered
 
 
-def render_conversations(conversation, chat_template, add_generation_prompt, continue_final_message, special_tokens,
-                         template_kwargs) -> tuple[list[str], bool]:
+def render_conversations(
+    conversation, chat_template, add_generation_prompt, continue_final_message, special_tokens, template_kwargs
+) -> tuple[list[str], bool]:
     """One conversation or a batch of them, rendered; and whether it was a batch."""
     if chat_template is None:
         raise ValueError("Cannot use apply_chat_template because this tokenizer does not have a chat template.")
     batched = bool(conversation) and isinstance(conversation[0], (list, tuple))
     conversations = conversation if batched else [conversation]
     rendered = [
-        render_chat(c, chat_template, add_generation_prompt, continue_final_message, **special_tokens,
-                    **template_kwargs)
+        render_chat(
+            c, chat_template, add_generation_prompt, continue_final_message, **special_tokens, **template_kwargs
+        )
         for c in conversations
     ]
     return rendered, batched

@@ -160,7 +160,10 @@ class PretrainedConfig:
 
     @classmethod
     def from_pretrained(
-        cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "", return_unused_kwargs: bool = False,
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        subfolder: str = "",
+        return_unused_kwargs: bool = False,
         **kwargs,
     ):
         config_dict = cls.get_config_dict(pretrained_model_name_or_path, subfolder=subfolder)

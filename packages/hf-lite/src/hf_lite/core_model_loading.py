@@ -138,13 +138,17 @@ def log_loading_info(model: nn.Module, path: str, info: dict) -> None:
     if info["unexpected_keys"]:
         logger.warning(
             "Some weights of the model checkpoint at %s were not used when initializing %s: %s",
-            path, name, info["unexpected_keys"],
+            path,
+            name,
+            info["unexpected_keys"],
         )
     if info["missing_keys"]:
         logger.warning(
             "Some weights of %s were not initialized from the model checkpoint at %s and are newly "
             "initialized: %s\nYou should probably TRAIN this model on a down-stream task.",
-            name, path, info["missing_keys"],
+            name,
+            path,
+            info["missing_keys"],
         )
     if info["mismatched_keys"]:
         detail = ", ".join(f"{k}: checkpoint {a} vs model {b}" for k, a, b in info["mismatched_keys"])

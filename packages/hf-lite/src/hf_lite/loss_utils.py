@@ -25,8 +25,10 @@ def ForCausalLMLoss(  # noqa: N802 -- transformers' name, looked up through LOSS
     logits = logits.float()
     reduction = "sum" if num_items_in_batch is not None else "mean"
     loss = F.cross_entropy(
-        logits.view(-1, vocab_size or logits.shape[-1]), shift_labels.view(-1).to(logits.device),
-        ignore_index=ignore_index, reduction=reduction,
+        logits.view(-1, vocab_size or logits.shape[-1]),
+        shift_labels.view(-1).to(logits.device),
+        ignore_index=ignore_index,
+        reduction=reduction,
     )
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
@@ -53,7 +55,10 @@ def causal_lm_output(model, base_output, labels=None, logits_to_keep: int = 0, r
     if labels is not None:
         loss = model.loss_function(logits, labels, vocab_size=model.config.vocab_size, **loss_kwargs)
     out = CausalLMOutputWithPast(
-        loss=loss, logits=logits, past_key_values=base_output.past_key_values,
-        hidden_states=base_output.hidden_states, attentions=base_output.attentions,
+        loss=loss,
+        logits=logits,
+        past_key_values=base_output.past_key_values,
+        hidden_states=base_output.hidden_states,
+        attentions=base_output.attentions,
     )
     return out if return_dict is not False else out.to_tuple()

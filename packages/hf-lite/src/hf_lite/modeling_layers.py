@@ -27,7 +27,6 @@ class GradientCheckpointingLayer(nn.Module):
         return super().__call__(*args, **kwargs)
 
 
-
 def use_cache_under_checkpointing(layers, use_cache: bool, training: bool) -> bool:
     """A checkpointed block is replayed in backward and would append to the cache twice: training with
     checkpointing runs without a cache, with transformers' warning (once)."""

@@ -285,8 +285,11 @@ class PreTrainedModel(nn.Module):
         tied, shared = self._tied_keys(), {}
         for key, tensor in state_dict.items():
             shared.setdefault((tensor.device, tensor.untyped_storage().data_ptr()), []).append(key)
-        state_dict = {k: v for k, v in state_dict.items()
-                      if k not in tied or len(shared[(v.device, v.untyped_storage().data_ptr())]) == 1}
+        state_dict = {
+            k: v
+            for k, v in state_dict.items()
+            if k not in tied or len(shared[(v.device, v.untyped_storage().data_ptr())]) == 1
+        }
         self.config.architectures = [type(self).__name__]
         self.config.dtype = self.dtype
 

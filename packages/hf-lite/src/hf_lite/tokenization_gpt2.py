@@ -184,14 +184,22 @@ class GPT2Tokenizer(PreTrainedTokenizer):
     def to_tokenizer_json(self) -> dict:
         """The ``tokenizers`` library's serialisation of this tokenizer, so the Rust side can load our files."""
         added = [
-            {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": c not in self._special_added, "special": c in self._special_added}
+            {
+                "id": i,
+                "content": c,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": c not in self._special_added,
+                "special": c in self._special_added,
+            }
             for i, c in sorted(self._added_tokens_decoder.items())
         ]
         merges = [list(p) for p, _ in sorted(self.bpe_ranks.items(), key=lambda kv: kv[1])]
         post_processor = self._template.to_post_processor() if self.templated else self._post_processor
-        return write_byte_level_bpe(self.encoder, merges, added, self.add_prefix_space, self.split_pattern,
-                                    self.ignore_merges, post_processor)
+        return write_byte_level_bpe(
+            self.encoder, merges, added, self.add_prefix_space, self.split_pattern, self.ignore_merges, post_processor
+        )
 
     def _save_vocabulary_files(self, save_directory: str) -> list[str]:
         atomic_write_text(os.path.join(save_directory, "vocab.json"), json.dumps(self.encoder, ensure_ascii=False))

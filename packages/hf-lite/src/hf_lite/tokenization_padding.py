@@ -11,8 +11,12 @@ from __future__ import annotations
 VERY_LARGE_INTEGER = int(1e30)
 # What each padded key is filled with (transformers' ``_pad``); other keys (labels) are left as they are.
 PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1}
-_TRUNCATION = {True: "longest_first", "longest_first": "longest_first", "only_first": "only_first",
-               "only_second": "only_second"}
+_TRUNCATION = {
+    True: "longest_first",
+    "longest_first": "longest_first",
+    "only_first": "only_first",
+    "only_second": "only_second",
+}
 
 
 def truncation_strategy(truncation) -> str | None:

@@ -82,9 +82,15 @@ class SpecialTokensTemplate:
         """The TemplateProcessing JSON the Rust library reads (for tokenizer.json)."""
 
         def dump(pieces):
-            return [{"Sequence": {"id": n, "type_id": t}} if k == "sequence" else {"SpecialToken": {"id": n,
-                    "type_id": t}} for k, n, t in pieces]
+            return [
+                {"Sequence": {"id": n, "type_id": t}} if k == "sequence" else {"SpecialToken": {"id": n, "type_id": t}}
+                for k, n, t in pieces
+            ]
 
         special = {t: {"id": t, "ids": ids, "tokens": [t] * len(ids)} for t, ids in self.special_ids.items()}
-        return {"type": "TemplateProcessing", "single": dump(self.single), "pair": dump(self.pair),
-                "special_tokens": special}
+        return {
+            "type": "TemplateProcessing",
+            "single": dump(self.single),
+            "pair": dump(self.pair),
+            "special_tokens": special,
+        }

@@ -26,9 +26,17 @@ SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 TOKENIZER_FILE = "tokenizer.json"
 # What a caller may pass to from_pretrained / __init__. tokenizer_config.json may hold more; those are kept.
 INIT_KWARGS = {
-    *SPECIAL_TOKENS_ATTRIBUTES, "additional_special_tokens", "extra_special_tokens", "model_max_length",
-    "padding_side", "truncation_side", "chat_template", "clean_up_tokenization_spaces", "add_bos_token",
-    "add_eos_token", "add_prefix_space",
+    *SPECIAL_TOKENS_ATTRIBUTES,
+    "additional_special_tokens",
+    "extra_special_tokens",
+    "model_max_length",
+    "padding_side",
+    "truncation_side",
+    "chat_template",
+    "clean_up_tokenization_spaces",
+    "add_bos_token",
+    "add_eos_token",
+    "add_prefix_space",
 }
 
 __all__ = ["BatchEncoding", "PreTrainedTokenizerBase"]
@@ -82,7 +90,10 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, abc.ABC):
                 self._require_known(token, "post_processor")
         else:
             template = SpecialTokensTemplate.from_flags(
-                self.bos_token, self.eos_token, bool(self._add_bos_token), bool(self._add_eos_token),
+                self.bos_token,
+                self.eos_token,
+                bool(self._add_bos_token),
+                bool(self._add_eos_token),
                 self._token_to_id,
             )
         self._template = template
@@ -178,25 +189,58 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, abc.ABC):
         ids_a = self._encode_texts(texts, add_prefix_space)
         ids_b = self._encode_texts(pairs, add_prefix_space) if pairs is not None else [None] * len(texts)
         rows, sample = encode_rows(
-            self, ids_a, ids_b, add_special_tokens=add_special_tokens, truncation=truncation, max_length=max_length,
-            stride=stride, return_overflowing_tokens=return_overflowing_tokens, side=self.truncation_side,
+            self,
+            ids_a,
+            ids_b,
+            add_special_tokens=add_special_tokens,
+            truncation=truncation,
+            max_length=max_length,
+            stride=stride,
+            return_overflowing_tokens=return_overflowing_tokens,
+            side=self.truncation_side,
         )
         return finish_rows(
-            self, rows, batched=batched, padding=padding, max_length=max_length,
-            pad_to_multiple_of=pad_to_multiple_of, padding_side=padding_side, return_tensors=return_tensors,
-            return_attention_mask=return_attention_mask, return_token_type_ids=return_token_type_ids,
-            return_special_tokens_mask=return_special_tokens_mask, return_length=return_length,
+            self,
+            rows,
+            batched=batched,
+            padding=padding,
+            max_length=max_length,
+            pad_to_multiple_of=pad_to_multiple_of,
+            padding_side=padding_side,
+            return_tensors=return_tensors,
+            return_attention_mask=return_attention_mask,
+            return_token_type_ids=return_token_type_ids,
+            return_special_tokens_mask=return_special_tokens_mask,
+            return_length=return_length,
             overflow_to_sample=sample if return_overflowing_tokens else None,
         )
 
     def encode(
-        self, text: str, text_pair: str | None = None, add_special_tokens: bool = True, padding: bool | str = False,
-        truncation: bool | str | None = None, max_length: int | None = None, stride: int = 0,
-        padding_side: str | None = None, return_tensors: str | None = None, add_prefix_space: bool | None = None,
+        self,
+        text: str,
+        text_pair: str | None = None,
+        add_special_tokens: bool = True,
+        padding: bool | str = False,
+        truncation: bool | str | None = None,
+        max_length: int | None = None,
+        stride: int = 0,
+        padding_side: str | None = None,
+        return_tensors: str | None = None,
+        add_prefix_space: bool | None = None,
     ):
-        enc = self(text, text_pair, add_special_tokens=add_special_tokens, padding=padding, truncation=truncation,
-                   max_length=max_length, stride=stride, padding_side=padding_side, return_tensors=return_tensors,
-                   return_attention_mask=False, add_prefix_space=add_prefix_space)
+        enc = self(
+            text,
+            text_pair,
+            add_special_tokens=add_special_tokens,
+            padding=padding,
+            truncation=truncation,
+            max_length=max_length,
+            stride=stride,
+            padding_side=padding_side,
+            return_tensors=return_tensors,
+            return_attention_mask=False,
+            add_prefix_space=add_prefix_space,
+        )
         return enc["input_ids"]
 
     def tokenize(
@@ -207,18 +251,31 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, abc.ABC):
         return self.convert_ids_to_tokens(ids)
 
     def pad(
-        self, encoded_inputs, padding: bool | str = True, max_length: int | None = None,
-        pad_to_multiple_of: int | None = None, padding_side: str | None = None,
-        return_attention_mask: bool | None = None, return_tensors: str | None = None,
+        self,
+        encoded_inputs,
+        padding: bool | str = True,
+        max_length: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        padding_side: str | None = None,
+        return_attention_mask: bool | None = None,
+        return_tensors: str | None = None,
     ) -> BatchEncoding:
         """Pad already-encoded examples (what data collators call): a dict of lists or a list of dicts. Keys other
         than the model inputs and masks (labels) are passed through unpadded, as in transformers."""
         rows, batched = as_rows(encoded_inputs, self.model_input_names[0])
         return finish_rows(
-            self, rows, batched=batched, padding=padding, max_length=max_length,
-            pad_to_multiple_of=pad_to_multiple_of, padding_side=padding_side, return_tensors=return_tensors,
-            return_attention_mask=return_attention_mask, return_token_type_ids="token_type_ids" in rows,
-            return_special_tokens_mask="special_tokens_mask" in rows, return_length=False,
+            self,
+            rows,
+            batched=batched,
+            padding=padding,
+            max_length=max_length,
+            pad_to_multiple_of=pad_to_multiple_of,
+            padding_side=padding_side,
+            return_tensors=return_tensors,
+            return_attention_mask=return_attention_mask,
+            return_token_type_ids="token_type_ids" in rows,
+            return_special_tokens_mask="special_tokens_mask" in rows,
+            return_length=False,
         )
 
     # ------------------------------------------------------------------ decoding
@@ -236,8 +293,18 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, abc.ABC):
         text = self._decode([t for t in token_ids if t < vocab_size], skip_special_tokens)
         clean = clean_up_tokenization_spaces
         if clean if clean is not None else self.clean_up_tokenization_spaces:
-            for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                         (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+            for a, b in (
+                (" .", "."),
+                (" ?", "?"),
+                (" !", "!"),
+                (" ,", ","),
+                (" ' ", "'"),
+                (" n't", "n't"),
+                (" 'm", "'m"),
+                (" 's", "'s"),
+                (" 've", "'ve"),
+                (" 're", "'re"),
+            ):
                 text = text.replace(a, b)
         return text
 
@@ -263,14 +330,24 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, abc.ABC):
     ):
         """Render with the Jinja template (extra kwargs are template variables, as in transformers)."""
         rendered, batched = render_conversations(
-            conversation, chat_template or self.chat_template, add_generation_prompt, continue_final_message,
-            {k: v for k, v in self._special.items() if v is not None}, kwargs,
+            conversation,
+            chat_template or self.chat_template,
+            add_generation_prompt,
+            continue_final_message,
+            {k: v for k, v in self._special.items() if v is not None},
+            kwargs,
         )
         if not tokenize:
             return rendered if batched else rendered[0]
         # The template already wrote the special tokens it wants.
-        enc = self(rendered if batched else rendered[0], add_special_tokens=False, padding=padding,
-                   truncation=truncation, max_length=max_length, return_tensors=return_tensors)
+        enc = self(
+            rendered if batched else rendered[0],
+            add_special_tokens=False,
+            padding=padding,
+            truncation=truncation,
+            max_length=max_length,
+            return_tensors=return_tensors,
+        )
         return enc if return_dict else enc["input_ids"]
 
     # ------------------------------------------------------------------ saving

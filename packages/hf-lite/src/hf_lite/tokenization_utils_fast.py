@@ -18,8 +18,11 @@ from .tokenization_utils_base import TOKENIZER_FILE, PreTrainedTokenizerBase
 
 class PreTrainedTokenizerFast(PreTrainedTokenizerBase):
     def __init__(
-        self, tokenizer_object: Tokenizer | None = None, tokenizer_file: str | None = None,
-        add_prefix_space: bool | None = None, **kwargs,
+        self,
+        tokenizer_object: Tokenizer | None = None,
+        tokenizer_file: str | None = None,
+        add_prefix_space: bool | None = None,
+        **kwargs,
     ):
         if tokenizer_object is None and tokenizer_file is None:
             raise ValueError("PreTrainedTokenizerFast needs `tokenizer_object` or `tokenizer_file` (a tokenizer.json)")
@@ -130,8 +133,13 @@ class PreTrainedTokenizerFast(PreTrainedTokenizerBase):
 
     # ------------------------------------------------------------------ training
     def train_new_from_iterator(
-        self, text_iterator, vocab_size: int, length: int | None = None, new_special_tokens=None,
-        special_tokens_map: dict | None = None, **kwargs,
+        self,
+        text_iterator,
+        vocab_size: int,
+        length: int | None = None,
+        new_special_tokens=None,
+        special_tokens_map: dict | None = None,
+        **kwargs,
     ) -> PreTrainedTokenizerFast:
         """A new tokenizer with this one's pipeline and a BPE vocabulary learned from ``text_iterator``."""
         spec = json.loads(self._tokenizer.to_str())

@@ -185,9 +185,7 @@ class NoRepeatNGramLogitsProcessor(LogitsProcessor):
             tokens = input_ids[row].tolist()
             prefix = tuple(tokens[cur_len - prefix_len :]) if prefix_len else ()
             banned = {
-                tokens[i + prefix_len]
-                for i in range(cur_len - n + 1)
-                if tuple(tokens[i : i + prefix_len]) == prefix
+                tokens[i + prefix_len] for i in range(cur_len - n + 1) if tuple(tokens[i : i + prefix_len]) == prefix
             }
             banned = [t for t in banned if t < scores.shape[-1]]
             if banned:

@@ -48,7 +48,8 @@ class MaxLengthCriteria(StoppingCriteria):
         if self.max_position_embeddings is not None and cur_len >= self.max_position_embeddings:
             logger.warning(
                 "This is a friendly reminder - the current text generation call has exceeded the model's predefined "
-                "maximum length (%d).", self.max_position_embeddings,
+                "maximum length (%d).",
+                self.max_position_embeddings,
             )
         return torch.full((input_ids.shape[0],), cur_len >= self.max_length, dtype=torch.bool, device=input_ids.device)
 

@@ -85,7 +85,8 @@ class GenerationMixin:
             # transformers only warns: a negative id never matches, so generation runs to max_length.
             logger.warning(
                 "`eos_token_id` should consist of positive integers, but is %s. Your generation will not stop "
-                "until the maximum length is reached.", eos,
+                "until the maximum length is reached.",
+                eos,
             )
         gc._eos_token_tensor = torch.tensor(eos, device=device) if eos else None
         pad = gc.pad_token_id

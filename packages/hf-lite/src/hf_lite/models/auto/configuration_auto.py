@@ -32,7 +32,10 @@ class AutoConfig:
 
     @classmethod
     def from_pretrained(
-        cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "", return_unused_kwargs: bool = False,
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        subfolder: str = "",
+        return_unused_kwargs: bool = False,
         **kwargs,
     ):
         config_dict = PretrainedConfig.get_config_dict(pretrained_model_name_or_path, subfolder=subfolder)

@@ -41,7 +41,9 @@ class _BaseAutoModelClass:
             load_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _LOAD_KWARGS}
             # Config attributes override config.json; what is left goes to the model's __init__ (transformers).
             config, kwargs = AutoConfig.from_pretrained(
-                pretrained_model_name_or_path, subfolder=load_kwargs.get("subfolder", ""), return_unused_kwargs=True,
+                pretrained_model_name_or_path,
+                subfolder=load_kwargs.get("subfolder", ""),
+                return_unused_kwargs=True,
                 **kwargs,
             )
             kwargs.update(load_kwargs)
@@ -61,7 +63,13 @@ class _BaseAutoModelClass:
 
 
 _LOAD_KWARGS = {
-    "torch_dtype", "dtype", "device_map", "output_loading_info", "ignore_mismatched_sizes", "subfolder", "variant",
+    "torch_dtype",
+    "dtype",
+    "device_map",
+    "output_loading_info",
+    "ignore_mismatched_sizes",
+    "subfolder",
+    "variant",
     "use_safetensors",
 }
 

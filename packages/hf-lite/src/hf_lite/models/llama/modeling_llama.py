@@ -111,7 +111,11 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
     def forward(
-        self, hidden_states, position_embeddings, attention_mask=None, cache: DynamicCache | None = None,
+        self,
+        hidden_states,
+        position_embeddings,
+        attention_mask=None,
+        cache: DynamicCache | None = None,
         output_attentions=False,
     ):
         bsz, q_len, _ = hidden_states.shape
