@@ -117,3 +117,17 @@ def test_only_the_main_process_writes(tmp_path):
     assert not (tmp_path / "rank1").exists()
     make_model("llama").save_pretrained(tmp_path / "rank0", is_main_process=True)
     assert (tmp_path / "rank0" / "model.safetensors").is_file()
+
+
+def test_saving_into_the_current_directory_or_through_a_symlink(tmp_path, monkeypatch):
+    target = tmp_path / "ckpt"
+    make_model("llama", seed=0).save_pretrained(target)
+    monkeypatch.chdir(target)
+    make_model("llama", seed=1).save_pretrained(".")
+    assert os.getcwd() == str(target) and os.path.isfile("model.safetensors"), "the process still sits in ckpt/"
+    (tmp_path / "link").symlink_to(target)
+    make_model("llama", seed=2).save_pretrained(tmp_path / "link")
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "link"] and (tmp_path / "link").is_symlink()
+    with torch.no_grad():
+        expected = make_model("llama", seed=2)(input_ids=torch.tensor([[3, 4, 5]])).logits
+    torch.testing.assert_close(_logits(target), expected)

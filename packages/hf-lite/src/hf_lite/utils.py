@@ -72,12 +72,14 @@ def atomic_save_directory(save_directory: str | os.PathLike, owned: Callable[[st
     other variants, sub-directories) are moved into the new directory, so only the owned files change. On failure
     the staging directory is removed and ``save_directory`` is untouched.
     """
-    target = os.path.abspath(os.fspath(save_directory))
+    # Through a symlink to the directory it points at, so the link keeps pointing at the checkpoint.
+    target = os.path.realpath(os.fspath(save_directory))
     if os.path.isfile(target):
         raise ValueError(f"Provided path ({save_directory}) should be a directory, not a file")
     parent, name = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
     stage = os.path.join(parent, f".{name}.saving-{uuid.uuid4().hex[:12]}")
+    in_target = os.path.isdir(target) and os.path.samefile(os.getcwd(), target)
     os.mkdir(stage, 0o777)  # the umask decides the mode, as for os.makedirs
     try:
         yield stage
@@ -88,6 +90,8 @@ def atomic_save_directory(save_directory: str | os.PathLike, owned: Callable[[st
         raise
     if old is not None:
         _drop_old(old, target, owned)
+        if in_target:  # saved into ".": the process sat in the directory just removed; follow the new one
+            os.chdir(target)
 
 
 def _swap_in(stage: str, target: str, owned: Callable[[str], bool]) -> str | None:
