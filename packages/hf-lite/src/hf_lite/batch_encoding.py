@@ -9,7 +9,7 @@ from collections import UserDict
 import numpy as np
 import torch
 
-from .tokenization_padding import VERY_LARGE_INTEGER, pad_rows, padding_strategy, truncate, truncation_strategy
+from .tokenization_padding import pad_rows, padding_strategy, truncate, truncation_strategy
 
 
 class BatchEncoding(UserDict):
@@ -143,7 +143,3 @@ def as_rows(encoded_inputs, main: str) -> tuple[dict[str, list], bool]:
     batched = isinstance(plain(first), (list, tuple))
     rows = {k: [plain(x) for x in v] if batched else [v] for k, v in rows.items()}
     return rows, batched
-
-
-def no_model_max_length(value) -> bool:
-    return value is None or value >= VERY_LARGE_INTEGER
