@@ -127,9 +127,24 @@ def paged_attention(query, key_cache, value_cache, block_tables, context_lens, s
 
 
 def paged_prefill_attention(
-    query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale=None, out=None
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    query_start_loc,
+    context_lens,
+    scale=None,
+    out=None,
+    key=None,
+    value=None,
 ):
-    """Prefill / chunked prefill with a causal mask; new tokens packed, ``query_start_loc`` = cu_seqlens."""
+    """Prefill / chunked prefill with a causal mask; new tokens packed, ``query_start_loc`` = cu_seqlens.
+
+    ``key``/``value``: the new tokens' K/V, packed like ``query`` (optional). On the torch path a sequence with no
+    cached context then attends over them directly instead of reading back what was just written (vLLM's
+    flash-attention backend does the same for prompts without a prefix hit); the Triton kernel always reads the
+    cache.
+    """
     _check_attention(query, key_cache, value_cache)
     num_seqs = query_start_loc.shape[0] - 1
     if block_tables.shape[0] != num_seqs or context_lens.shape != (num_seqs,):
@@ -153,7 +168,7 @@ def paged_prefill_attention(
         args = (query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, out)
         return prefill_attention.paged_prefill_attention(*args)
     args = (query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, out)
-    return reference.paged_prefill_attention(*args)
+    return reference.paged_prefill_attention(*args, key=key, value=value)
 
 
 def copy_blocks(key_caches, value_caches, block_mapping) -> None:

@@ -50,32 +50,35 @@ def paged_attention(
     """Decode attention: one query token per sequence over its paged K/V (vLLM ``paged_attention_v1``).
 
     ``query`` ``[num_seqs, num_heads, head_size]``; GQA/MQA when ``num_heads`` is a multiple of the cache's
-    ``num_kv_heads``. Batched: every sequence's slots are gathered into a padded ``[num_seqs, max_len]`` view and
-    the padding masked, so the cost is one gather plus two batched matmuls, computed in fp32.
+    ``num_kv_heads``. Batched: every sequence's whole blocks are gathered (one contiguous copy per block, not per
+    token) into ``[num_seqs, num_kv_heads, max_len, head_size]``, slots past each length are zeroed (a stale or
+    never-written slot may hold anything, NaN included) and masked, and fp32 SDPA does the rest.
     """
     num_seqs, num_heads, head_size = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
-    group = num_heads // num_kv_heads
     lens = context_lens.to(device=query.device, dtype=torch.long)
     max_len = int(lens.max()) if num_seqs else 0
-    pos = torch.arange(max_len, device=query.device)
-    pad = pos[None, :] >= lens[:, None]
-    # Per-token slots; padding positions re-read token 0 of the sequence (always written, so finite) and are
-    # masked out of the softmax. Stale slots of the cache (torch.empty garbage, NaN) are therefore never read.
-    pos = torch.where(pad, 0, pos[None, :])
-    blocks = block_tables.to(device=query.device, dtype=torch.long).gather(1, pos // block_size)
-    slots = blocks * block_size + pos % block_size
-    # gather rows of a [slots * kv_heads, head_size] view straight into [num_seqs, num_kv_heads, max_len, head_size]
-    # so the matmuls below see contiguous operands (a strided batched matmul is several times slower on CPU)
-    rows = slots[:, None, :] * num_kv_heads + torch.arange(num_kv_heads, device=query.device)[None, :, None]
-    k = key_cache.reshape(-1, head_size)[rows].float()
-    v = value_cache.reshape(-1, head_size)[rows].float()
-    q = query.float().reshape(num_seqs, num_kv_heads, group, head_size)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [num_seqs, num_kv_heads, group, max_len]
-    scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    result = torch.matmul(probs, v).masked_fill((lens == 0)[:, None, None, None], 0.0)  # empty context: zeros
-    result = result.reshape(num_seqs, num_heads, head_size)
+    result = torch.zeros(num_seqs, num_heads, head_size, dtype=torch.float32, device=query.device)
+    if max_len:
+        num_blocks = -(-max_len // block_size)
+        blocks = block_tables[:, :num_blocks].to(device=query.device, dtype=torch.long)
+        valid = torch.arange(num_blocks * block_size, device=query.device)[None, :] < lens[:, None]  # [S, L]
+        keep = valid[:, :, None, None]
+
+        def gather(cache):
+            kv = cache[blocks].reshape(num_seqs, num_blocks * block_size, num_kv_heads, head_size)
+            return kv.float().masked_fill(~keep, 0.0).transpose(1, 2)  # [S, kv_heads, L, D]
+
+        q = query.float()[:, :, None, :]  # [S, H, 1, D]
+        attn = torch.nn.functional.scaled_dot_product_attention(
+            q,
+            gather(key_cache),
+            gather(value_cache),
+            attn_mask=valid[:, None, None, :],
+            scale=scale,
+            enable_gqa=num_heads != num_kv_heads,
+        )
+        result = attn[:, :, 0, :].masked_fill((lens == 0)[:, None, None], 0.0)  # empty context: zeros
     if out is None:
         return result.to(query.dtype)
     out.copy_(result)
@@ -91,6 +94,8 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    key: torch.Tensor | None = None,
+    value: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Prefill / chunked prefill over the paged cache with a causal mask.
 
@@ -103,25 +108,32 @@ def paged_prefill_attention(
     """
     num_heads, head_size = query.shape[1:]
     num_kv_heads = key_cache.shape[2]
-    group = num_heads // num_kv_heads
     result = torch.empty(query.shape, dtype=torch.float32, device=query.device)
     starts = query_start_loc.tolist()
     lens = context_lens.tolist()
     for s, ctx in enumerate(lens):
-        q = query[starts[s] : starts[s + 1]].float()
-        q_len = q.shape[0]
+        q_len = starts[s + 1] - starts[s]
         if q_len == 0:
             continue
-        # GQA without repeating K/V: fold each kv head's group of query heads into the matmul's rows
-        q = q.reshape(q_len, num_kv_heads, group, head_size).permute(1, 2, 0, 3).reshape(num_kv_heads, -1, head_size)
-        k = gather_kv(key_cache, block_tables[s], ctx).float().transpose(0, 1).contiguous()  # [kv_heads, ctx, D]
-        v = gather_kv(value_cache, block_tables[s], ctx).float().transpose(0, 1).contiguous()
-        scores = torch.matmul(q, k.transpose(1, 2)).view(num_kv_heads, group, q_len, ctx) * scale
-        q_pos = torch.arange(ctx - q_len, ctx, device=query.device)
-        future = torch.arange(ctx, device=query.device)[None, :] > q_pos[:, None]
-        probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
-        o = torch.matmul(probs.view(num_kv_heads, -1, ctx), v).view(num_kv_heads, group, q_len, head_size)
-        result[starts[s] : starts[s + 1]] = o.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_size)
+        rows = slice(starts[s], starts[s + 1])
+        q = query[rows].float().transpose(0, 1)  # [H, q_len, D]
+        if key is not None and q_len == ctx:  # no cached context: the new K/V are all of it
+            k, v = key[rows].float().transpose(0, 1), value[rows].float().transpose(0, 1)
+        else:
+            k = gather_kv(key_cache, block_tables[s], ctx).float().transpose(0, 1)  # [kv_heads, ctx, D]
+            v = gather_kv(value_cache, block_tables[s], ctx).float().transpose(0, 1)
+        if q_len == ctx:
+            mask, causal = None, True  # a whole prompt: plain causal
+        else:  # new tokens after cached context: query i sits at position ctx - q_len + i
+            mask = (
+                torch.arange(ctx, device=query.device)[None, :]
+                <= torch.arange(ctx - q_len, ctx, device=query.device)[:, None]
+            )
+            causal = False
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=num_heads != num_kv_heads
+        )
+        result[rows] = o.transpose(0, 1)
     if out is None:
         return result.to(query.dtype)
     out.copy_(result)

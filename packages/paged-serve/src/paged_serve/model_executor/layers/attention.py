@@ -74,6 +74,8 @@ class Attention(nn.Module):
                 attn_metadata.prefill_context_lens,
                 self.scale,
                 out=out[:num_prefill],
+                key=k[:num_prefill],
+                value=v[:num_prefill],
             )
         if attn_metadata.num_decode_tokens:
             ops.paged_attention(

@@ -75,9 +75,17 @@ class RotaryEmbedding(nn.Module):
             self.build_cache(self.cos_cache.device)  # a dtype cast must not round the table: recompute it in fp32
         return self
 
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos/sin rows for ``positions``; one module serves every layer, so the last lookup is reused."""
+        last = getattr(self, "_last", None)
+        if last is None or last[0] is not positions or last[1] != dtype:
+            cos = self.cos_cache[positions].to(dtype)[:, None, :]
+            sin = self.sin_cache[positions].to(dtype)[:, None, :]
+            self._last = last = (positions, dtype, cos, sin)
+        return last[2], last[3]
+
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
-        cos = self.cos_cache[positions].to(query.dtype)[:, None, :]
-        sin = self.sin_cache[positions].to(query.dtype)[:, None, :]
+        cos, sin = self._cos_sin(positions, query.dtype)
         q = query.view(query.shape[0], -1, self.head_dim)
         k = key.view(key.shape[0], -1, self.head_dim)
         q = q * cos + rotate_half(q) * sin

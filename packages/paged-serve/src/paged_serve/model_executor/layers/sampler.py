@@ -91,31 +91,55 @@ class Sampler:
         return logits
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[SampleResult]:
+        device = logits.device
         raw_logprobs = logits.float().log_softmax(dim=-1)
         logits = self.process_logits(logits, rows)
-        greedy = torch.tensor([r.params.temperature < 1e-5 for r in rows], device=logits.device)
-        temperature = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(rows, greedy)])
-        logits = _top_k_top_p_min_p(logits / temperature.to(logits.device)[:, None], rows)
-        probs = logits.softmax(dim=-1)
-        results = []
-        for i, row in enumerate(rows):
-            if greedy[i]:
-                tokens = [int(logits[i].argmax())] * row.num_samples
-            else:
-                q = torch.empty((row.num_samples, probs.shape[1]), device=probs.device)
-                q.exponential_(generator=row.generator or self.generator)
-                tokens = (probs[i][None, :] / q).argmax(dim=-1).tolist()
-            results.append(SampleResult(tokens, [self._logprobs(raw_logprobs[i], t, row.params) for t in tokens]))
+        greedy = [r.params.temperature < 1e-5 for r in rows]
+        # one row per sample: a request's first sample may draw best_of tokens from the same distribution
+        owner = torch.tensor([i for i, r in enumerate(rows) for _ in range(r.num_samples)], device=device)
+        tokens = torch.empty(len(owner), dtype=torch.long, device=device)
+        is_greedy = torch.tensor([greedy[i] for i in owner.tolist()], dtype=torch.bool, device=device)
+        if is_greedy.any():
+            tokens[is_greedy] = logits[owner[is_greedy]].argmax(dim=-1)
+        if not is_greedy.all():
+            random_rows = [i for i, g in enumerate(greedy) if not g]
+            sub = [rows[i] for i in random_rows]
+            temperature = torch.tensor([r.params.temperature for r in sub], device=device)
+            probs = _top_k_top_p_min_p(logits[random_rows] / temperature[:, None], sub).softmax(dim=-1)
+            q = torch.empty((int((~is_greedy).sum()), probs.shape[1]), device=device)
+            picks, unseeded, slot = [], [], 0
+            for k, r in enumerate(sub):
+                span = slice(slot, slot + r.num_samples)
+                if r.generator is None:
+                    unseeded += range(slot, slot + r.num_samples)
+                else:  # a seeded request draws from its own generator alone
+                    q[span] = torch.empty((r.num_samples, q.shape[1]), device=device).exponential_(
+                        generator=r.generator
+                    )
+                picks += [k] * r.num_samples
+                slot += r.num_samples
+            if unseeded:  # one draw for every request without a seed
+                q[unseeded] = torch.empty((len(unseeded), q.shape[1]), device=device).exponential_(
+                    generator=self.generator
+                )
+            sampled = (probs[picks] / q).argmax(dim=-1)
+            tokens[~is_greedy] = sampled
+        chosen = raw_logprobs[owner, tokens]
+        asked = torch.tensor([rows[i].params.logprobs is not None for i in owner.tolist()], device=device)
+        ranks = torch.zeros_like(tokens)
+        if asked.any():  # a rank costs a pass over the vocabulary: only for requests that return logprobs
+            ranks[asked] = (raw_logprobs[owner[asked]] > chosen[asked, None]).sum(dim=-1) + 1
+        want_top = max((r.params.logprobs or 0) for r in rows)
+        top = raw_logprobs.topk(min(want_top, raw_logprobs.shape[1])) if want_top else None
+        tokens_l, chosen_l, ranks_l, owner_l = tokens.tolist(), chosen.tolist(), ranks.tolist(), owner.tolist()
+        results = [SampleResult([], []) for _ in rows]
+        for t, lp, rank, i in zip(tokens_l, chosen_l, ranks_l, owner_l):
+            entry = {t: Logprob(lp, rank or None)}
+            k = rows[i].params.logprobs
+            if k:
+                values, indices = top.values[i, :k].tolist(), top.indices[i, :k].tolist()
+                for r, (v, tok) in enumerate(zip(values, indices), start=1):
+                    entry.setdefault(tok, Logprob(v, r))
+            results[i].token_ids.append(t)
+            results[i].logprobs.append(entry)
         return results
-
-    @staticmethod
-    def _logprobs(logprobs: torch.Tensor, token: int, params: SamplingParams) -> dict[int, Logprob]:
-        """The sampled token's logprob (always: the cumulative logprob needs it), plus the top ``logprobs``."""
-        value = logprobs[token]
-        rank = int((logprobs > value).sum()) + 1
-        out = {token: Logprob(float(value), rank)}
-        if params.logprobs:
-            top = logprobs.topk(min(params.logprobs, logprobs.shape[0]))
-            for r, (v, t) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
-                out.setdefault(int(t), Logprob(v, r))
-        return out

@@ -75,6 +75,9 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config["vocab_size"], config["hidden_size"])
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config["num_hidden_layers"]))
+        rope = self.layers[0].self_attn.rotary_emb
+        for layer in self.layers[1:]:  # one table for every layer (vLLM's get_rope cache)
+            layer.self_attn.rotary_emb = rope
         self.norm = RMSNorm(config["hidden_size"], config.get("rms_norm_eps", 1e-6))
 
     def forward(self, input_ids, positions, kv_caches, attn_metadata):
