@@ -282,16 +282,15 @@ def test_a_failed_init_frees_its_port_for_the_retry():
     the port back (the failed init once kept its store server listening: 'address already in use')."""
     import threading
 
-    from pt_dist import TCPStore, wire
+    from pt_dist import TCPStore
     from pt_dist.backends.tcp import ProcessGroupTCP
     from pt_dist.store import PrefixStore
 
     port = util.free_port()
-    secret = wire.resolve_secret(None, f"127.0.0.1:{port}")  # what tcp:// derives without ?secret=
     peer = {}
 
     def rank1(build: bool):
-        store = TCPStore("127.0.0.1", port, 2, timeout=10, secret=secret)
+        store = TCPStore("127.0.0.1", port, 2, timeout=10)  # the secret rank 0's store published for this user
         if build:
             mesh_secret = store.get("pt_dist/mesh_secret")
             peer["pg"] = ProcessGroupTCP(PrefixStore("default_pg", store), 1, 2, 10.0, "default_pg", mesh_secret)

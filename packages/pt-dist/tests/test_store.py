@@ -6,14 +6,16 @@ import datetime
 import gc
 import os
 import socket
+import stat
 import struct
 import threading
 import time
 
 import pytest
 import torch.distributed as dist
-from pt_dist import DistNetworkError, DistStoreError, FileStore, HashStore, PrefixStore, TCPStore, wire
-from pt_dist.store import SET
+from pt_dist import DistError, DistNetworkError, DistStoreError, FileStore, HashStore, PrefixStore, TCPStore, wire
+from pt_dist.secret import SECRET_ENV
+from pt_dist.store import GET, SET, WAIT
 
 from harness import run_ranks
 
@@ -158,11 +160,11 @@ def test_wrong_secret_client_is_refused_and_the_store_keeps_serving():
     with pytest.raises(DistNetworkError, match="refused"):  # torch's kind for a connection that fails
         TCPStore("127.0.0.1", master.port, timeout=2, secret=b"not-the-secret")
     assert master.num_keys() == before and master.get("k") == b"v"
-    os.environ[wire.SECRET_ENV] = SECRET.decode()  # the env variable is the secret when none is passed
+    os.environ[SECRET_ENV] = SECRET.decode()  # the env variable is the secret when none is passed
     try:
         assert TCPStore("127.0.0.1", master.port, timeout=2).get("k") == b"v"
     finally:
-        del os.environ[wire.SECRET_ENV]
+        del os.environ[SECRET_ENV]
 
 
 def _raw(port) -> socket.socket:
@@ -205,6 +207,54 @@ def test_a_timeout_of_timedelta_max_means_no_timeout(store):
     threading.Timer(0.2, lambda: store.set("late", "v")).start()
     assert store.get("late") == b"v"
     store.wait(["late"], datetime.timedelta.max)
+
+
+def test_a_wait_bound_that_is_nan_infinite_or_huge_neither_kills_nor_parks_a_server_thread():
+    """``get``/``wait`` carry the client's timeout as a double: a NaN made the serving thread drop the connection
+    (``Condition.wait`` raised ValueError), an infinite or huge one killed it mid-request (OverflowError)."""
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=5, secret=SECRET)
+    sock = _raw(master.port)
+    wire.client_handshake(sock, SECRET)
+
+    def request(cmd, *fields):
+        wire.send_frame(sock, bytes([cmd]) + wire.pack_fields(*fields))
+        return wire.recv_frame(sock, 1 << 20)
+
+    for bad in (float("nan"), float("inf"), -1.0):
+        reply = request(GET, b"never", struct.pack("<d", bad))
+        assert reply[:1] == b"\x01" and b"timeout must be a finite number of seconds >= 0" in reply, reply
+        reply = request(WAIT, wire.pack_fields(b"never"), struct.pack("<d", bad))
+        assert b"wait: timeout must be a finite" in reply, reply
+    threading.Timer(0.3, lambda: master.set("late", "v")).start()
+    assert request(GET, b"late", struct.pack("<d", 1e300)) == b"\x00\x01v"  # capped as timedelta.max: it waits
+    assert request(WAIT, wire.pack_fields(b"late"), struct.pack("<d", 1e300)) == b"\x00\x01"
+    sock.close()
+    master.close()
+
+
+def test_file_store_refuses_a_symlink_and_a_file_another_user_owns_or_may_read(tmp_path, monkeypatch):
+    """The log carries the backends' secret: it was opened through symlinks and whoever's file it was."""
+    target, link = tmp_path / "target", tmp_path / "link"
+    link.symlink_to(target)
+    with pytest.raises(DistError, match="link is a symlink; refusing to follow it"):
+        FileStore(str(link), 1, timeout=1)
+    assert not target.exists()  # not created through the link either
+    loose = tmp_path / "loose"
+    loose.write_bytes(b"")
+    loose.chmod(0o644)
+    with pytest.raises(DistError, match="loose has mode 644: other users may read or change it"):
+        FileStore(str(loose), 1, timeout=1)
+    old = os.umask(0)
+    try:
+        fresh = FileStore(str(tmp_path / "fresh"), 1, timeout=1)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "fresh").stat().st_mode) == 0o600
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # the same file, seen by another user
+    with pytest.raises(DistError, match="belongs to uid 0, not to this user .uid 4242."):
+        FileStore(str(tmp_path / "fresh"), 1, timeout=1)
+    monkeypatch.undo()
+    fresh.close()
 
 
 def test_closing_the_master_ends_the_server_threads_blocked_in_get():

@@ -81,6 +81,44 @@ def test_gloo_adapter_uses_the_real_torch_group():
     assert run_ranks(_gloo_groups, 2, backend=None, timeout=90) == [want, want[:5] + (None,) + want[6:]]
 
 
+def _stranger_on_the_adapters_store(rank, world_size):
+    """A stranger who can reach the port torch's group rendezvoused on tries to rewrite a key there."""
+    import datetime
+
+    import torch.distributed as dist
+    from pt_dist import DistNetworkError, TCPStore
+
+    util.join(rank, world_size, "gloo", key="gloo_store")
+    store = dist.distributed_c10d._get_default_store()
+    while not hasattr(store, "port"):  # torch's prefixes, then (with the fix) our view and our prefixes
+        store = getattr(store, "underlying_store", None) or store._store
+    host, port = store.host, store.port
+    wrote = refused_derived = None
+    if rank == 0:
+        try:  # torch's own client, as anyone runs it: c10d's TCPStore takes every connection
+            stranger = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=3),
+                                     wait_for_workers=False)
+            stranger.set("intruder", "rewrote a key")
+            wrote = True
+        except Exception:  # noqa: BLE001 - refused, however it says so
+            wrote = False
+        try:  # ours, with the secret once derived from the address
+            TCPStore(host, port, timeout=3, secret=f"pt_dist-rendezvous:{host}:{port}")
+            refused_derived = False
+        except DistNetworkError:
+            refused_derived = True
+    t = torch.ones(2)
+    pt_dist.all_reduce(t)
+    util.leave()
+    return wrote, refused_derived, t.tolist()
+
+
+def test_the_adapters_rendezvous_through_the_authenticated_store_not_an_open_c10d_one():
+    """They used a c10d TCPStore of their own, which has no authentication: a stranger rewrote a key in it."""
+    out = run_ranks(_stranger_on_the_adapters_store, 2, backend=None, timeout=90)
+    assert out == [(False, True, [2.0, 2.0]), (None, None, [2.0, 2.0])]
+
+
 def test_mpi_backend_says_clearly_when_torch_lacks_it():
     import torch.distributed as dist
 

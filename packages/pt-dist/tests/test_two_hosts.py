@@ -102,6 +102,7 @@ def _two_nodes(tmp_path, env_timeout: float, listen: str | None):
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PT_DIST_LISTEN_ADDR")}
     env["JOB_TIMEOUT"] = str(env_timeout)
+    env["PT_DIST_SECRET"] = "two-hosts-test"  # a multi-host job refuses to run without one (test_secret.py)
     if listen:
         env["PT_DIST_LISTEN_ADDR"] = listen
     proc = subprocess.run(["unshare", "-rmn", "sh", str(tmp_path / "nodes.sh"), str(tmp_path), sys.executable,
@@ -158,18 +159,3 @@ def test_wildcard_listen_address_advertises_the_route_to_the_store():
     assert all(torch.equal(t, torch.full((7,), 3.0)) for t in ts)
     for g in groups:
         g.shutdown()
-
-
-def test_wildcard_listen_address_for_the_torch_adapters_store(monkeypatch):
-    """The gloo/nccl adapters' c10d store is found the same way: never advertised as 0.0.0.0."""
-    import datetime
-
-    from pt_dist.backends.torch_adapter import torch_store
-
-    monkeypatch.setenv("PT_DIST_LISTEN_ADDR", "0.0.0.0")
-    ours = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10, secret=b"s")
-    real = torch_store(ours, 0, 1, datetime.timedelta(seconds=10))
-    host, port = ours.get("torch_store").decode().rsplit(":", 1)
-    assert (host, int(port)) == ("127.0.0.1", real.port)
-    real.set("k", "v")
-    assert real.get("k") == b"v"

@@ -4,19 +4,24 @@ Every mutation appends a length-prefixed record (the same binary encoding as the
 format) under an exclusive ``flock``; readers replay new records since their last offset. A blocking
 ``get`` polls the log with exponential backoff until the key appears or the timeout expires.
 As c10d's FileStore does, every instance counts itself in the file and the last of ``world_size`` users to
-``close`` removes it, so the next job (a rerun of the same command) starts from an empty file.
+``close`` removes it, so the next job (a rerun of the same command) starts from an empty file. The log carries
+the backends' secret, so the file is created 0600 (``O_EXCL``), never reached through a symlink, and refused
+when another user owns it or may read it.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import struct
 import threading
 import time
 
 from pt_dist import wire
-from pt_dist.errors import DistStoreError
+from pt_dist.errors import DistError, DistStoreError
+from pt_dist.secret import check_private
 from pt_dist.store import DEFAULT_TIMEOUT, Store, _b, _seconds
 from pt_dist.store_server import _ARITY, ADD, APPEND, CAS, DELETE, MULTI_SET, SET, _apply, check_pairs
 
@@ -42,10 +47,34 @@ class FileStore(Store):
         # one init take consecutive numbers, since no rank can re-init before all have opened it for this one
         self.opened_as = struct.unpack("<q", self._locked(ADD, (_OPENS, struct.pack("<q", 1))))[0]
 
+    def _open(self) -> int:
+        """The file at ``path``: created ours and private (O_EXCL), else opened without following a symlink and
+        refused unless we own it and no one else may read it: the log carries the mesh secret."""
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise DistError(f"FileStore: {self.path} is a symlink; refusing to follow it") from None
+            raise
+        try:
+            check_private(os.fstat(fd), self.path, stat.S_ISREG, "regular file")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def _open_locked(self):
         """The file at ``path`` (created if absent), flocked; retried if a closing user removed it meanwhile."""
         while True:
-            f = open(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600), "r+b")
+            try:
+                fd = self._open()
+            except FileNotFoundError:  # removed by its last user between our two opens: create it again
+                continue
+            f = open(fd, "r+b")
             try:
                 fcntl.flock(f, fcntl.LOCK_EX)
                 if os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino:

@@ -5,9 +5,9 @@ WORLD_SIZE (what torchrun exports); ``tcp://host:port`` names the TCPStore maste
 uses a FileStore on a shared filesystem. Under torchrun the agent already serves torch's own TCPStore on
 MASTER_PORT (``TORCHELASTIC_USE_AGENT_STORE=True``), so rank 0 starts ours on a free port beside it and the
 agent's store carries only that port, under a key per restart and per init. ``?rank=``, ``?world_size=``
-and ``?secret=`` query parameters are accepted as in torch; the secret (else ``$PT_DIST_SECRET``, else
-derived from the address) guards the TCPStore, and ``init_process_group`` then hands the backends'
-sockets a fresh random secret through it.
+and ``?secret=`` query parameters are accepted as in torch; the secret (else ``$PT_DIST_SECRET``, else a random
+one shared through a private file on one host: ``secret.py``) guards the TCPStore, and ``init_process_group``
+then hands the backends' sockets a fresh random secret through it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlparse
 
-from pt_dist import wire
+from pt_dist import secret as _secret
 from pt_dist.file_store import FileStore
 from pt_dist.store import PrefixStore, Store, TCPStore
 
@@ -28,7 +28,6 @@ class Rendezvous:
     store: Store
     rank: int
     world_size: int
-    secret: bytes
 
 
 _GENERATION = itertools.count()  # every rank calls init_process_group the same number of times
@@ -84,20 +83,21 @@ def rendezvous(init_method: str, rank: int = -1, world_size: int = -1, timeout: 
     if not 0 <= rank < world_size:
         raise ValueError(f"rendezvous: rank {rank} is outside world_size {world_size}")
     if url.scheme == "file":
-        key = wire.resolve_secret(secret, f"file:{path}")
         # unlike a TCPStore the file outlives the group: each init gets its own key space (the k-th group of
         # world_size users of the file is init k), so a re-init never reads the last one's keys
         fs = FileStore(path, world_size, timeout=timeout)
         store = _OwnedPrefixStore(f"init{(fs.opened_as - 1) // world_size}", fs)
-        return Rendezvous(store, rank, world_size, key)
-    key = wire.resolve_secret(secret, f"{host}:{port}")
+        return Rendezvous(store, rank, world_size)
+    if _secret.given(secret) is None:
+        _secret.refuse_multi_host(host, port)  # on every rank at once, before any of them waits for another
     if url.scheme == "env" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true"):
-        return Rendezvous(_beside_agent_store(host, port, rank, world_size, timeout, key), rank, world_size, key)
-    store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, secret=key)
-    return Rendezvous(store, rank, world_size, key)
+        return Rendezvous(_beside_agent_store(host, port, rank, world_size, timeout, secret), rank, world_size)
+    store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, secret=secret)
+    return Rendezvous(store, rank, world_size)
 
 
-def _beside_agent_store(host: str, port: int, rank: int, world_size: int, timeout: float, key: bytes) -> TCPStore:
+def _beside_agent_store(host: str, port: int, rank: int, world_size: int, timeout: float,
+                        key: str | None) -> TCPStore:
     """torchrun's agent holds MASTER_PORT with a torch TCPStore: find our own store through it."""
     import torch.distributed as dist
 

@@ -17,6 +17,7 @@ import struct
 import threading
 import time
 
+from pt_dist import secret as _secret
 from pt_dist import wire
 from pt_dist.errors import DistNetworkError, DistStoreError
 from pt_dist.store_server import (
@@ -27,6 +28,7 @@ from pt_dist.store_server import (
     DELETE,
     GET,
     MAX_FRAME,
+    MAX_TIMEOUT_S,
     MULTI_SET,
     NUM_KEYS,
     SET,
@@ -42,9 +44,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
 _WORKERS_KEY = "__pt_dist_store_workers__"
 
-
-# "No timeout" in practice (users pass timedelta.max and the like): socket and lock waits overflow near 292 years
-MAX_TIMEOUT_S = 10 * 365 * 86400.0
 
 
 def _seconds(timeout) -> float:
@@ -210,7 +209,8 @@ class TCPStore(Store):
     """c10d's TCPStore rebuilt: the master (``is_master=True``) hosts the server, every rank is a client.
 
     ``port=0`` binds a free port (read it back from ``.port``). ``secret`` (or ``$PT_DIST_SECRET``) is the
-    job's shared secret; clients that cannot prove it are dropped before any frame is parsed.
+    job's shared secret; without one, the master draws a random one that ranks on its host read from a private
+    file (``secret.py``). Clients that cannot prove it are dropped before any frame is parsed.
     """
 
     def __init__(self, host_name: str = "127.0.0.1", port: int = 0, world_size: int | None = None,
@@ -221,11 +221,21 @@ class TCPStore(Store):
             raise ValueError("TCPStore: a client needs the master's port, got port=0")
         if world_size is not None and world_size < 1:
             raise ValueError(f"TCPStore: world_size must be >= 1, got {world_size}")
-        self.host = host_name
+        self.host, self._secret_file = host_name, None
+        self._secret = _secret.given(secret)
+        if self._secret is None:
+            _secret.refuse_multi_host(host_name, port)  # before binding or connecting anything
         self._server = StoreServer(host_name, port) if is_master else None
         self.port = self._server.port if is_master else port
-        self._secret = wire.resolve_secret(secret, f"{host_name}:{self.port}")
+        if self._secret is None and _secret.insecure():
+            self._secret = _secret.derived(host_name, self.port)
         if self._server is not None:
+            if self._secret is None:
+                try:
+                    self._secret, self._secret_file = _secret.publish(self.port)
+                except BaseException:
+                    self._server.close()
+                    raise
             self._server.start(self._secret)
         self._lock = threading.Lock()
         self._idle: list[socket.socket] = [self._connect()]
@@ -245,21 +255,34 @@ class TCPStore(Store):
             return probe.getsockname()[0]
 
     def _connect(self) -> socket.socket:
-        deadline = time.monotonic() + self._timeout
+        """A proven connection. A secret read from the master's file is read again on each try: the master may not
+        have written it yet, or a dead master's file may still be there until the new one replaces it."""
+        deadline, from_file = time.monotonic() + self._timeout, self._secret is None
         while True:
+            secret = self._secret or _secret.read(self.port)
             try:
+                if secret is None:
+                    raise FileNotFoundError(f"no secret published for port {self.port} in {_secret.runtime_dir()} "
+                                            f"(the master not up yet, started by another user, or given its own "
+                                            f"secret: then pass the same secret= or set {_secret.SECRET_ENV})")
                 sock = socket.create_connection((self.host, self.port), timeout=min(5.0, self._timeout))
-                wire.client_handshake(sock, self._secret)
+                try:
+                    wire.client_handshake(sock, secret)
+                except BaseException:
+                    sock.close()
+                    raise
                 sock.settimeout(None)
                 wire.tune(sock, 1 << 20)
+                self._secret = secret
                 return sock
             except wire.ProtocolError as e:
-                raise DistNetworkError(f"TCPStore {self.host}:{self.port}: {e}") from None
+                if not from_file or time.monotonic() > deadline:
+                    raise DistNetworkError(f"TCPStore {self.host}:{self.port}: {e}") from None
             except OSError as e:
                 if time.monotonic() > deadline:
                     raise DistNetworkError(f"TCPStore: could not connect to {self.host}:{self.port} within "
                                            f"{self._timeout:.1f}s: {e}") from None
-                time.sleep(0.05)
+            time.sleep(0.05)
 
     def _call(self, cmd: int, *fields: bytes, wait_s: float = 0.0) -> bytes:
         """One request on an idle connection; a thread blocked in ``get`` never stalls another thread's ``set``."""
@@ -296,7 +319,7 @@ class TCPStore(Store):
         self._call(SET, _b(key), _b(value))
 
     def get(self, key):
-        reply = self._call(GET, _b(key), struct.pack("<d", self._timeout), wait_s=self._timeout)
+        reply = self._call(GET, _b(key), struct.pack("<d", max(0.0, self._timeout)), wait_s=self._timeout)
         if reply[:1] != b"\x01":
             raise DistStoreError(f"TCPStore.get({key!r}) timed out after {self._timeout:.1f}s")
         return reply[1:]
@@ -309,7 +332,7 @@ class TCPStore(Store):
 
     def wait(self, keys, timeout=None):
         t = self._timeout if timeout is None else _seconds(timeout)
-        reply = self._call(WAIT, wire.pack_fields(*map(_b, keys)), struct.pack("<d", t), wait_s=t)
+        reply = self._call(WAIT, wire.pack_fields(*map(_b, keys)), struct.pack("<d", max(0.0, t)), wait_s=t)
         if reply != b"\x01":
             raise DistStoreError(f"TCPStore.wait({list(keys)!r}) timed out after {t:.1f}s")
 
@@ -348,6 +371,8 @@ class TCPStore(Store):
         for sock in idle:
             sock.close()
         if self._server is not None:
+            if self._secret_file is not None and self._server.in_owner_process():
+                _secret.unpublish(self._secret_file, self._secret)
             self._server.close()
 
     def __del__(self):

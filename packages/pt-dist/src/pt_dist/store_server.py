@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import socket
 import struct
@@ -23,6 +24,8 @@ from pt_dist.errors import DistNetworkError
 log = logging.getLogger("pt_dist.store")
 
 MAX_FRAME = 64 << 20
+# "No timeout" in practice (users pass timedelta.max and the like): socket and lock waits overflow near 292 years
+MAX_TIMEOUT_S = 10 * 365 * 86400.0
 # Connections in their handshake (not yet proven to hold the secret) at once; past it the oldest is cut
 # (``wire.HandshakeGate``), so a flood of silent connections (a port scanner, a stuck client) can neither pile
 # up a thread each until the process runs out nor keep the job's own clients (a few per rank) out.
@@ -75,6 +78,15 @@ def _apply(data: dict, cmd: int, fields: list[bytes]) -> bytes:
     raise wire.ProtocolError(f"unknown store command {cmd}")
 
 
+def _wait_seconds(field: bytes, what: str) -> float:
+    """A client's wait bound, refused unless finite and >= 0 (a NaN or infinite one killed or parked the serving
+    thread: ``Condition.wait`` raises on them) and capped as every local timeout is."""
+    (seconds,) = struct.unpack("<d", field)
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise StoreValueError(f"{what}: timeout must be a finite number of seconds >= 0, got {seconds!r}")
+    return min(seconds, MAX_TIMEOUT_S)
+
+
 _ARITY = {SET: 2, GET: 2, ADD: 2, CAS: 3, WAIT: 2, DELETE: 1, NUM_KEYS: 0, CHECK: 1, APPEND: 2, MULTI_SET: 2}
 
 
@@ -102,8 +114,12 @@ class StoreServer:
         self._secret = secret
         threading.Thread(target=self._accept_loop, name="pt_dist-store-accept", daemon=True).start()
 
+    def in_owner_process(self) -> bool:
+        """False in a forked child (a DataLoader worker) holding a copy: the parent still serves."""
+        return os.getpid() == self._pid
+
     def close(self) -> None:
-        if os.getpid() != self._pid:  # a forked child (a DataLoader worker) collecting its copy: shutdown() would
+        if not self.in_owner_process():  # a forked child (a DataLoader worker) collecting its copy: shutdown() would
             for sock in [self._sock, *self._conns]:  # cut the parent's sockets too, so only drop our descriptors
                 sock.close()
             return
@@ -172,7 +188,7 @@ class StoreServer:
         with self._cond:
             if cmd in (GET, WAIT):
                 keys = [fields[0]] if cmd == GET else wire.unpack_all(fields[0])
-                (timeout,) = struct.unpack("<d", fields[1])
+                timeout = _wait_seconds(fields[1], "get" if cmd == GET else "wait")
                 ok = self._cond.wait_for(lambda: self._closed or all(k in self._data for k in keys), timeout=timeout)
                 if self._closed:  # no reply: the client hears the connection drop, not a timeout
                     raise ConnectionAbortedError("the store server closed")

@@ -1,7 +1,8 @@
 """``"gloo"``, ``"nccl"``, ``"mpi"``: thin adapters onto torch.distributed's real process groups.
 
 The production path: our rendezvous (store, rank, size) bootstraps ``torch.distributed``'s own default
-group, so torch's DDP/FSDP and the real libraries run on the very same group. The adapter only
+group, through our authenticated store (``torch_store.py``), so torch's DDP/FSDP and the real libraries run on
+the very same group; their own data connections are torch's, unauthenticated as in torch. The adapter only
 translates group-local ranks to global ones, emulates ``ReduceOp.AVG`` where the library lacks it
 (gloo), stages non-contiguous tensors, and turns library failures into ``DistError``.
 """
@@ -16,29 +17,14 @@ import torch
 import torch.distributed as dist
 
 from pt_dist.backends.arguments import check_tensor, contig
-from pt_dist.backends.mesh import advertised_address
 from pt_dist.backends.sparse import check_sparse_all_reduce
+from pt_dist.backends.torch_store import TorchStore
 from pt_dist.errors import DistBackendError, DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
 from pt_dist.work import Work
 
 _TORCH_OPS = {op: op.name for op in ReduceOp}
-
-
-def torch_store(store, rank: int, size: int, timeout: datetime.timedelta) -> dist.TCPStore:
-    """A real c10d TCPStore for the library, found through our store (rank 0 binds port 0 and publishes it).
-
-    torch's sub-group code needs a store it can clone in C++, which a Python-side store cannot offer.
-    It listens on ``$PT_DIST_LISTEN_ADDR`` (default 127.0.0.1; a wildcard advertises the route to our store)
-    and, unlike ours, has no shared secret.
-    """
-    if rank == 0:
-        host = os.environ.get("PT_DIST_LISTEN_ADDR", "127.0.0.1")
-        real = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False, timeout=timeout)
-        store.set("torch_store", f"{advertised_address(host, store)}:{real.port}")
-        return real
-    host, port = store.get("torch_store").decode().rsplit(":", 1)
-    return dist.TCPStore(host, int(port), size, is_master=False, timeout=timeout)
+_views: list[TorchStore] = []  # the store torch's default group and its sub-groups rendezvous on
 
 
 def check_available(name: str) -> None:
@@ -162,8 +148,10 @@ class TorchProcessGroup(ProcessGroup):
                     torch.cuda.set_device(local % torch.cuda.device_count())
                 else:
                     torch.cuda.set_device(device_id)
-            dist.init_process_group(name, store=torch_store(store, rank, size, td), rank=rank, world_size=size,
-                                    timeout=td, pg_options=pg_options, device_id=device_id)
+            view = TorchStore(store)  # torch rendezvous through our authenticated store, not an open c10d one
+            dist.init_process_group(name, store=view, rank=rank, world_size=size, timeout=td, pg_options=pg_options,
+                                    device_id=device_id)
+            _views.append(view)  # alive as long as torch's groups call it (they hold only its C++ half)
         return cls(name, dist.group.WORLD, dist.get_rank(), dist.get_world_size(), group_name)
 
     @classmethod
@@ -200,6 +188,7 @@ class TorchProcessGroup(ProcessGroup):
         if self.pg is dist.group.WORLD:
             if dist.is_initialized():
                 dist.destroy_process_group()
+            _views.clear()
         elif dist.is_initialized():
             dist.destroy_process_group(self.pg)
 
