@@ -38,6 +38,34 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
 
 
+def _decode_bucket(query, key_cache, value_cache, block_tables, lens, scale) -> torch.Tensor:
+    """fp32 decode attention of one bucket of sequences, gathered to the bucket's longest context."""
+    num_seqs, num_heads, head_size = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    max_len = int(lens.max())
+    num_blocks = -(-max_len // block_size)
+    blocks = block_tables[:, :num_blocks].to(device=query.device, dtype=torch.long)
+    valid = torch.arange(num_blocks * block_size, device=query.device)[None, :] < lens[:, None]  # [S, L]
+    keep = valid[:, :, None, None]
+
+    def gather(cache):
+        kv = cache[blocks].reshape(num_seqs, num_blocks * block_size, num_kv_heads, head_size)
+        return kv.float().masked_fill(~keep, 0.0).transpose(1, 2)  # [S, kv_heads, L, D]
+
+    attn = torch.nn.functional.scaled_dot_product_attention(
+        query.float()[:, :, None, :],
+        gather(key_cache),
+        gather(value_cache),
+        attn_mask=valid[:, None, None, :],
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    return attn[:, :, 0, :]
+
+
+DECODE_BUCKET = 16
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -50,35 +78,21 @@ def paged_attention(
     """Decode attention: one query token per sequence over its paged K/V (vLLM ``paged_attention_v1``).
 
     ``query`` ``[num_seqs, num_heads, head_size]``; GQA/MQA when ``num_heads`` is a multiple of the cache's
-    ``num_kv_heads``. Batched: every sequence's whole blocks are gathered (one contiguous copy per block, not per
-    token) into ``[num_seqs, num_kv_heads, max_len, head_size]``, slots past each length are zeroed (a stale or
-    never-written slot may hold anything, NaN included) and masked, and fp32 SDPA does the rest.
+    ``num_kv_heads``. Sequences are sorted by length and taken ``DECODE_BUCKET`` at a time; each bucket's whole
+    blocks are gathered (one contiguous copy per block, not per token) into ``[seqs, kv_heads, max_len,
+    head_size]`` (similar lengths: little padding), slots past each length are zeroed (a stale or never-written
+    slot may hold anything, NaN included) and masked, and fp32 SDPA does the rest.
     """
     num_seqs, num_heads, head_size = query.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
     lens = context_lens.to(device=query.device, dtype=torch.long)
-    max_len = int(lens.max()) if num_seqs else 0
     result = torch.zeros(num_seqs, num_heads, head_size, dtype=torch.float32, device=query.device)
-    if max_len:
-        num_blocks = -(-max_len // block_size)
-        blocks = block_tables[:, :num_blocks].to(device=query.device, dtype=torch.long)
-        valid = torch.arange(num_blocks * block_size, device=query.device)[None, :] < lens[:, None]  # [S, L]
-        keep = valid[:, :, None, None]
-
-        def gather(cache):
-            kv = cache[blocks].reshape(num_seqs, num_blocks * block_size, num_kv_heads, head_size)
-            return kv.float().masked_fill(~keep, 0.0).transpose(1, 2)  # [S, kv_heads, L, D]
-
-        q = query.float()[:, :, None, :]  # [S, H, 1, D]
-        attn = torch.nn.functional.scaled_dot_product_attention(
-            q,
-            gather(key_cache),
-            gather(value_cache),
-            attn_mask=valid[:, None, None, :],
-            scale=scale,
-            enable_gqa=num_heads != num_kv_heads,
-        )
-        result = attn[:, :, 0, :].masked_fill((lens == 0)[:, None, None], 0.0)  # empty context: zeros
+    nonempty = (lens > 0).nonzero().flatten()  # an empty context attends to nothing: zeros
+    if len(nonempty):
+        order = nonempty[torch.argsort(lens[nonempty])]
+        for bucket in order.split(DECODE_BUCKET):
+            result[bucket] = _decode_bucket(
+                query[bucket], key_cache, value_cache, block_tables[bucket], lens[bucket], scale
+            )
     if out is None:
         return result.to(query.dtype)
     out.copy_(result)
