@@ -149,3 +149,31 @@ def test_repetition_penalty_and_logprobs_match_transformers(checkpoint):
         top = ref[step].topk(3).indices.tolist()
         assert set(top) <= set(lps) and lps[top[0]].rank == 1
     assert abs(out.cumulative_logprob - sum(lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs))) < 1e-4
+
+
+@pytest.mark.gpu(1)
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_greedy_on_cuda_matches_transformers(checkpoint, arch):
+    """The compiled Triton kernels inside the engine, against transformers on the same GPU (fp32)."""
+    path, hf = checkpoint(arch)
+    hf = hf.to("cuda")
+    prompts = _prompts(hf.config.vocab_size)
+    want = []
+    for p in prompts:
+        with torch.no_grad():
+            out = hf.generate(
+                torch.tensor([p], device="cuda"),
+                max_new_tokens=N_NEW,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
+        want.append(out[0, len(p) :].tolist())
+    hf.to("cpu")
+    llm = LLM(path, device="cuda", block_size=16, num_gpu_blocks=64, num_cpu_blocks=16, max_model_len=128)
+    outs = llm.generate(
+        prompt_token_ids=prompts,
+        sampling_params=SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True),
+        use_tqdm=False,
+    )
+    assert [o.outputs[0].token_ids for o in outs] == want
