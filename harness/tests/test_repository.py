@@ -153,7 +153,9 @@ def test_workflow_is_valid_github_actions():
 
     jobs = yaml.safe_load(wf.read_text())["jobs"]
     assert jobs["gpu"]["runs-on"] == ["self-hosted", "linux", "gpu"]
-    assert any("-m gpu" in step.get("run", "") for step in jobs["gpu"]["steps"])
+    assert any(".ci/gpu" in step.get("run", "") for step in jobs["gpu"]["steps"])
+    gpu_script = (ROOT / ".ci" / "gpu").read_text()
+    assert "uv run pytest -m gpu" in gpu_script and "train-then-serve --device cuda" in gpu_script
 
 
 def test_readme_shows_the_test_command_ci_runs():
