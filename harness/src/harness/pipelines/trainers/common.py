@@ -14,6 +14,14 @@ from harness.pipelines.presets import ModelPreset, TrainSpec
 
 
 def spec_of(spec: dict) -> TrainSpec:
+    """The spec as the rank received it (a dict), and the rank's setup: tqdm bars lock with a thread lock, not a
+    multiprocessing one (a rank is killed once it has returned, and a semaphore it created would be reported as
+    leaked by the resource tracker it shares with the launcher)."""
+    import threading
+
+    from tqdm.auto import tqdm
+
+    tqdm.set_lock(threading.RLock())
     model = spec["model"] if isinstance(spec["model"], ModelPreset) else ModelPreset(**spec["model"])
     return TrainSpec(**{**spec, "model": model})
 
