@@ -47,3 +47,43 @@ def stdlib_texts(n_files: int = 30) -> list[str]:
     files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))
     assert len(files) >= n_files, "the stdlib corpus is unexpectedly small"
     return [open(f, encoding="utf-8", errors="replace").read() for f in files[:n_files]]
+
+
+# ---------------------------------------------------------------------- Trainer tests
+def corpus_blocks(tokenizer_dir: str, n_blocks: int = 32, block_size: int = 24) -> list[dict]:
+    """The stdlib corpus, BPE-tokenised and grouped into ``block_size`` blocks of input_ids/labels."""
+    from hf_lite import AutoTokenizer, GroupedTextsDataset
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    dataset = GroupedTextsDataset(tok, stdlib_texts(4), block_size)
+    assert len(dataset) >= n_blocks, "the corpus is unexpectedly small"
+    return [dataset[i] for i in range(n_blocks)]
+
+
+def trainer_model(vocab_size: int = 800, seed: int = 0, **kw):
+    """A tiny Llama (hidden 32, 2 layers) for training tests; dropout is 0 in Llama's config."""
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(tiny_llama_config(vocab_size=vocab_size, **kw))
+
+
+def training_args(output_dir, **kw):
+    from hf_lite import TrainingArguments
+
+    base = dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        max_steps=6,
+        learning_rate=3e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        optim="adamw_torch",
+    )
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+def logged(trainer, key: str = "loss") -> list[float]:
+    return [h[key] for h in trainer.state.log_history if key in h and "train_runtime" not in h]

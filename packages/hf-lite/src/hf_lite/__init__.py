@@ -4,6 +4,14 @@ tokenizers and generation), interoperable with the real library through the chec
 from .cache_utils import DynamicCache
 from .checkpoint_utils import CheckpointError
 from .configuration_utils import PreTrainedConfig, PretrainedConfig
+from .data import (
+    DataCollatorForLanguageModeling,
+    DataCollatorWithPadding,
+    GroupedTextsDataset,
+    IterableGroupedTextsDataset,
+    default_data_collator,
+    group_texts,
+)
 from .generation import (
     GenerationConfig,
     GenerationMixin,
@@ -12,6 +20,8 @@ from .generation import (
     TextIteratorStreamer,
     TextStreamer,
 )
+from .hf_argparser import HfArgumentParser
+from .integrations import JSONLinesCallback, TensorBoardCallback
 from .modeling_utils import PreTrainedModel
 from .models.auto.configuration_auto import AutoConfig
 from .models.auto.modeling_auto import AutoModel, AutoModelForCausalLM
@@ -20,10 +30,24 @@ from .models.gpt2.configuration_gpt2 import GPT2Config
 from .models.gpt2.modeling_gpt2 import GPT2LMHeadModel, GPT2Model
 from .models.llama.configuration_llama import LlamaConfig
 from .models.llama.modeling_llama import LlamaForCausalLM, LlamaModel
+from .optimization import get_scheduler
 from .tokenization_gpt2 import GPT2Tokenizer
 from .tokenization_utils import PreTrainedTokenizer
 from .tokenization_utils_base import BatchEncoding, PreTrainedTokenizerBase
 from .tokenization_utils_fast import PreTrainedTokenizerFast
+from .trainer import Trainer
+from .trainer_callback import (
+    DefaultFlowCallback,
+    EarlyStoppingCallback,
+    PrinterCallback,
+    ProgressCallback,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+)
+from .trainer_distributed import DataParallelPlugin, TorchDDPPlugin
+from .trainer_utils import EvalPrediction, IntervalStrategy, SchedulerType, get_last_checkpoint, set_seed
+from .training_args import TrainingArguments
 
 __version__ = "0.1.0"
 
@@ -34,13 +58,24 @@ __all__ = [
     "AutoTokenizer",
     "BatchEncoding",
     "CheckpointError",
+    "DataCollatorForLanguageModeling",
+    "DataCollatorWithPadding",
+    "DataParallelPlugin",
+    "DefaultFlowCallback",
     "DynamicCache",
+    "EarlyStoppingCallback",
+    "EvalPrediction",
     "GPT2Config",
     "GPT2LMHeadModel",
     "GPT2Model",
     "GPT2Tokenizer",
     "GenerationConfig",
     "GenerationMixin",
+    "GroupedTextsDataset",
+    "HfArgumentParser",
+    "IntervalStrategy",
+    "IterableGroupedTextsDataset",
+    "JSONLinesCallback",
     "LlamaConfig",
     "LlamaForCausalLM",
     "LlamaModel",
@@ -51,7 +86,22 @@ __all__ = [
     "PreTrainedTokenizerBase",
     "PreTrainedTokenizerFast",
     "PretrainedConfig",
+    "PrinterCallback",
+    "ProgressCallback",
+    "SchedulerType",
     "StoppingCriteriaList",
+    "TensorBoardCallback",
     "TextIteratorStreamer",
     "TextStreamer",
+    "TorchDDPPlugin",
+    "Trainer",
+    "TrainerCallback",
+    "TrainerControl",
+    "TrainerState",
+    "TrainingArguments",
+    "default_data_collator",
+    "get_last_checkpoint",
+    "get_scheduler",
+    "group_texts",
+    "set_seed",
 ]
