@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from pt_dist.distributed_c10d import GroupMember, _group, _peer, get_global_rank, irecv, isend
+from pt_dist.distributed_c10d import GroupMember, _group, _peer, _rank_not_in_group, get_global_rank, irecv, isend
 
 __all__ = ["P2POp", "batch_isend_irecv"]
 
@@ -46,7 +46,7 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list:
     if any(p.group is not p2p_op_list[0].group for p in p2p_op_list):  # (None was taken as the default group)
         raise ValueError("batch_isend_irecv: all ops of a batch must use the same group")
     group = p2p_op_list[0].group
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _rank_not_in_group(group, "batch_isend_irecv"):
         return []
     pg = _group(group)  # check every peer before the first op starts
     peers = [_peer(group, *p._named, "peer", default=None) for p in p2p_op_list]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import logging
 import secrets
+import warnings
 
 import torch
 
@@ -152,6 +153,16 @@ def _mesh_secret(store: Store, rank: int) -> bytes:
     return store.get("pt_dist/mesh_secret")
 
 
+def _rank_not_in_group(group, op_name: str) -> bool:
+    """torch's: an operation on a group this rank is not in does nothing and returns None, with a UserWarning."""
+    if group is not GroupMember.NON_GROUP_MEMBER:
+        return False
+    global_rank = -1 if GroupMember.WORLD is None else GroupMember.WORLD.rank()
+    warnings.warn(f"Running {op_name} on global rank {global_rank} which does not belong to the given group.",
+                  stacklevel=3)
+    return True
+
+
 def _group(group) -> ProcessGroup:
     if group is None:
         if GroupMember.WORLD is None:
@@ -160,7 +171,8 @@ def _group(group) -> ProcessGroup:
     if group is GroupMember.NON_GROUP_MEMBER:
         raise ValueError("pt_dist: this rank is not a member of the group")
     if group not in _world.ranks:
-        raise ValueError(f"pt_dist: {group!r} is not a live group (destroyed, or from another job)")
+        raise ValueError(f"pt_dist: {group!r} is not registered (destroyed, or from another job; groups come "
+                         f"from new_group)")
     return group
 
 
@@ -236,14 +248,15 @@ def get_process_group_ranks(group) -> list[int]:
 def get_global_rank(group, group_rank: int) -> int:
     ranks = _world.ranks[_group(group)]
     if not 0 <= (group_rank := as_rank(group_rank, "group_rank")) < len(ranks):
-        raise ValueError(f"group rank {group_rank} is not in group {_group(group).group_name!r} of size {len(ranks)}")
+        raise ValueError(f"group rank {group_rank} is not part of group {_group(group).group_name!r} of size "
+                         f"{len(ranks)}")
     return ranks[group_rank]
 
 
 def get_group_rank(group, global_rank: int) -> int:
     ranks = _world.ranks[_group(group)]
     if (global_rank := as_rank(global_rank, "global rank")) not in ranks:
-        raise ValueError(f"global rank {global_rank} is not in group {_group(group).group_name!r} ({ranks})")
+        raise ValueError(f"global rank {global_rank} is not part of group {_group(group).group_name!r} ({ranks})")
     return ranks.index(global_rank)
 
 
@@ -271,45 +284,60 @@ def _peer(group, rank, group_rank, what: str, default: int | None = None) -> int
 
 # module-level collectives: global ranks in (or group_src/group_dst), group-local ranks to the ProcessGroup -----
 def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False, group_src: int | None = None):
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _rank_not_in_group(group, "broadcast"):
         return None
     return _ret(_group(group).broadcast(tensor, _peer(group, src, group_src, "src"), async_op=async_op), async_op)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _rank_not_in_group(group, "all_reduce"):
         return None
     return _ret(_group(group).all_reduce(tensor, op, async_op=async_op), async_op)
 
 
 def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
            group_dst: int | None = None):
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _rank_not_in_group(group, "reduce"):
         return None
     return _ret(_group(group).reduce(tensor, _peer(group, dst, group_dst, "dst"), op, async_op=async_op), async_op)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
-    if group is GroupMember.NON_GROUP_MEMBER:
+    """Every rank's ``tensor`` into ``tensor_list``. Complex tensors meet real ones of their element type as their
+    ``view_as_real`` views, as torch's (a complex64 tensor of n into float32 outputs of 2n, and back)."""
+    if _rank_not_in_group(group, "all_gather"):
         return None
+    if isinstance(tensor_list, list) and all(isinstance(t, torch.Tensor) for t in [tensor, *tensor_list]):
+        kinds = {t.is_complex() for t in [tensor, *tensor_list]}
+        if len(kinds) == 2:
+            tensor = torch.view_as_real(tensor.resolve_conj()) if tensor.is_complex() else tensor
+            tensor_list = [_real_view(t, f"tensor_list[{i}]") for i, t in enumerate(tensor_list)]
     return _ret(_group(group).all_gather(tensor_list, tensor, async_op=async_op), async_op)
 
 
+def _real_view(t: torch.Tensor, what: str) -> torch.Tensor:
+    if not t.is_complex():
+        return t
+    if t.is_conj():  # (written through: a lazily conjugated view has no real view to write)
+        raise ValueError(f"all_gather: {what} is a lazy .conj() view; resolve_conj() it to gather into it")
+    return torch.view_as_real(t)
+
+
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False):
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _rank_not_in_group(group, "all_gather_into_tensor"):
         return None
     return _ret(_group(group).all_gather_into_tensor(output_tensor, input_tensor, async_op=async_op), async_op)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _rank_not_in_group(group, "reduce_scatter_tensor"):
         return None
     return _ret(_group(group).reduce_scatter_tensor(output, input, op, async_op=async_op), async_op)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                       async_op: bool = False):
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _rank_not_in_group(group, "all_to_all_single"):
         return None
     return _ret(_group(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes,
                                                 async_op=async_op), async_op)
@@ -318,7 +346,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_op: bool = False,
            group_dst: int | None = None):
     """``tensor`` of every rank into ``gather_list`` on ``dst`` (a global rank); other ranks pass no list."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _rank_not_in_group(group, "gather"):
         return None
     root = _peer(group, dst, group_dst, "dst", default=0)
     return _ret(_group(group).gather(tensor, gather_list, root, async_op=async_op), async_op)
@@ -327,7 +355,7 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
 def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async_op: bool = False,
             group_src: int | None = None):
     """``scatter_list[i]`` on ``src`` (a global rank) into ``tensor`` on the group's rank i."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _rank_not_in_group(group, "scatter"):
         return None
     root = _peer(group, src, group_src, "src", default=0)
     return _ret(_group(group).scatter(tensor, scatter_list, root, async_op=async_op), async_op)
@@ -345,7 +373,7 @@ def symmetric_empty(*size, dtype=torch.float32, group=None) -> torch.Tensor:
 def barrier(group=None, async_op: bool = False, device_ids: list[int] | None = None, timeout=None):
     """``device_ids`` (torch's: the GPU whose stream NCCL's barrier runs on) go to NCCL; CPU backends need none.
     ``timeout`` (seconds or timedelta): this barrier's own; missing ranks then fail it as any timeout does."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _rank_not_in_group(group, "barrier"):
         return None
     if device_ids is not None and not (isinstance(device_ids, list) and all(isinstance(d, int) for d in device_ids)):
         raise ValueError(f"barrier: device_ids must be a list of ints, got {device_ids!r}")
@@ -354,7 +382,7 @@ def barrier(group=None, async_op: bool = False, device_ids: list[int] | None = N
 
 
 def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None):
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _rank_not_in_group(group, "isend"):
         return None
     return _group(group).send(tensor, _peer(group, dst, group_dst, "dst"), tag)
 
@@ -362,13 +390,15 @@ def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: i
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None):
     """Receive from ``src``; neither ``src`` nor ``group_src``: from whichever rank sends ``tag`` first (the Work's
     ``_source_rank()`` says which, in the group's numbering), as gloo's."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _rank_not_in_group(group, "irecv"):
         return None
     any_source = src is None and group_src is None
     return _group(group).recv(tensor, None if any_source else _peer(group, src, group_src, "src"), tag)
 
 
 def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> None:
+    if _rank_not_in_group(group, "send"):
+        return
     work = isend(tensor, dst, group, tag, group_dst)
     if work is not None:
         work.wait()
@@ -376,6 +406,8 @@ def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: in
 
 def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> int:
     """Blocking receive; returns the sender's global rank (as torch does)."""
+    if _rank_not_in_group(group, "recv"):
+        return -1
     work = irecv(tensor, src, group, tag, group_src)
     if work is None:
         return -1

@@ -178,6 +178,9 @@ class FileStore(Store):
     def delete_key(self, key):
         return self._locked(DELETE, (_b(key),)) == b"\x01"
 
+    def has_extended_api(self):
+        return True
+
     def append(self, key, value):
         self._locked(APPEND, (_b(key), _b(value)))
 
@@ -186,5 +189,6 @@ class FileStore(Store):
         self._locked(MULTI_SET, (wire.pack_fields(*map(_b, keys)), wire.pack_fields(*map(_b, values))))
 
     def num_keys(self):
+        """The keys set, plus one: the users count, as c10d's FileStore counts its reference-count key."""
         self._locked(None)
-        return sum(not k.startswith(_INTERNAL) for k in self._data)
+        return sum(not k.startswith(_INTERNAL) for k in self._data) + 1

@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 from pt_dist import distributed_c10d as c10d
-from pt_dist.distributed_c10d import GroupMember
 from pt_dist.process_group import ReduceOp
 from pt_dist.work import Work
 
@@ -89,7 +88,7 @@ class _ThenWork(Work):
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
     """``input_tensor_list[j]`` of this rank lands in ``output_tensor_list[i]`` of rank j, where i is this rank's
     group rank: rank i's ``output_tensor_list[j]`` must have the size of rank j's ``input_tensor_list[i]``."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if c10d._rank_not_in_group(group, "all_to_all"):
         return None
     world = c10d.get_world_size(group)
     dtype = _check_list("all_to_all", "input_tensor_list", input_tensor_list, world, None)
@@ -106,18 +105,31 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False):
-    """``output`` = ``input_list[i]`` reduced over all ranks, on the group's rank i; every entry has ``output``'s
-    shape."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    """``output`` = ``input_list[i]`` reduced over all ranks, on the group's rank i. Sizes may differ from rank to
+    rank, as torch's gloo allows: ``input_list[j]`` has rank j's output size on every rank (the blocks travel
+    zero-padded to the longest, through ``reduce_scatter_tensor``)."""
+    if c10d._rank_not_in_group(group, "reduce_scatter"):
         return None
     if not isinstance(output, torch.Tensor):
         raise TypeError(f"reduce_scatter: output must be a torch.Tensor, got {type(output).__name__}")
     _check_list("reduce_scatter", "input_list", input_list, c10d.get_world_size(group), output.dtype, "the output")
-    for i, t in enumerate(input_list):
-        if t.shape != output.shape:
-            raise ValueError(f"reduce_scatter: input_list[{i}] has shape {list(t.shape)}, output has "
-                             f"{list(output.shape)}")
-    return c10d.reduce_scatter_tensor(output, _packed(input_list), op, group=group, async_op=async_op)
+    mine = input_list[c10d.get_rank(group)]
+    if mine.numel() != output.numel():
+        raise ValueError(f"reduce_scatter: input_list[{c10d.get_rank(group)}] (this rank's block) has "
+                         f"{mine.numel()} elements, output has {output.numel()}")
+    sizes = [t.numel() for t in input_list]
+    if len(set(sizes)) == 1:
+        return c10d.reduce_scatter_tensor(output, _packed(input_list), op, group=group, async_op=async_op)
+    width = max(sizes)
+    padded = torch.zeros(len(sizes), width, dtype=output.dtype, device=output.device)
+    for row, t in zip(padded, input_list):
+        row[:t.numel()] = t.detach().reshape(-1)
+    out = torch.empty(width, dtype=output.dtype, device=output.device)
+
+    def unpack():
+        output.detach().copy_(out[:output.numel()].view(output.shape))
+    work = c10d.reduce_scatter_tensor(out, padded.view(-1), op, group=group, async_op=async_op)
+    return _then(work, unpack, "reduce_scatter", [output], async_op)
 
 
 def _same_dtype(op: str, what: str, tensors) -> torch.dtype:
@@ -131,7 +143,7 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op: bool = 
     returns a Future, not a Work, with ``async_op``)."""
     if isinstance(tensors, torch.Tensor):
         tensors = [tensors]
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if c10d._rank_not_in_group(group, "all_reduce_coalesced"):
         return None
     _same_dtype("all_reduce_coalesced", "tensors", tensors)
     flat = _packed(tensors)
@@ -145,19 +157,34 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op: bool = 
 
 def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, async_op: bool = False):
     """``output_tensor_lists[i][j]`` = rank i's ``input_tensor_list[j]``, in one all-gather (a Future with
-    ``async_op``, as torch's)."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    ``async_op``, as torch's). Argument errors are torch's: TypeError for a wrong kind, RuntimeError (gloo's)
+    for sizes and dtypes."""
+    if c10d._rank_not_in_group(group, "all_gather_coalesced"):
         return None
     dtype = _same_dtype("all_gather_coalesced", "input_tensor_list", input_tensor_list)
     world = c10d.get_world_size(group)
-    if not isinstance(output_tensor_lists, list) or len(output_tensor_lists) != world:
-        raise ValueError(f"all_gather_coalesced: output_tensor_lists must be a list of group size={world} lists")
+    if not isinstance(output_tensor_lists, list) or not all(isinstance(o, list) for o in output_tensor_lists):
+        raise TypeError(f"all_gather_coalesced: Invalid function argument. Expected parameter `output_tensor_lists` "
+                        f"of type List[List[torch.Tensor]], got {_brief_kinds(output_tensor_lists)}")
+    for i, outs in enumerate(output_tensor_lists):  # torch's front end checks each list's dtypes before gloo
+        if len({t.dtype for t in outs if isinstance(t, torch.Tensor)}) > 1:
+            raise ValueError(f"all_gather_coalesced: Invalid usage of tensors with different dtypes in "
+                             f"output_tensor_lists[{i}]: {[t.dtype for t in outs]}")
+    if len(output_tensor_lists) != world:
+        raise RuntimeError(f"all_gather_coalesced: output lists should be equal to world size ({world}), got "
+                           f"{len(output_tensor_lists)}")
     sizes = [t.numel() for t in input_tensor_list]
     for i, outs in enumerate(output_tensor_lists):
-        _check_list("all_gather_coalesced", f"output_tensor_lists[{i}]", outs, len(sizes), dtype, "the inputs")
-        if [t.numel() for t in outs] != sizes:
-            raise ValueError(f"all_gather_coalesced: output_tensor_lists[{i}] sizes {[t.numel() for t in outs]} "
-                             f"differ from the inputs' {sizes}")
+        if len(outs) != len(sizes) or not all(isinstance(t, torch.Tensor) for t in outs):
+            raise TypeError(f"all_gather_coalesced: output_tensor_lists[{i}] must list {len(sizes)} tensors, one per "
+                            f"input, got {_brief_kinds(outs)}")
+        for j, t in enumerate(outs):
+            if t.numel() != sizes[j]:
+                raise RuntimeError(f"all_gather_coalesced: invalid size of output tensor at index {i} "
+                                   f"(output_tensor_lists[{i}][{j}] has {t.numel()} elements, input {sizes[j]})")
+            if t.dtype != dtype:
+                raise RuntimeError(f"all_gather_coalesced: invalid tensor type at index {i} "
+                                   f"(output_tensor_lists[{i}][{j}] is {t.dtype}, the inputs {dtype})")
     inp = _packed(input_tensor_list)
     out = torch.empty(world * inp.numel(), dtype=dtype, device=inp.device)
 
@@ -167,6 +194,11 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
                 t.detach().copy_(piece.view(t.shape))
     work = c10d.all_gather_into_tensor(out, inp, group=group, async_op=async_op)
     return _then(work, unpack, "all_gather_coalesced", output_tensor_lists, async_op, future=True)
+
+
+def _brief_kinds(x) -> str:
+    return f"a {type(x).__name__} of {[type(e).__name__ for e in x][:4]}" if isinstance(x, (list, tuple)) else \
+        type(x).__name__
 
 
 def _then(work, post, op_name: str, result, async_op: bool, future: bool = False):
@@ -182,7 +214,7 @@ def gather_single(tensor, gather_tensor=None, dst: int | None = None, group=None
                   group_dst: int | None = None):
     """Every rank's ``tensor`` into one contiguous ``gather_tensor`` on ``dst``, rank by rank (shaped
     ``[world * n, ...]`` or ``[world, *shape]``: only the element count is checked, as torch's)."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if c10d._rank_not_in_group(group, "gather_single"):
         return None
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"gather_single: tensor must be a torch.Tensor, got {type(tensor).__name__}")
@@ -207,7 +239,7 @@ def _broadcast_coalesced(process_group, tensors, buffer_size: int, src: int = 0)
     """torch's (DDP's ``_sync_module_states`` at construction): group rank ``src``'s ``tensors`` into every rank's,
     packed per dtype into flat buffers of at most ``buffer_size`` bytes (a larger tensor alone), one async
     broadcast per buffer, all in flight at once."""
-    if process_group is GroupMember.NON_GROUP_MEMBER:
+    if c10d._rank_not_in_group(process_group, "_broadcast_coalesced"):
         return
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size <= 0:
         raise ValueError(f"_broadcast_coalesced: buffer_size must be a positive int, got {buffer_size!r}")

@@ -16,7 +16,6 @@ import time
 import weakref
 
 from pt_dist import distributed_c10d as c10d
-from pt_dist.distributed_c10d import GroupMember
 from pt_dist.errors import DistBackendError
 from pt_dist.store import PrefixStore
 
@@ -29,7 +28,7 @@ _POLL_S = 0.005
 def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
     """Wait until every rank of ``group`` arrives; raise ``DistError`` naming the ranks (global) that did not within
     ``timeout`` (seconds or timedelta; default: the group's). ``wait_all_ranks``: name all of them, not the first."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if c10d._rank_not_in_group(group, "monitored_barrier"):
         return
     pg = c10d._group(group)
     t = c10d._seconds(timeout)

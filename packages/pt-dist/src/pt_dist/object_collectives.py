@@ -18,7 +18,6 @@ import pickle
 import torch
 
 from pt_dist import distributed_c10d as c10d
-from pt_dist.distributed_c10d import GroupMember
 from pt_dist.wire import byte_view
 
 __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "recv_object_list", "scatter_object_list",
@@ -86,7 +85,7 @@ def _root(group, rank, group_rank, what: str, default: int | None = 0) -> int:
 
 def all_gather_object(object_list: list, obj, group=None, weights_only: bool = False) -> None:
     """``object_list[i]`` = rank i's ``obj`` on every rank; ``object_list`` has one slot per rank of the group."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if c10d._rank_not_in_group(group, "all_gather_object"):
         return
     world = c10d.get_world_size(group)
     if not isinstance(object_list, list) or len(object_list) != world:
@@ -105,7 +104,7 @@ def all_gather_object(object_list: list, obj, group=None, weights_only: bool = F
 def gather_object(obj, object_gather_list: list | None = None, dst: int | None = None, group=None,
                   group_dst: int | None = None, weights_only: bool = False) -> None:
     """Every rank's ``obj`` into ``object_gather_list`` on ``dst`` (a global rank); other ranks pass ``None``."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if c10d._rank_not_in_group(group, "gather_object"):
         return
     dst = _root(group, dst, group_dst, "dst")
     world, mine = _root_only("gather_object", "object_gather_list", object_gather_list, dst, group)
@@ -124,7 +123,7 @@ def broadcast_object_list(object_list: list, src: int | None = None, group=None,
     """Replace every entry of ``object_list`` with ``src``'s (a global rank); every rank passes a list of the
     same length (the non-source entries are placeholders). ``device``: where the bytes travel (default: CPU,
     or the current GPU under NCCL)."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if c10d._rank_not_in_group(group, "broadcast_object_list"):
         return
     if not isinstance(object_list, list) or not object_list:
         raise ValueError(f"broadcast_object_list: object_list must be a non-empty list, got {_brief(object_list)}")
@@ -149,7 +148,7 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
                         weights_only: bool = False) -> None:
     """``scatter_object_input_list[i]`` on ``src`` (a global rank) into ``scatter_object_output_list[0]`` on the
     group's rank i."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if c10d._rank_not_in_group(group, "scatter_object_list"):
         return
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise ValueError("scatter_object_list: scatter_object_output_list must be a non-empty list (its first "
@@ -174,7 +173,7 @@ def send_object_list(object_list: list, dst: int | None = None, group=None, devi
     """Send every object of ``object_list`` to ``dst`` (a global rank), whose ``recv_object_list`` passes a list of
     the same length: first the byte counts, then the bytes. ``use_batch`` is accepted for torch's signature
     (the two messages already go out back to back)."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if c10d._rank_not_in_group(group, "send_object_list"):
         return
     if not isinstance(object_list, list) or not object_list:
         raise ValueError(f"send_object_list: object_list must be a non-empty list, got {_brief(object_list)}")
@@ -189,7 +188,7 @@ def recv_object_list(object_list: list, src: int | None = None, group=None, devi
                      group_src: int | None = None, use_batch: bool = False, weights_only: bool = False) -> int:
     """Fill ``object_list`` (one placeholder per object sent) from ``src``'s ``send_object_list``; returns ``src``
     as a global rank, as torch does."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if c10d._rank_not_in_group(group, "recv_object_list"):
         return -1
     if not isinstance(object_list, list) or not object_list:
         raise ValueError(f"recv_object_list: object_list must be a non-empty list, got {_brief(object_list)}")

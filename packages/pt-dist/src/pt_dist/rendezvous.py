@@ -56,12 +56,19 @@ def _env(name: str) -> str:
 
 
 def rendezvous(init_method: str, rank: int = -1, world_size: int = -1, timeout: float = 600.0) -> Rendezvous:
+    """The store, rank and size ``init_method`` names (torch.distributed.rendezvous, which yields them instead)."""
     url = urlparse(init_method)
+    if url.scheme not in ("env", "tcp", "file"):  # torch's class and words; ours are these three
+        raise RuntimeError(f"No rendezvous handler for {url.scheme}:// (init_method {init_method!r}; use env://, "
+                           f"tcp://host:port or file:///path)")
     query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-    if rank < 0:
-        rank = _int(query["rank"], "rank") if "rank" in query else -1
-    if world_size < 0:
-        world_size = _int(query["world_size"], "world_size") if "world_size" in query else -1
+    if (rank != -1 or world_size != -1) and ("rank" in query or "world_size" in query):
+        raise AssertionError(f"The url: {init_method} has node-specific arguments(rank, world_size) already; pass "
+                             f"them in the url or as arguments, not both")
+    if "rank" in query:
+        rank = _int(query["rank"], "rank")
+    if "world_size" in query:
+        world_size = _int(query["world_size"], "world_size")
     secret = query.get("secret")
     if url.scheme == "env":
         host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _int(_env("MASTER_PORT"), "MASTER_PORT")
@@ -69,15 +76,16 @@ def rendezvous(init_method: str, rank: int = -1, world_size: int = -1, timeout: 
         world_size = world_size if world_size >= 0 else _int(_env("WORLD_SIZE"), "WORLD_SIZE")
     elif url.scheme == "tcp":
         if not url.hostname or url.port is None:
-            raise ValueError(f"rendezvous: {init_method!r} must look like tcp://host:port")
+            raise ValueError(f"rendezvous: port number missing in {init_method!r} (want tcp://host:port)")
         host, port = url.hostname, url.port
-    elif url.scheme == "file":
+    else:
         path = url.path
         if not path:
-            raise ValueError(f"rendezvous: {init_method!r} must look like file:///absolute/path")
-    else:
-        raise ValueError(f"rendezvous: unsupported init_method {init_method!r}; use env://, tcp://host:port "
-                         f"or file:///path")
+            raise ValueError(f"rendezvous: file path missing in {init_method!r} (want file:///absolute/path)")
+    if rank < 0:
+        raise ValueError(f"rendezvous {init_method!r}: rank parameter missing (pass rank= or ?rank=)")
+    if world_size < 0:
+        raise ValueError(f"rendezvous {init_method!r}: size parameter missing (pass world_size= or ?world_size=)")
     if world_size < 1:
         raise ValueError(f"rendezvous: world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:

@@ -9,7 +9,6 @@ shared-secret handshake in ``wire.py``, and a malformed frame closes only that c
 
 from __future__ import annotations
 
-import abc
 import datetime
 import logging
 import socket
@@ -54,8 +53,12 @@ def _b(value) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
-class Store(abc.ABC):
-    """The c10d Store interface: a small shared dictionary every rank can reach."""
+class Store:
+    """The c10d Store interface: a small shared dictionary every rank can reach.
+
+    As torch's ``Store`` for Python subclasses: the core calls raise "Not implemented." until a subclass defines
+    them, and ``append`` / ``multi_get`` / ``multi_set`` fall back on ``compare_set`` / ``get`` / ``set``
+    (c10d's Store.cpp), so a subclass with the core calls has them all."""
 
     def __init__(self, timeout=DEFAULT_TIMEOUT):
         self._timeout = _seconds(timeout)
@@ -67,40 +70,55 @@ class Store(abc.ABC):
     def set_timeout(self, timeout) -> None:
         self._timeout = _seconds(timeout)
 
-    @abc.abstractmethod
-    def set(self, key: str, value) -> None: ...
+    def _missing(self, call: str):
+        return NotImplementedError(f"{type(self).__name__}.{call}: Not implemented.")  # (a RuntimeError, as torch's)
 
-    @abc.abstractmethod
+    def set(self, key: str, value) -> None:
+        raise self._missing("set")
+
     def get(self, key: str) -> bytes:
         """The value of ``key``, waiting up to the store timeout for some rank to set it."""
+        raise self._missing("get")
 
-    @abc.abstractmethod
-    def add(self, key: str, amount: int) -> int: ...
+    def add(self, key: str, amount: int) -> int:
+        raise self._missing("add")
 
-    @abc.abstractmethod
     def compare_set(self, key: str, expected_value, desired_value) -> bytes:
         """Set ``desired`` if the current value equals ``expected`` (or the key is absent and ``expected`` is
         empty); return the value now stored (or ``expected`` when the key is absent)."""
+        raise self._missing("compare_set")
 
-    @abc.abstractmethod
-    def wait(self, keys: list[str], timeout=None) -> None: ...
+    def wait(self, keys: list[str], timeout=None) -> None:
+        raise self._missing("wait")
 
-    @abc.abstractmethod
-    def check(self, keys: list[str]) -> bool: ...
+    def check(self, keys: list[str]) -> bool:
+        raise self._missing("check")
 
-    @abc.abstractmethod
-    def delete_key(self, key: str) -> bool: ...
+    def delete_key(self, key: str) -> bool:
+        raise self._missing("delete_key")
 
-    @abc.abstractmethod
-    def num_keys(self) -> int: ...
+    def num_keys(self) -> int:
+        raise self._missing("num_keys")
+
+    def has_extended_api(self) -> bool:
+        """Whether ``append`` / ``multi_get`` / ``multi_set`` are the store's own (not the fallbacks)."""
+        return False
 
     def append(self, key: str, value) -> None:
-        """Add ``value`` to the end of ``key``'s value (created if absent), atomically."""
-        raise NotImplementedError(f"{type(self).__name__} has no append")
+        """Add ``value`` to the end of ``key``'s value (created if absent), atomically: by ``compare_set`` until no
+        other writer came between, as c10d's fallback."""
+        value, current = _b(value), b""
+        expected = value
+        current = _b(self.compare_set(key, current, expected))
+        while current != expected:
+            expected = current + value
+            current = _b(self.compare_set(key, current, expected))
 
     def multi_set(self, keys: list[str], values: list) -> None:
-        """Set every key at once (one request, so no rank sees half of them)."""
-        raise NotImplementedError(f"{type(self).__name__} has no multi_set")
+        """Set every key (the stores' own: in one request, so no rank sees half of them)."""
+        check_pairs(keys, values)
+        for k, v in zip(keys, values):
+            self.set(k, v)
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
         """Every key's value, each waited for as ``get`` does."""
@@ -111,8 +129,21 @@ class PrefixStore(Store):
     """Namespaces another store (c10d PrefixStore): each process group gets its own key space."""
 
     def __init__(self, prefix: str, store: Store):
+        if store is None:  # torch's check: every later call would fail far from here
+            raise ValueError("PrefixStore: store argument cannot be None")
         super().__init__(store.timeout)
         self.prefix, self.underlying_store = prefix, store
+
+    @property
+    def _underlying_non_prefix_store(self) -> Store:
+        """The store under every level of prefixes (torch's)."""
+        store = self.underlying_store
+        while isinstance(store, PrefixStore):
+            store = store.underlying_store
+        return store
+
+    def has_extended_api(self):
+        return self.underlying_store.has_extended_api()
 
     def _k(self, key: str) -> str:
         return f"{self.prefix}/{key}"
@@ -146,6 +177,9 @@ class PrefixStore(Store):
 
     def multi_set(self, keys, values):
         self.underlying_store.multi_set([self._k(k) for k in keys], values)
+
+    def multi_get(self, keys):
+        return self.underlying_store.multi_get([self._k(k) for k in keys])
 
 
 class HashStore(Store):
@@ -197,6 +231,9 @@ class HashStore(Store):
         with self._cond:
             return len(self._data)
 
+    def has_extended_api(self):
+        return True
+
     def append(self, key, value):
         self._do(APPEND, _b(key), _b(value))
 
@@ -217,10 +254,10 @@ class TCPStore(Store):
                  is_master: bool = False, timeout=DEFAULT_TIMEOUT, wait_for_workers: bool = True,
                  secret: str | bytes | None = None):
         super().__init__(timeout)
+        if world_size is not None and world_size < 1:
+            raise ValueError(f"TCPStore world size cannot be {world_size}: want >= 1, or None for any")
         if not is_master and port == 0:
             raise ValueError("TCPStore: a client needs the master's port, got port=0")
-        if world_size is not None and world_size < 1:
-            raise ValueError(f"TCPStore: world_size must be >= 1, got {world_size}")
         self.host, self._secret_file = host_name, None
         self._secret = _secret.given(secret)
         if self._secret is None:
@@ -311,8 +348,8 @@ class TCPStore(Store):
         deadline = time.monotonic() + self._timeout
         while int(self.get(_WORKERS_KEY)) < world_size:
             if time.monotonic() > deadline:
-                raise DistStoreError(f"TCPStore: only {int(self.get(_WORKERS_KEY))} of {world_size} workers "
-                                     f"joined within {self._timeout:.1f}s")
+                raise DistStoreError(f"TCPStore: Timed out after {self._timeout:g} seconds waiting for clients. "
+                                     f"{int(self.get(_WORKERS_KEY))}/{world_size} clients joined.")  # torch's words
             time.sleep(0.01)
 
     def set(self, key, value):
@@ -344,6 +381,9 @@ class TCPStore(Store):
 
     def num_keys(self):
         return struct.unpack("<q", self._call(NUM_KEYS))[0]
+
+    def has_extended_api(self):
+        return True
 
     def append(self, key, value):
         self._call(APPEND, _b(key), _b(value))

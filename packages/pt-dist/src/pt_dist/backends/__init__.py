@@ -28,7 +28,10 @@ class Backend(str):
 
     @classmethod
     def register_backend(cls, name: str, func, torch_backed: bool = False) -> None:
+        """As torch's: ``name`` becomes a backend ``init_process_group`` takes, and ``Backend.NAME`` (upper case)
+        its value."""
         cls._plugins[name.lower()] = (func, torch_backed)
+        setattr(cls, name.upper(), name.lower())
 
     @classmethod
     def creator(cls, name: str):

@@ -25,6 +25,13 @@ def check_tensor(t, what: str, op_name: str, written: bool = False, native: bool
                          f"written; pass a .clone() or .contiguous() of it")
 
 
+def check_contiguous(t: torch.Tensor, what: str, op_name: str) -> None:
+    """Where torch's backends refuse a strided tensor (all_to_all_single's input), before any communication."""
+    if t.layout == torch.strided and not t.is_contiguous():
+        raise ValueError(f"{op_name}: Tensors must be contiguous ({what} has strides {t.stride()} for shape "
+                         f"{list(t.shape)}); pass {what}.contiguous(), as torch's backends require")
+
+
 def lazy_view(t: torch.Tensor) -> bool:
     """A ``.conj()`` (complex) or negative view (``.conj().imag``) keeps the original bytes and a bit saying how to
     read them; transports that move raw bytes must not see one."""

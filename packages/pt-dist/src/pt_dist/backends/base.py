@@ -16,7 +16,7 @@ import operator
 
 import torch
 
-from pt_dist.backends.arguments import check_tag, check_tensor, contig, overlap, read_apart
+from pt_dist.backends.arguments import check_contiguous, check_tag, check_tensor, contig, overlap, read_apart
 from pt_dist.backends.sparse import check_sparse_all_reduce, sparse_all_reduce, sparse_header
 from pt_dist.errors import DistBackendError, DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
@@ -287,6 +287,7 @@ class NativeProcessGroup(ProcessGroup):
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
         for what, t in (("output", output), ("input", input)):
             check_tensor(t, what, "all_to_all_single", written=what == "output")
+        check_contiguous(input, "input", "all_to_all_single")
         if output.dtype != input.dtype:
             raise ValueError(f"all_to_all_single: output dtype {output.dtype} != input dtype {input.dtype}")
         if overlap(output, input):  # torch's backends do not support it either (gloo returns garbage)

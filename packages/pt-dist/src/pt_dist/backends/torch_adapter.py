@@ -16,7 +16,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from pt_dist.backends.arguments import check_tensor, contig
+from pt_dist.backends.arguments import check_contiguous, check_tensor, contig
 from pt_dist.backends.sparse import check_sparse_all_reduce
 from pt_dist.backends.torch_store import TorchStore
 from pt_dist.errors import DistBackendError, DistError
@@ -121,7 +121,12 @@ class _TorchWork(Work):
             return super().get_future()
         with self._post_lock:
             if self._chained is None:
-                self._chained = self._twork.get_future().then(lambda fut: (fut.wait(), self._run_post())[1])
+                try:
+                    future = self._twork.get_future()
+                except RuntimeError:  # some of torch's Works have none (gloo's reduce_scatter_tensor): ours, which
+                    self._blocker = lambda work, timeout=None: self.wait(timeout)  # the first wait finishes
+                    return super().get_future()
+                self._chained = future.then(lambda fut: (fut.wait(), self._run_post())[1])
             return self._chained
 
 
@@ -301,6 +306,7 @@ class TorchProcessGroup(ProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
         self._args("all_to_all_single", [("output", output)], [("input", input)])
+        check_contiguous(input, "input", "all_to_all_single")  # (torch's own check; staging would hide it)
         output, input = output.detach(), input.detach()
         out = self._stage(output)
         back = (lambda: output.copy_(out)) if out is not output else None
