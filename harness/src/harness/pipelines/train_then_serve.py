@@ -36,7 +36,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--trainer", default="hf-lite", choices=sorted(TRAINERS), help="which package trains")
     p.add_argument("--nproc", type=int, default=2, help="local ranks to spawn (ignored under torchrun)")
-    p.add_argument("--steps", type=int, default=150, help="optimizer steps")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps")
     p.add_argument("--model-size", default="tiny", choices=sorted(PRESETS))
     p.add_argument(
         "--corpus",
