@@ -44,10 +44,17 @@ def test_gradient_accumulation_4x1_equals_1x4(tmp_path, blocks):
         b["labels"][: 2 * i] = -100
     runs = {}
     for name, (bs, gas) in {"1x4": (4, 1), "4x1": (1, 4)}.items():
-        args = training_args(tmp_path / name, per_device_train_batch_size=bs, gradient_accumulation_steps=gas,
-                             max_steps=2, learning_rate=1e-2)
+        args = training_args(
+            tmp_path / name,
+            per_device_train_batch_size=bs,
+            gradient_accumulation_steps=gas,
+            max_steps=2,
+            learning_rate=1e-2,
+        )
         model = trainer_model()
-        trainer = Trainer(model, args, train_dataset=data, optimizers=(torch.optim.SGD(model.parameters(), lr=1.0), None))
+        trainer = Trainer(
+            model, args, train_dataset=data, optimizers=(torch.optim.SGD(model.parameters(), lr=1.0), None)
+        )
         trainer.train()
         runs[name] = (logged(trainer), _params(trainer.model))
     torch.testing.assert_close(runs["1x4"][0], runs["4x1"][0], rtol=1e-5, atol=1e-6)
@@ -57,8 +64,16 @@ def test_gradient_accumulation_4x1_equals_1x4(tmp_path, blocks):
 
 @pytest.mark.parametrize("resume_step", [4, 8])  # mid-epoch, and exactly at the end of epoch 1 (8 steps/epoch)
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, blocks, resume_step):
-    kw = dict(max_steps=12, save_strategy="steps", save_steps=4, gradient_accumulation_steps=1, learning_rate=5e-3,
-              lr_scheduler_type="cosine", warmup_steps=2, weight_decay=0.01)
+    kw = dict(
+        max_steps=12,
+        save_strategy="steps",
+        save_steps=4,
+        gradient_accumulation_steps=1,
+        learning_rate=5e-3,
+        lr_scheduler_type="cosine",
+        warmup_steps=2,
+        weight_decay=0.01,
+    )
     full = Trainer(trainer_model(), training_args(tmp_path / "full", **kw), train_dataset=blocks)
     full.train()
     reference = logged(full)
@@ -114,9 +129,18 @@ def test_save_total_limit_keeps_that_many_and_never_the_best(tmp_path, blocks):
         def on_evaluate(self, args, state, control, metrics=None, **kwargs):
             metrics["eval_score"] = 10.0 if state.global_step == 2 else float(state.global_step)
 
-    args = training_args(tmp_path, max_steps=10, eval_strategy="steps", eval_steps=2, save_strategy="steps",
-                         save_steps=2, save_total_limit=2, metric_for_best_model="score", greater_is_better=True,
-                         load_best_model_at_end=True)
+    args = training_args(
+        tmp_path,
+        max_steps=10,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=2,
+        save_total_limit=2,
+        metric_for_best_model="score",
+        greater_is_better=True,
+        load_best_model_at_end=True,
+    )
     trainer = Trainer(trainer_model(), args, train_dataset=blocks, eval_dataset=blocks[:8], callbacks=[PinBest()])
     trainer.train()
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-10", "checkpoint-2"]
@@ -139,9 +163,18 @@ def test_save_total_limit_one_keeps_only_the_best(tmp_path, blocks):
         def on_evaluate(self, args, state, control, metrics=None, **kwargs):
             metrics["eval_score"] = -float(state.global_step)
 
-    args = training_args(tmp_path, max_steps=6, eval_strategy="steps", eval_steps=2, save_strategy="steps",
-                         save_steps=2, save_total_limit=1, metric_for_best_model="score", greater_is_better=True,
-                         load_best_model_at_end=True)
+    args = training_args(
+        tmp_path,
+        max_steps=6,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=2,
+        save_total_limit=1,
+        metric_for_best_model="score",
+        greater_is_better=True,
+        load_best_model_at_end=True,
+    )
     Trainer(trainer_model(), args, train_dataset=blocks, eval_dataset=blocks[:4], callbacks=[PinBest()]).train()
     assert os.listdir(tmp_path) == ["checkpoint-2"]
 
@@ -151,8 +184,9 @@ def test_save_model_writes_a_directory_transformers_loads(tmp_path, blocks, trai
 
     tok = AutoTokenizer.from_pretrained(trained_tokenizer_dir)
     tok.pad_token = "<pad>"  # the default collator (DataCollatorWithPadding) pads with it
-    trainer = Trainer(trainer_model(), training_args(tmp_path / "out", max_steps=2), train_dataset=blocks,
-                      processing_class=tok)
+    trainer = Trainer(
+        trainer_model(), training_args(tmp_path / "out", max_steps=2), train_dataset=blocks, processing_class=tok
+    )
     trainer.train()
     trainer.save_model(str(tmp_path / "final"))
     names = set(os.listdir(tmp_path / "final"))
@@ -173,17 +207,27 @@ def test_evaluate_and_predict(tmp_path, blocks):
         seen["shapes"] = (tuple(p.predictions.shape), tuple(p.label_ids.shape))
         return {"accuracy": (p.predictions[:, :-1].argmax(-1) == p.label_ids[:, 1:]).float().mean()}
 
-    trainer = Trainer(trainer_model(), training_args(tmp_path), train_dataset=blocks, eval_dataset=blocks[:10],
-                      compute_metrics=compute_metrics)
+    trainer = Trainer(
+        trainer_model(),
+        training_args(tmp_path),
+        train_dataset=blocks,
+        eval_dataset=blocks[:10],
+        compute_metrics=compute_metrics,
+    )
     metrics = trainer.evaluate()
     assert seen["shapes"] == ((10, 24, 800), (10, 24))
     assert 0.0 <= metrics["eval_accuracy"] <= 1.0 and isinstance(metrics["eval_accuracy"], float)
-    # eval_loss: the mean of per-batch token means (batches of 8: 8 rows, then 2), as transformers computes it
+    # eval_loss: per-batch token means weighted by the batches' sizes (8 rows, then 2), as transformers computes it
     model = trainer.model.eval()
     with torch.no_grad():
-        means = [model(input_ids=torch.stack([b["input_ids"] for b in blocks[i:j]]),
-                       labels=torch.stack([b["labels"] for b in blocks[i:j]])).loss for i, j in ((0, 8), (8, 10))]
-    assert metrics["eval_loss"] == pytest.approx(sum(means).item() / 2, rel=1e-5)
+        means = [
+            model(
+                input_ids=torch.stack([b["input_ids"] for b in blocks[i:j]]),
+                labels=torch.stack([b["labels"] for b in blocks[i:j]]),
+            ).loss
+            for i, j in ((0, 8), (8, 10))
+        ]
+    assert metrics["eval_loss"] == pytest.approx((8 * means[0] + 2 * means[1]).item() / 10, rel=1e-5)
     out = trainer.predict(blocks[:5])
     assert out.predictions.shape == (5, 24, 800) and out.label_ids.shape == (5, 24)
     assert set(out.metrics) >= {"test_loss", "test_accuracy", "test_runtime"}
@@ -214,8 +258,11 @@ def test_fp16_checkpoint_saves_and_restores_the_grad_scaler(tmp_path, blocks):
 def test_gradient_checkpointing_gives_the_same_steps(tmp_path, blocks):
     runs = []
     for flag in (False, True):
-        trainer = Trainer(trainer_model(), training_args(tmp_path / str(flag), max_steps=3, gradient_checkpointing=flag),
-                          train_dataset=blocks)
+        trainer = Trainer(
+            trainer_model(),
+            training_args(tmp_path / str(flag), max_steps=3, gradient_checkpointing=flag),
+            train_dataset=blocks,
+        )
         trainer.train()
         assert trainer.model.is_gradient_checkpointing == flag
         runs.append(logged(trainer))
@@ -223,7 +270,9 @@ def test_gradient_checkpointing_gives_the_same_steps(tmp_path, blocks):
 
 
 def test_weight_decay_skips_biases_and_norms(tmp_path, blocks):
-    trainer = Trainer(trainer_model(attention_bias=True), training_args(tmp_path, weight_decay=0.1), train_dataset=blocks)
+    trainer = Trainer(
+        trainer_model(attention_bias=True), training_args(tmp_path, weight_decay=0.1), train_dataset=blocks
+    )
     trainer.create_optimizer()
     decay, no_decay = trainer.optimizer.param_groups
     names = {id(p): n for n, p in trainer.model.named_parameters()}
@@ -249,8 +298,9 @@ def test_unused_columns_are_removed_and_iterable_datasets_train(tmp_path, blocks
 
 
 def test_include_num_input_tokens_seen_logs_throughput(tmp_path, blocks):
-    trainer = Trainer(trainer_model(), training_args(tmp_path, max_steps=2, include_num_input_tokens_seen=True),
-                      train_dataset=blocks)
+    trainer = Trainer(
+        trainer_model(), training_args(tmp_path, max_steps=2, include_num_input_tokens_seen=True), train_dataset=blocks
+    )
     trainer.train()
     first = trainer.state.log_history[0]
     assert first["num_input_tokens_seen"] == 4 * 24 and first["train_tokens_per_second"] > 0

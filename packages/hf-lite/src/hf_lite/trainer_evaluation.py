@@ -95,9 +95,12 @@ class TrainerEvaluationMixin:
         # One entry per global batch, in dataset order once the ranks' results are interleaved.
         results, observed = [], 0
         for inputs in dataloader:
-            observed += find_batch_size(inputs) or 0
+            batch_size = find_batch_size(inputs) or args.eval_batch_size
+            observed += batch_size
             loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
-            local = nested_cpu((loss.repeat(args.eval_batch_size) if loss is not None else None, logits, labels))
+            # One loss per example: the mean is over examples, each weighted by its batch's token mean, as
+            # transformers' gather_for_metrics leaves it (the short last batch counts its real size).
+            local = nested_cpu((loss.repeat(batch_size) if loss is not None else None, logits, labels))
             results.extend(self.parallelism.all_gather_object(local))
             self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
         if padded_batches:

@@ -271,7 +271,8 @@ class TrainerLoopMixin:
             self.store_flos()
             self.log(logs, start_time)
         if self.control.should_evaluate:
-            metrics = self._evaluate(ignore_keys_for_eval)
+            # The main process's metrics decide the best model everywhere (callbacks may have edited them per rank).
+            metrics = self.parallelism.broadcast_object(self._evaluate(ignore_keys_for_eval))
             is_new_best = self._determine_best_metric(metrics)
             if self.args.save_strategy == SaveStrategy.BEST:
                 self.control.should_save = is_new_best
