@@ -1,29 +1,22 @@
-"""The ``"tcp"`` backend: ring collectives over the socket mesh, written from scratch (gloo's algorithms).
+"""The ``"tcp"`` backend: gloo's ring collectives (``ring.py``) over the socket mesh (``mesh.py``).
 
-Ring all-reduce (Patarasuk & Yuan 2009; gloo's ``AllreduceRing``, Horovod/Baidu ring) is a ring
-reduce-scatter followed by a ring all-gather. The tensor is cut into N blocks; in each of N-1 steps
-every rank sends one block to its right neighbour while receiving one from its left and folding it in,
-so after the first phase rank r holds the fully reduced block r; N-1 more steps circulate the finished
-blocks. Each rank sends 2(N-1)/N of the tensor in total, independent of N, which is why rings are
-bandwidth-optimal. Steps are cut into sub-chunks so the reduction of one chunk overlaps the transfer
-of the next, and bytes land with ``recv_into`` straight in the output (all-gather) or a preallocated
-scratch buffer (reduce-scatter).
+This file is glue, as ``ProcessGroupGloo`` is around gloo's algorithms: it gives the ring a ``sendrecv`` to its
+neighbours (streaming ``recv_into`` straight into the output or a kept scratch buffer, folding each
+``CHUNK_BYTES`` that lands while the rest is in flight), and runs the collectives that are no ring: the rooted
+ones straight to or from the root, all-to-all as pairwise exchanges.
 """
 
 from __future__ import annotations
 
 import torch
 
+from pt_dist.backends import ring
 from pt_dist.backends.base import NativeProcessGroup
 from pt_dist.backends.mesh import PeerMesh
-from pt_dist.process_group import ReduceOp, combine_, finish_avg_
+from pt_dist.process_group import finish_avg_
 from pt_dist.wire import byte_view
 
 CHUNK_BYTES = 1 << 20
-
-
-def _pieces(block: torch.Tensor, k: int) -> list[torch.Tensor]:
-    return list(torch.tensor_split(block, k)) if k > 1 else [block]
 
 
 class ProcessGroupTCP(NativeProcessGroup):
@@ -58,68 +51,34 @@ class ProcessGroupTCP(NativeProcessGroup):
             self._buffers[k] = torch.empty(nbytes, dtype=torch.uint8)
         return self._buffers[k][:nbytes].view(dtype)
 
-    def _split_count(self, longest_block: int, itemsize: int) -> int:
-        return max(1, -(-longest_block * itemsize // CHUNK_BYTES))
-
-    def _ring_reduce_scatter(self, op_name: str, blocks, out_blocks, op: ReduceOp) -> None:
-        """After N-1 steps ``out_blocks[rank]`` holds the reduction of every rank's ``blocks[rank]``.
-
-        In place when ``out_blocks is blocks`` (all-reduce); otherwise partial sums ping-pong between
-        two scratch buffers so the input stays untouched (reduce-scatter). Each step is one streaming
-        ``sendrecv``; every ``CHUNK_BYTES`` that land are folded in while the rest is still in flight.
-        An output that is the input's own block (NCCL's in-place reduce-scatter) takes the last step in
-        place too: the partial sum lands in scratch and is folded into the block.
-        """
-        n, r = self._size, self._rank
-        longest = max(b.numel() for b in blocks)
-        item = blocks[0].element_size()
-        in_place = out_blocks is blocks
-        own_block = not in_place and out_blocks[r].data_ptr() == blocks[r].data_ptr()
-        scratch = [self._scratch(k, longest, blocks[0].dtype) for k in range(1 if in_place else 2)]
-        sending = blocks[(r - 1) % n]
-        for step in range(n - 1):
-            b = (r - step - 2) % n
-            fold_in_place = in_place or (own_block and step == n - 2)
-            if in_place:
-                target = blocks[b]
-            elif step == n - 2:
-                target = out_blocks[r]
-            else:
-                target = scratch[step % 2][: blocks[b].numel()]
-            # (in the last step scratch[step % 2] is free: the buffer being sent is the other one)
-            recv_buf = scratch[step % 2 if own_block else 0][: blocks[b].numel()] if fold_in_place else target
-            other = recv_buf if fold_in_place else blocks[b]
-
-            def fold(lo, hi, target=target, other=other):
-                combine_(target[lo // item:hi // item], other[lo // item:hi // item], op)
-
-            self.mesh.sendrecv(op_name, self.right, byte_view(sending), self.left, byte_view(recv_buf),
-                               chunk=CHUNK_BYTES - CHUNK_BYTES % item, on_chunk=fold)
-            sending = target
-
-    def _ring_all_gather(self, op_name: str, blocks) -> None:
-        """Rank r starts with ``blocks[r]`` complete; N-1 steps later every block is everywhere."""
-        n, r = self._size, self._rank
-        for step in range(n - 1):
-            self.mesh.sendrecv(op_name, self.right, byte_view(blocks[(r - step) % n]), self.left,
-                               byte_view(blocks[(r - step - 1) % n]))
+    def _ring(self, op_name: str):
+        """The ring's ``sendrecv``: to the right neighbour, from the left, folding by element ranges."""
+        def sendrecv(send, recv, on_chunk=None):
+            if send is None and recv is None:  # (a broadcast step with nothing to pass on)
+                return
+            item = (send if send is not None else recv).element_size()
+            fold = None if on_chunk is None else (lambda lo, hi: on_chunk(lo // item, hi // item))
+            self.mesh.sendrecv(op_name, self.right, None if send is None else byte_view(send), self.left,
+                               None if recv is None else byte_view(recv), CHUNK_BYTES - CHUNK_BYTES % item, fold)
+        return sendrecv
 
     def _all_reduce(self, t, op):
         if self._size == 1 or t.numel() == 0:
             return
-        blocks = list(torch.tensor_split(t, self._size))
-        self._ring_reduce_scatter("all_reduce", blocks, blocks, op)
-        finish_avg_(blocks[self._rank], op, self._size)
-        self._ring_all_gather("all_reduce", blocks)
+        scratch = self._scratch(0, -(-t.numel() // self._size), t.dtype)
+        ring.all_reduce(t, self._rank, self._size, op, self._ring("all_reduce"), scratch)
 
     def _reduce(self, t, dst, op):
+        """The ring's reduce-scatter on a copy (off the root: the input stays as it was), then the finished blocks
+        straight to ``dst``."""
         if self._size == 1 or t.numel() == 0:
             return
         work = t if self._rank == dst else t.clone()
         blocks = list(torch.tensor_split(work, self._size))
-        self._ring_reduce_scatter("reduce", blocks, blocks, op)
+        scratch = self._scratch(0, blocks[0].numel(), t.dtype)
+        ring.reduce_scatter_in_place(blocks, self._rank, self._size, op, self._ring("reduce"), scratch)
         finish_avg_(blocks[self._rank], op, self._size)
-        for peer in range(self._size):  # gather the finished blocks at dst
+        for peer in range(self._size):
             if self._rank == dst and peer != dst:
                 self.mesh.sendrecv("reduce", None, None, peer, byte_view(blocks[peer]))
             elif self._rank == peer != dst:
@@ -130,9 +89,8 @@ class ProcessGroupTCP(NativeProcessGroup):
         if self._size == 1 or out.numel() == 0:
             out.copy_(blocks[0])
             return finish_avg_(out, op, self._size)
-        out_blocks = [None] * self._size
-        out_blocks[self._rank] = out
-        self._ring_reduce_scatter("reduce_scatter_tensor", blocks, out_blocks, op)
+        scratch = [self._scratch(k, out.numel(), out.dtype) for k in (0, 1)]
+        ring.reduce_scatter(blocks, out, self._rank, self._size, op, self._ring("reduce_scatter_tensor"), scratch)
         finish_avg_(out, op, self._size)
 
     def _all_gather(self, out, inp):
@@ -140,19 +98,14 @@ class ProcessGroupTCP(NativeProcessGroup):
             return
         blocks = list(out.chunk(self._size))
         blocks[self._rank].copy_(inp)
-        self._ring_all_gather("all_gather", blocks)
+        ring.all_gather(blocks, self._rank, self._size, self._ring("all_gather"))
 
     def _broadcast(self, t, src):
-        """Pipelined ring from ``src``: while forwarding chunk i, receive chunk i+1."""
         if self._size == 1 or t.numel() == 0:
             return
-        pos = (self._rank - src) % self._size
-        chunks = _pieces(t, self._split_count(t.numel(), t.element_size()))
-        last = pos == self._size - 1
-        for i in range(len(chunks) + 1):
-            send = byte_view(chunks[i - 1]) if i >= 1 and not last else None
-            recv = byte_view(chunks[i]) if i < len(chunks) and pos != 0 else None
-            self.mesh.sendrecv("broadcast", self.right, send, self.left, recv)
+        pieces = max(1, -(-t.numel() * t.element_size() // CHUNK_BYTES))
+        chunks = list(torch.tensor_split(t, pieces)) if pieces > 1 else [t]
+        ring.broadcast(chunks, self._rank, src, self._size, self._ring("broadcast"))
 
     def _all_to_all(self, out, inp, out_splits, in_splits, longest):
         """Pairwise exchange: in step k send to rank+k while receiving from rank-k (no ring hops)."""
