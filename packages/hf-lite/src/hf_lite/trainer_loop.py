@@ -117,7 +117,9 @@ class TrainerLoopMixin:
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start:
             self._evaluate(ignore_keys_for_eval)
-        for epoch in range(epochs_trained, num_epochs):
+        # A checkpoint already at max_steps has nothing left to train (transformers would still run one step).
+        first_epoch = num_epochs if self.state.global_step >= max_steps else epochs_trained
+        for epoch in range(first_epoch, num_epochs):
             self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             skip = steps_trained_in_epoch if (resume is not None and epoch == epochs_trained) else 0
             self._run_epoch(
