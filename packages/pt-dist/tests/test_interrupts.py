@@ -204,11 +204,10 @@ def test_the_mesh_acceptor_ends_quietly_greets_in_parallel_and_refuses_late_conn
     oldest silent one is now cut for each newcomer past the bound); and a connection it took after the setup
     had closed the others stayed open."""
     from pt_dist import wire
-    from pt_dist.backends.mesh import COLL, P2P, PeerMesh
+    from pt_dist.backends.mesh_setup import COLL, P2P, MeshSetup
 
-    mesh = PeerMesh(None, 0, 1, b"s", 30.0, "acceptor")  # world 1: no sockets; the acceptor is driven by hand
-    mesh.size, mesh._expected = 3, 2  # rank 1's two connections complete it; rank 2 then comes late
-    mesh._all_in.clear()
+    mesh = MeshSetup(0, 3, 30.0, "acceptor")  # the acceptor driven by hand
+    mesh._expected = 2  # rank 1's two connections complete it; rank 2 then comes late
     listener = wire.listen("127.0.0.1", 0, backlog=4)
     listener.close()
     mesh._accept(listener, b"s")  # raised OSError (EBADF) before
@@ -218,8 +217,7 @@ def test_the_mesh_acceptor_ends_quietly_greets_in_parallel_and_refuses_late_conn
     acceptor = threading.Thread(target=mesh._accept, args=(listener, b"s"), daemon=True)
     acceptor.start()
     strangers = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]  # connect, then say nothing
-    other = PeerMesh(None, 0, 1, b"s", 5.0, "acceptor")
-    other.rank = 1  # dials in as rank 1
+    other = MeshSetup(1, 3, 5.0, "acceptor")  # dials in as rank 1
     t0 = time.monotonic()
     client = [other._connect(0, "127.0.0.1", port, b"s", chan) for chan in (COLL, P2P)]
     assert mesh._all_in.wait(10) and time.monotonic() - t0 < 4, "the silent strangers held the real peer off"
