@@ -129,3 +129,71 @@ def test_an_unwritable_out_and_an_unknown_trainer_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--trainer", "horovod"])
     assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_the_default_command_in_reduced_form(corpus, tmp_path, capsys):
+    """``train-then-serve`` with its defaults (hf-lite Trainer + torch DDP on 2 ranks), fewer steps."""
+    assert main(["--corpus", str(corpus), "--out", str(tmp_path), "--steps", "8", "--lr", "1e-2"]) == 0
+    printed = capsys.readouterr().out
+    assert "hf-lite on 2 rank(s)" in printed and "=== generations" in printed and "=== summary ===" in printed
+    first, last = map(float, printed.split("\nloss ")[1].split(" (perplexity")[0].split(" -> "))
+    assert last < first  # the loss fell
+    for prompt in serve.PROMPTS:
+        assert f"--- prompt: {prompt!r}" in printed
+    assert _greedy_paged(tmp_path / "checkpoint", serve.PROMPTS[:2], 6) == _greedy_transformers(
+        tmp_path / "checkpoint", serve.PROMPTS[:2], 6
+    )
+
+
+def _rank_children(pid: int) -> set[int]:
+    """The spawned rank processes of ``pid`` (multiprocessing's resource tracker, which leaves with its parent, is
+    not a rank)."""
+    kids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if int(fields[1]) == pid and "spawn_main" in cmdline and "resource_tracker" not in cmdline:
+                kids.add(int(entry.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_ctrl_c_after_a_checkpoint_then_resume_ends_where_the_uninterrupted_run_does(corpus, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file
+
+    common = ["--corpus", str(corpus), "--steps", "16", "--save-steps", "4", "--lr", "1e-2", "--max-new-tokens", "2"]
+    cmd = [sys.executable, "-m", "harness.pipelines.train_then_serve"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    subprocess.run(cmd + common + ["--out", str(whole)], check=True, capture_output=True, timeout=600)
+    proc = subprocess.Popen(cmd + common + ["--out", str(cut)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not list((cut / "hf_lite_trainer").glob("checkpoint-*")):
+        assert proc.poll() is None and time.time() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.05)
+    ranks = _rank_children(proc.pid)
+    assert ranks, "no rank processes seen"
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert "interrupted" in err.decode()
+    assert not [p for p in ranks if _alive(p)], "rank processes outlived the interrupt"
+    assert not (cut / "checkpoint").exists() and not (cut / "checkpoint.partial").exists()
+    subprocess.run(cmd + common + ["--out", str(cut), "--resume"], check=True, capture_output=True, timeout=600)
+    a, b = load_file(whole / "checkpoint" / "model.safetensors"), load_file(cut / "checkpoint" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -54,6 +54,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=1, help="mega-par: tensor-parallel size")
     p.add_argument("--pp", type=int, default=1, help="mega-par: pipeline-parallel size")
     p.add_argument("--sp", action="store_true", help="mega-par: sequence parallelism (needs --tp > 1)")
+    p.add_argument("--save-steps", type=int, default=0, help="hf-lite: keep a resumable checkpoint every N steps")
+    p.add_argument("--resume", action="store_true", help="hf-lite: resume from the newest checkpoint in --out")
     p.add_argument("--serve", action="store_true", help="start the OpenAI-compatible server instead of generating")
     p.add_argument("--host", default="127.0.0.1", help="--serve: address to bind")
     p.add_argument("--port", type=int, default=8000, help="--serve: port")
@@ -94,6 +96,12 @@ def validate(args) -> None:
         _fail(f"--corpus {args.corpus} does not exist")
     if args.device == "cuda" and not torch.cuda.is_available():
         _fail("--device cuda but no CUDA device is available")
+    if args.save_steps < 0:
+        _fail(f"--save-steps must be >= 0, got {args.save_steps}")
+    if (args.resume or args.save_steps) and args.trainer != "hf-lite":
+        _fail(f"--resume and --save-steps are for --trainer hf-lite (the Trainer's checkpoints), not {args.trainer}")
+    if args.resume and not any((args.out / "hf_lite_trainer").glob("checkpoint-*")):
+        _fail(f"--resume: no checkpoint-* under {args.out / 'hf_lite_trainer'} to resume from")
     if not 0 < args.port < 65536:
         _fail(f"--port must be in 1..65535, got {args.port}")
     _check_out(args.out)
@@ -111,6 +119,8 @@ def _spec(args, tokenizer, device: str, nproc: int) -> TrainSpec:
         "pp": args.pp,
         "sp": args.sp,
         "nproc": nproc,
+        "save_steps": args.save_steps,
+        "resume": args.resume,
     }
     return TrainSpec(
         out_dir=str(args.out),

@@ -30,7 +30,7 @@ class _Blocks:
 
 
 def train(rank: int, world_size: int, spec: dict) -> dict:
-    from hf_lite import AutoTokenizer, Trainer, TrainingArguments
+    from hf_lite import AutoTokenizer, Trainer, TrainingArguments, default_data_collator
 
     spec = spec_of(spec)
     data = training_blocks(spec)
@@ -46,16 +46,23 @@ def train(rank: int, world_size: int, spec: dict) -> dict:
         adam_beta2=0.95,
         max_grad_norm=1.0,
         logging_steps=1,
-        save_strategy="no",
+        save_strategy="steps" if spec.options.get("save_steps") else "no",
+        save_steps=spec.options.get("save_steps") or 500,
         report_to=[],
         seed=spec.seed,
         disable_tqdm=rank != 0,
         dataloader_num_workers=0,
     )
     tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_dir)
-    trainer = Trainer(model=model, args=args, train_dataset=_Blocks(data), processing_class=tokenizer)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=_Blocks(data),
+        processing_class=tokenizer,
+        data_collator=default_data_collator,
+    )  # fixed-length blocks: nothing to pad
     start = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=True if spec.options.get("resume") else None)
     seconds = time.perf_counter() - start
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     trainer.save_model(spec.checkpoint_dir)  # the main process writes, as transformers' Trainer does
