@@ -29,6 +29,18 @@ class _Blocks:
         return {"input_ids": self.data[i], "labels": self.data[i]}
 
 
+def _quiet_progress():
+    """transformers' progress bar, showing the latest loss on the bar instead of printing every log line."""
+    from hf_lite.trainer_callback import ProgressCallback
+
+    class LossOnTheBar(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero and self.training_bar is not None and logs and "loss" in logs:
+                self.training_bar.set_postfix(loss=f"{logs['loss']:.3f}", refresh=False)
+
+    return ProgressCallback, LossOnTheBar()
+
+
 def train(rank: int, world_size: int, spec: dict) -> dict:
     from hf_lite import AutoTokenizer, Trainer, TrainingArguments, default_data_collator
 
@@ -61,6 +73,9 @@ def train(rank: int, world_size: int, spec: dict) -> dict:
         processing_class=tokenizer,
         data_collator=default_data_collator,
     )  # fixed-length blocks: nothing to pad
+    default_bar, bar = _quiet_progress()
+    trainer.remove_callback(default_bar)
+    trainer.add_callback(bar)
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=True if spec.options.get("resume") else None)
     seconds = time.perf_counter() - start
