@@ -78,3 +78,90 @@ def as_rank(rank, what: str) -> int:
     if isinstance(rank, bool) or not hasattr(rank, "__index__"):
         raise TypeError(f"{what} must be an int rank, got {rank!r}")
     return operator.index(rank)
+
+
+# the front ends' shared checks, each raising before any communication ------------------------------------
+def desc(t: torch.Tensor) -> str:
+    return f"{t.dtype}{list(t.shape)}"
+
+
+def written(t, what: str, op_name: str) -> torch.Tensor:
+    """``t`` checked as an output and detached (c10d writes below autograd: parameters in place, as torch)."""
+    check_tensor(t, what, op_name, written=True)
+    return t.detach()
+
+
+def read(t, what: str, op_name: str) -> torch.Tensor:
+    check_tensor(t, what, op_name)
+    return t.detach()
+
+
+def reduced(t, op, op_name: str, what: str = "tensor"):
+    """A reduction's output and op: (``t`` detached, the ``ReduceOp``), checked for each other."""
+    from pt_dist.process_group import ReduceOp, check_reduce_dtype
+
+    t, op = written(t, what, op_name), ReduceOp.of(op)
+    check_reduce_dtype(op, t.dtype, op_name)
+    return t, op
+
+
+def check_root(root, what: str, op_name: str, size: int, group_name: str) -> None:
+    if not isinstance(root, int) or not 0 <= root < size:
+        raise ValueError(f"{op_name}: {what}={root!r} is not a rank of group {group_name!r} (size {size})")
+
+
+def check_world_times(whole: torch.Tensor, part: torch.Tensor, size: int, op_name: str, names: tuple[str, str]):
+    """``whole`` must hold ``size`` x ``part`` of the same dtype (all-gather's output, reduce-scatter's input)."""
+    if whole.dtype != part.dtype or whole.numel() != part.numel() * size:
+        raise ValueError(f"{op_name}: {names[0]} {desc(whole)} must hold world_size={size} x {names[1]} "
+                         f"{desc(part)} of the same dtype")
+
+
+def through(t: torch.Tensor, fn, write_back: bool = True) -> list[torch.Tensor]:
+    """``fn`` on a flat contiguous view of ``t`` (a copy where ``t`` is strided or lazy), written back into ``t``."""
+    buf = contig(t)
+    fn(buf.view(-1))
+    if write_back and buf is not t:
+        t.copy_(buf)
+    return [t]
+
+
+def rooted_list(tensors, tensor: torch.Tensor, root: int, rank: int, size: int, op_name: str, what: str):
+    """gather's and scatter's list, as torch checks it: group-size tensors like ``tensor`` on the root, none
+    elsewhere. Returns them and ``tensor``, detached; where one shares memory with ``tensor`` (the root's own block
+    may be its tensor, as gloo allows), the side the root reads is a copy."""
+    root_arg = "dst" if op_name == "gather" else "src"
+    if rank != root:
+        if tensors:
+            raise ValueError(f"{op_name}: {what} must NOT be given on rank {rank}, only on the {root_arg} rank {root}")
+        return [], tensor.detach()
+    if not tensors or len(tensors) != size:
+        raise ValueError(f"{op_name}: {what} on {root_arg} rank {root} must list group size={size} tensors, got "
+                         f"{None if tensors is None else len(tensors)}")
+    for i, t in enumerate(tensors):
+        check_tensor(t, f"{what}[{i}]", op_name, written=op_name == "gather")
+        if t.dtype != tensor.dtype or t.numel() != tensor.numel():
+            raise ValueError(f"{op_name}: {what}[{i}] is {desc(t)}, tensor is {desc(tensor)}")
+    tensors, tensor = [t.detach() for t in tensors], tensor.detach()
+    if any(overlap(t, tensor) for t in tensors):
+        if op_name == "gather":
+            tensor = tensor.clone()
+        else:
+            tensors = [t.clone() if overlap(t, tensor) else t for t in tensors]
+    return tensors, tensor
+
+
+def splits(t: torch.Tensor, sizes, what: str, size: int) -> list[int]:
+    """all_to_all_single's split sizes along dim 0 (even when not given)."""
+    rows = t.shape[0]
+    if sizes is None or len(sizes) == 0:
+        if rows % size:
+            raise ValueError(f"all_to_all_single: dim 0 ({rows}) is not divisible by group size {size}; pass {what}")
+        return [rows // size] * size
+    if any(isinstance(s, bool) or not hasattr(s, "__index__") for s in sizes):
+        raise TypeError(f"all_to_all_single: {what} must be a list of ints, got {sizes!r}")
+    sizes = [operator.index(s) for s in sizes]
+    if len(sizes) != size or any(s < 0 for s in sizes) or sum(sizes) != rows:
+        raise ValueError(f"all_to_all_single: {what}={sizes} must have {size} non-negative entries summing to dim 0 "
+                         f"({rows})")
+    return sizes

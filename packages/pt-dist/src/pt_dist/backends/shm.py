@@ -29,14 +29,14 @@ import struct
 import torch
 
 from pt_dist.backends import cma, segment
-from pt_dist.backends.arguments import contig
+from pt_dist.backends.arguments import contig, desc, reduced
 from pt_dist.backends.base import NativeProcessGroup
 from pt_dist.backends.counters import LINE, CounterBarrier
 from pt_dist.backends.futex import Futex
 from pt_dist.backends.mesh import PeerMesh
 from pt_dist.backends.segment import map_shared_segment
 from pt_dist.backends.symmetric_memory import SymmetricCollectives
-from pt_dist.process_group import combine_, finish_avg_
+from pt_dist.process_group import ReduceOp, combine_, finish_avg_
 
 logger = logging.getLogger(__name__)
 HEADER_BYTES = 4096
@@ -129,7 +129,7 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, CounterBa
         self._arrive_and_wait(op_name)
         return self._read_headers()
 
-    def _fused_all_reduce(self, tensor, op, header):
+    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
         """Every all-reduce carries its header in its first data barrier: one synchronisation fewer.
 
         Each rank writes only its own fixed-size header and data slots, so ranks that disagree cannot
@@ -137,8 +137,10 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, CounterBa
         After a collective whose ranks read peers' slots past its last barrier, the header gets its own
         round first (every rank knows this alike, so all still raise after the same barrier).
         """
-        if self._size == 1:
-            return None
+        if self._size == 1 or not isinstance(tensor, torch.Tensor) or tensor.is_sparse:
+            return super().all_reduce(tensor, op, async_op)
+        tensor, op = reduced(tensor, op, "all_reduce")
+        header = f"{desc(tensor)}|{op.name}"
         nbytes = tensor.numel() * tensor.element_size()
         symmetric = self._symmetric_offset(tensor)
         if symmetric is not None:  # ranks must agree on it (and the offset), or they would take different paths
@@ -166,7 +168,7 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, CounterBa
             if buf is not tensor:
                 tensor.copy_(buf)
             return [tensor]
-        return body
+        return self._launch("all_reduce", body, async_op, agree=False)
 
     def _small_all_reduce(self, flat, op, mine):
         """Small tensors: one barrier, then every rank reduces the whole (tiny) vector.
