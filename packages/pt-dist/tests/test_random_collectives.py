@@ -69,7 +69,8 @@ def _one(rng, rank, world, xs, op, place):
 
 
 def _random_run(rank, world, seed, backend, symmetric):
-    from pt_dist.backends import cma, shm, tcp
+    from pt_dist.backends import shm, tcp
+    from pt_dist.backends.shm import cma
 
     rng = random.Random(seed)
     saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, cma.CHUNK_BYTES

@@ -24,7 +24,7 @@ import ptdist_testutil as util  # noqa: E402
 
 
 def _self_read_works() -> bool:
-    from pt_dist.backends.cma import CrossMemory
+    from pt_dist.backends.shm.cma import CrossMemory
 
     cma, src, dst = CrossMemory(), torch.arange(4.0), torch.zeros(4)
     try:
@@ -35,7 +35,7 @@ def _self_read_works() -> bool:
 
 
 def _paths(rank, world_size):
-    from pt_dist.backends import cma
+    from pt_dist.backends.shm import cma
 
     util.join(rank, world_size, "shm", key="paths")
     everyone = pt_dist.GroupMember.WORLD
@@ -145,7 +145,8 @@ def test_a_tight_dev_shm_shrinks_the_staging_slots(monkeypatch):
     """Docker's 64 MB /dev/shm: slots shrink to what fits (touching a page past it would be a SIGBUS)."""
     import threading
 
-    from pt_dist.backends import segment, shm
+    from pt_dist.backends import shm
+    from pt_dist.backends.shm import segment
 
     monkeypatch.setattr(segment, "free_bytes", lambda: 24 << 20)
     groups = _two_groups_in_threads("tight")
@@ -171,7 +172,7 @@ def test_running_out_of_dev_shm_mid_collective_raises_on_every_rank(monkeypatch)
     import errno
     import threading
 
-    from pt_dist.backends import segment
+    from pt_dist.backends.shm import segment
 
     groups = _two_groups_in_threads("full")
 
@@ -250,7 +251,7 @@ def test_many_shm_groups_overrunning_a_small_dev_shm_raise_instead_of_sigbus(tmp
 def test_a_segment_no_peer_attaches_to_is_still_removed(tmp_path):
     """Rank 0 gives up on a peer that never maps the segment: it raises, and leaves no file in /dev/shm."""
     from pt_dist import DistError, FileStore
-    from pt_dist.backends import segment
+    from pt_dist.backends.shm import segment
 
     pattern = os.path.join(segment.shm_dir(), f"pt_dist_{os.getpid()}_*")
     store = FileStore(str(tmp_path / "store"), 1, timeout=5)
@@ -265,7 +266,7 @@ def test_ranks_disagreeing_on_the_segment_size_both_fail_at_once():
     import threading
 
     from pt_dist import DistError, HashStore
-    from pt_dist.backends import segment
+    from pt_dist.backends.shm import segment
 
     store, seen = HashStore(), {}
 
@@ -289,11 +290,11 @@ def test_a_segment_left_by_a_killed_creator_is_removed_by_the_next_group(tmp_pat
     import textwrap
 
     from pt_dist import FileStore
-    from pt_dist.backends import segment
+    from pt_dist.backends.shm import segment
 
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         from pt_dist import FileStore
-        from pt_dist.backends import segment
+        from pt_dist.backends.shm import segment
         segment.map_shared_segment(FileStore({str(tmp_path / 'killed')!r}, 1), 0, 2, 1 << 16, "seg", 60, "g")
     """)])
     deadline = time.monotonic() + 60
@@ -322,7 +323,7 @@ def test_a_rank_on_another_host_fails_fast_and_says_why(monkeypatch):
     import time
 
     from pt_dist import DistError, TCPStore
-    from pt_dist.backends import segment
+    from pt_dist.backends.shm import segment
 
     master = TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=10)
     stores = [master, TCPStore("127.0.0.1", master.port, 2, is_master=False, timeout=10)]
@@ -353,7 +354,7 @@ def test_a_rank_on_another_host_fails_fast_and_says_why(monkeypatch):
 def _collapse_works() -> bool:
     import ctypes
 
-    from pt_dist.backends import huge_pages
+    from pt_dist.backends.shm import huge_pages
 
     t = torch.ones(4 << 20, dtype=torch.uint8)
     lo = -(-t.data_ptr() // huge_pages.HUGE) * huge_pages.HUGE
@@ -364,7 +365,7 @@ def _collapse_works() -> bool:
 def test_buffers_used_twice_are_collapsed_into_huge_pages(monkeypatch):
     """The second time a single-copy collective publishes the same range of >= 4 MiB, its whole 2 MiB pages are
     collapsed (peers' process_vm_readv then pins 512x fewer pages); small or new ranges are left alone."""
-    from pt_dist.backends import huge_pages
+    from pt_dist.backends.shm import huge_pages
 
     advisor, big, small = huge_pages.HugePageAdvisor(), torch.ones(3 << 20), torch.ones(1 << 18)
     for _ in range(3):
@@ -383,7 +384,7 @@ def test_buffers_used_twice_are_collapsed_into_huge_pages(monkeypatch):
 def test_a_cross_memory_copy_the_kernel_splits_is_finished_and_a_stalled_one_raises():
     """process_vm_readv may move fewer bytes than asked (it stops at a page it cannot pin): the rest is asked
     for again until done; a call that moves nothing raises instead of looping forever."""
-    from pt_dist.backends.cma import CrossMemory
+    from pt_dist.backends.shm.cma import CrossMemory
 
     if not _self_read_works():
         pytest.skip("this kernel does not let a process read its own memory with process_vm_readv")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 
-from pt_dist.backends.futex import pid_dead
+from pt_dist.backends.shm.futex import pid_dead
 from pt_dist.errors import DistBackendError, missing_text
 
 LINE = 64

@@ -18,6 +18,11 @@ oversubscribed CPU is not burnt by spinning. A waiter also watches an abort word
 so a dead or failed rank turns into a ``DistError`` in milliseconds, or at worst at the timeout
 (``counters.py``).
 Point-to-point ``send``/``recv`` go over the authenticated socket mesh.
+
+This file is the idea (the staged segment and its barriers); the package's other files, in reading order:
+``counters.py`` (the barrier, and how a waiter notices failures) with ``futex.py``; ``cma.py`` (the single-copy
+path) with ``huge_pages.py``; ``symmetric_memory.py``; ``segment.py`` (making, sharing, reserving and sweeping
+the segment: what keeps a full ``/dev/shm`` or a killed rank from turning into a SIGBUS or a leak).
 """
 
 from __future__ import annotations
@@ -28,14 +33,14 @@ import struct
 
 import torch
 
-from pt_dist.backends import cma, segment
 from pt_dist.backends.arguments import contig, desc, reduced
 from pt_dist.backends.base import NativeProcessGroup
-from pt_dist.backends.counters import LINE, CounterBarrier
-from pt_dist.backends.futex import Futex
 from pt_dist.backends.mesh import PeerMesh
-from pt_dist.backends.segment import map_shared_segment
-from pt_dist.backends.symmetric_memory import SymmetricCollectives
+from pt_dist.backends.shm import cma, segment
+from pt_dist.backends.shm.counters import LINE, CounterBarrier
+from pt_dist.backends.shm.futex import Futex
+from pt_dist.backends.shm.segment import map_shared_segment
+from pt_dist.backends.shm.symmetric_memory import SymmetricCollectives
 from pt_dist.process_group import ReduceOp, combine_, finish_avg_
 
 logger = logging.getLogger(__name__)

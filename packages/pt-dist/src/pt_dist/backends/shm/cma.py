@@ -16,8 +16,8 @@ import sys
 
 import torch
 
-from pt_dist.backends.counters import ABORT
-from pt_dist.backends.huge_pages import HugePageAdvisor
+from pt_dist.backends.shm.counters import ABORT
+from pt_dist.backends.shm.huge_pages import HugePageAdvisor
 from pt_dist.errors import DistBackendError, missing_text
 from pt_dist.process_group import combiner, finish_avg_
 
