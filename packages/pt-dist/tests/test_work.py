@@ -250,11 +250,11 @@ class _LaunchedOnAStream:
 def test_adapter_works_order_the_callers_stream_on_every_wait_as_torchs():
     """The adapter's list-form async collectives (all_to_all, the coalesced ones) never called torch's wait():
     on a GPU the caller's stream was not ordered after the kernel; later waits returned without ordering theirs."""
-    from pt_dist.backends.torch_adapter import _TorchWork
+    from pt_dist.backends.torch_work import TorchWork
     from pt_dist.list_collectives import _ThenWork
 
     nccl, unpacked = _LaunchedOnAStream(), []
-    listed = _ThenWork("all_to_all", _TorchWork("all_to_all_single", "g", nccl, [torch.zeros(1)], streams=True),
+    listed = _ThenWork("all_to_all", TorchWork("all_to_all_single", "g", nccl, [torch.zeros(1)], streams=True),
                        lambda: unpacked.append(1), ["outs"])
     assert unpacked == [1] and not listed.is_completed()  # the GPU is not done
     listed.wait()
@@ -263,7 +263,7 @@ def test_adapter_works_order_the_callers_stream_on_every_wait_as_torchs():
     assert listed.is_completed()
 
     nccl, posted = _LaunchedOnAStream(), []
-    work = _TorchWork("all_reduce", "g", nccl, [torch.zeros(1)], post=lambda: posted.append(1), streams=True)
+    work = TorchWork("all_reduce", "g", nccl, [torch.zeros(1)], post=lambda: posted.append(1), streams=True)
     assert work.get_future() is work.get_future() and posted == [1]  # the post ran in torch's future's callback
     for _ in range(3):
         before = nccl.waits

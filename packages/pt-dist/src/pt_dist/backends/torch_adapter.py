@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import threading
 
 import torch
 import torch.distributed as dist
@@ -19,9 +18,9 @@ import torch.distributed as dist
 from pt_dist.backends.arguments import check_contiguous, check_tensor, contig
 from pt_dist.backends.sparse import check_sparse_all_reduce
 from pt_dist.backends.torch_store import TorchStore
+from pt_dist.backends.torch_work import TorchWork
 from pt_dist.errors import DistBackendError, DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
-from pt_dist.work import Work
 
 _TORCH_OPS = {op: op.name for op in ReduceOp}
 _views: list[TorchStore] = []  # the store torch's default group and its sub-groups rendezvous on
@@ -37,97 +36,6 @@ def check_available(name: str) -> None:
         raise DistError("backend 'nccl' needs CUDA devices and a torch build with NCCL; use 'gloo', 'tcp' or 'shm'")
     if name == "gloo" and not dist.is_gloo_available():
         raise DistError("backend 'gloo' is not available in this torch build")
-
-
-class _TorchWork(Work):
-    """Wraps a torch Work; ``post`` (copy-back, AVG division) runs exactly once after completion.
-
-    On GPUs torch's Work orders streams rather than blocking: NCCL marks its future complete at launch, and each
-    ``wait()`` makes the caller's current stream wait for the kernel. So every ``wait()`` here calls torch's,
-    and, where ``get_future()`` ran the post step in a callback (on a stream from torch's pool), also waits on
-    that CUDA-aware future, which orders the current stream after the post's copies. Only with ``streams``
-    (NCCL's groups): gloo's point-to-point Work waits for another transfer when waited on twice.
-    """
-
-    def __init__(self, op_name: str, group_name: str, twork, result, post=None, streams: bool = False):
-        super().__init__(op_name)
-        self._streams = streams
-        self._twork, self._result, self._post, self._group = twork, result, post, group_name
-        self._post_lock = threading.RLock()  # (get_future chains under it; a done future runs the post at once)
-        self._claimed = False  # by the one waiter that finishes the Work
-        self._chained: torch.futures.Future | None = None  # torch's future with the post step, once asked for
-
-    def _run_post(self):
-        with self._post_lock:
-            if self._post is not None:
-                post, self._post = self._post, None
-                with torch.inference_mode():  # copy-backs and AVG on inference tensors, as c10d's own writes
-                    post()
-        return self._result
-
-    def wait(self, timeout=None):
-        """Several threads may wait at once (a watchdog polling ``is_completed`` while the caller waits): one of
-        them finishes the Work. A ``timeout`` that runs out leaves it pending, as torch's (a later wait succeeds)."""
-        if self._done.is_set():
-            super().wait()
-            return self._order_streams(again=True)
-        result, exc = None, None
-        try:
-            if self._twork is not None:
-                self._twork.wait() if timeout is None else self._twork.wait(
-                    timeout if isinstance(timeout, datetime.timedelta) else datetime.timedelta(seconds=timeout))
-            result = self._run_post()
-        except DistError as e:
-            exc = e
-        except RuntimeError as e:
-            exc = DistBackendError(f"{self.op_name} on group {self._group!r} failed in torch.distributed: {e}")
-            ran_out = timeout is not None and self._twork is not None and not self._twork.is_completed()
-            if ran_out:  # only this wait ran out
-                raise DistBackendError(f"{self.op_name} on group {self._group!r}: Work.wait timed out after "
-                                       f"{timeout}") from e
-        with self._post_lock:
-            claimed, self._claimed = not self._claimed, True
-        if claimed:
-            self._finish(result, exc)
-        super().wait(timeout)
-        return self._order_streams(again=not claimed)
-
-    def _order_streams(self, again: bool) -> bool:
-        if self._streams and self._twork is not None:
-            if again:  # (the waiter that finished the Work has just waited on torch's)
-                self._twork.wait()
-            if self._chained is not None:
-                self._chained.wait()
-        return True
-
-    def is_completed(self):  # done only once the post step (AVG's division, a copy-back) is, as torch's own work
-        if self._done.is_set() or self._twork is None:
-            return True
-        if not self._twork.is_completed():
-            return False
-        try:  # torch's part is over: run the post step now, without blocking (a failure waits for wait())
-            self.wait()
-        except Exception:  # noqa: BLE001
-            pass
-        return True
-
-    def _source_rank(self) -> int:
-        self.wait()
-        return self._source if self._source is not None else self._twork._source_rank()  # any source: torch's
-
-    def get_future(self):
-        """torch's own future (CUDA-aware on GPUs) chained with the post step; the same one on every call."""
-        if self._twork is None:
-            return super().get_future()
-        with self._post_lock:
-            if self._chained is None:
-                try:
-                    future = self._twork.get_future()
-                except RuntimeError:  # some of torch's Works have none (gloo's reduce_scatter_tensor): ours, which
-                    self._blocker = lambda work, timeout=None: self.wait(timeout)  # the first wait finishes
-                    return super().get_future()
-                self._chained = future.then(lambda fut: (fut.wait(), self._run_post())[1])
-            return self._chained
 
 
 class TorchProcessGroup(ProcessGroup):
@@ -200,17 +108,8 @@ class TorchProcessGroup(ProcessGroup):
     def _g(self, r: int) -> int:
         return dist.get_global_rank(self.pg, r) if self.pg is not dist.group.WORLD else r
 
-    def _run(self, op_name, launch, result, async_op, post=None) -> Work:
-        try:
-            twork = launch()
-        except RuntimeError as e:
-            raise DistBackendError(f"{op_name} on group {self.group_name!r} ({self.backend}) failed: {e}") from e
-        work = _TorchWork(op_name, self.group_name, twork, result, post, streams=self.backend == "nccl")
-        if not async_op:
-            work.wait()
-        return work
-
     def _op(self, op, dtype, op_name):
+        """(our op, torch's, whether AVG is emulated: gloo has no AVG, so it sums and the post step divides)."""
         op = ReduceOp.of(op)
         check_reduce_dtype(op, dtype, op_name, cpu_fold=False)  # the library reduces (NCCL has fp8 sums)
         native_avg = self.backend == "nccl"
@@ -228,132 +127,115 @@ class TorchProcessGroup(ProcessGroup):
             return t.clone(memory_format=torch.contiguous_format)
         return contig(t)
 
+    def _staged(self, op_name: str, launch, written=(), read=(), result=None, async_op=False, average=False):
+        """The one shape of every adapter call: check the tensors up front (as the native backends do), stage
+        them (``_stage``), ``launch(*written_bufs, *read_bufs)`` torch's call (async), and run the post step once
+        it is done: the emulated AVG's division of the outputs, then the copy back into staged ones. ``written`` /
+        ``read``: the output and input tensors (c10d works below autograd: each is used through ``.detach()``)."""
+        for is_written, tensors in ((True, written), (False, read)):
+            for what, t in tensors:
+                check_tensor(t, what, op_name, written=is_written, native=False)
+        outs = [t.detach() for _, t in written]
+        out_bufs, in_bufs = [self._stage(t) for t in outs], [self._stage(t.detach()) for _, t in read]
+        steps = [(lambda b=b: b.div_(self._size)) for b in out_bufs] if average else []
+        steps += [(lambda t=t, b=b: t.copy_(b)) for t, b in zip(outs, out_bufs) if b is not t]
+        post = (lambda: [step() for step in steps]) if steps else None
+        try:
+            twork = launch(*out_bufs, *in_bufs)
+        except RuntimeError as e:
+            raise DistBackendError(f"{op_name} on group {self.group_name!r} ({self.backend}) failed: {e}") from e
+        work = TorchWork(op_name, self.group_name, twork, outs if result is None else result, post,
+                         streams=self.backend == "nccl")
+        if not async_op:
+            work.wait()
+        return work
+
     @staticmethod
-    def _args(op_name: str, written=(), read=()) -> None:
-        """Up front, on the rank that got them, as the native backends check (``*_list`` arguments are lists)."""
-        for is_written, (what, t) in [(True, w) for w in written] + [(False, r) for r in read]:
-            listed = what.endswith("_list") and isinstance(t, (list, tuple))
-            for i, x in enumerate(t) if listed else [(None, t)]:
-                check_tensor(x, what if i is None else f"{what}[{i}]", op_name, written=is_written, native=False)
+    def _listed(what: str, tensors) -> list:
+        if not isinstance(tensors, (list, tuple)):
+            raise TypeError(f"{what} must be a list of tensors, got {type(tensors).__name__}")
+        return [(f"{what}[{i}]", t) for i, t in enumerate(tensors)]
 
-    def _posts(self, *steps):
-        steps = [s for s in steps if s is not None]
-        return (lambda: [s() for s in steps]) if steps else None
-
-    # c10d works below autograd: every method first takes .detach() views (same storage), so tensors that
-    # require grad (parameters) are written in place as torch.distributed itself does.
+    # the collectives: torch's calls, through _staged -------------------------------------------------
     def broadcast(self, tensor, src=0, async_op=False):
-        self._args("broadcast", [("tensor", tensor)])
-        tensor = tensor.detach()
-        buf = self._stage(tensor)
-        back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
-        return self._run("broadcast", lambda: dist.broadcast(buf, self._g(src), group=self.pg, async_op=True),
-                         [tensor], async_op, back)
+        return self._staged("broadcast", lambda b: dist.broadcast(b, self._g(src), group=self.pg, async_op=True),
+                            [("tensor", tensor)], async_op=async_op)
 
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
-        self._args("all_reduce", [("tensor", tensor)])
-        if tensor.layout != torch.strided:  # the library replaces a COO tensor's indices and values: no alias
-            check_sparse_all_reduce(tensor, ReduceOp.of(op))
-            return self._run("all_reduce", lambda: dist.all_reduce(tensor, group=self.pg, async_op=True), [tensor],
-                             async_op)
-        op, top, emulate_avg = self._op(op, tensor.dtype, "all_reduce")
-        tensor = tensor.detach()
-        buf = self._stage(tensor)
-        avg = (lambda: buf.div_(self._size)) if emulate_avg else None
-        back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
-        return self._run("all_reduce", lambda: dist.all_reduce(buf, top, group=self.pg, async_op=True),
-                         [tensor], async_op, self._posts(avg, back))
+        if isinstance(tensor, torch.Tensor) and tensor.layout != torch.strided:  # the library replaces a COO
+            check_sparse_all_reduce(tensor, ReduceOp.of(op))  # tensor's indices and values: no alias, no staging
+            return self._staged("all_reduce", lambda: dist.all_reduce(tensor, group=self.pg, async_op=True),
+                                result=[tensor], async_op=async_op)
+        check_tensor(tensor, "tensor", "all_reduce", written=True, native=False)
+        op, top, emulate = self._op(op, tensor.dtype, "all_reduce")
+        return self._staged("all_reduce", lambda b: dist.all_reduce(b, top, group=self.pg, async_op=True),
+                            [("tensor", tensor)], async_op=async_op, average=emulate)
 
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
-        self._args("reduce", [("tensor", tensor)])
-        op, top, emulate_avg = self._op(op, tensor.dtype, "reduce")
-        mine, tensor = self._rank == dst, tensor.detach()
-        # gloo scribbles partial sums on non-root inputs; keep the caller's tensor intact as the native backends do
-        buf = self._stage(tensor) if mine else tensor.clone(memory_format=torch.contiguous_format)
-        avg = (lambda: buf.div_(self._size)) if emulate_avg and mine else None
-        back = (lambda: tensor.copy_(buf)) if buf is not tensor and mine else None
-        return self._run("reduce", lambda: dist.reduce(buf, self._g(dst), top, group=self.pg, async_op=True),
-                         [tensor], async_op, self._posts(avg, back))
+        check_tensor(tensor, "tensor", "reduce", written=True, native=False)
+        op, top, emulate = self._op(op, tensor.dtype, "reduce")
+        launch = lambda b: dist.reduce(b, self._g(dst), top, group=self.pg, async_op=True)  # noqa: E731
+        if self._rank == dst:
+            return self._staged("reduce", launch, [("tensor", tensor)], async_op=async_op, average=emulate)
+        # gloo scribbles partial sums on non-root inputs: keep the caller's intact, as the native backends do
+        copy = tensor.detach().clone(memory_format=torch.contiguous_format)
+        return self._staged("reduce", launch, read=[("tensor", copy)], result=[tensor.detach()], async_op=async_op)
 
     def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
-        self._args("all_gather_into_tensor", [("output_tensor", output_tensor)], [("input_tensor", input_tensor)])
-        output_tensor, input_tensor = output_tensor.detach(), input_tensor.detach()
-        out = self._stage(output_tensor)
-        back = (lambda: output_tensor.copy_(out)) if out is not output_tensor else None
-        return self._run("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(
-            out.view(-1), self._stage(input_tensor).view(-1), group=self.pg, async_op=True), [output_tensor], async_op,
-            back)
+        return self._staged("all_gather_into_tensor", lambda o, i: dist.all_gather_into_tensor(
+            o.view(-1), i.view(-1), group=self.pg, async_op=True), [("output_tensor", output_tensor)],
+            [("input_tensor", input_tensor)], async_op=async_op)
 
     def all_gather(self, tensor_list, tensor, async_op=False):
-        self._args("all_gather", [("tensor_list", tensor_list)], [("tensor", tensor)])
-        tensor, tensor_list = tensor.detach(), [t.detach() for t in tensor_list]
-        bufs = [self._stage(t) for t in tensor_list]
-        backs = [(lambda t=t, b=b: t.copy_(b)) for t, b in zip(tensor_list, bufs) if b is not t]
-        return self._run("all_gather", lambda: dist.all_gather(bufs, self._stage(tensor), group=self.pg,
-                                                               async_op=True), tensor_list, async_op,
-                         self._posts(*backs))
+        return self._staged("all_gather", lambda *b: dist.all_gather(list(b[:-1]), b[-1], group=self.pg,
+                                                                     async_op=True),
+                            self._listed("tensor_list", tensor_list), [("tensor", tensor)], async_op=async_op)
 
     def reduce_scatter_tensor(self, output, input, op=ReduceOp.SUM, async_op=False):
-        self._args("reduce_scatter_tensor", [("output", output)], [("input", input)])
-        op, top, emulate_avg = self._op(op, input.dtype, "reduce_scatter_tensor")
-        output, input = output.detach(), input.detach()
-        out = self._stage(output)
-        avg = (lambda: out.div_(self._size)) if emulate_avg else None
-        back = (lambda: output.copy_(out)) if out is not output else None
-        return self._run("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(
-            out.view(-1), self._stage(input).view(-1), top, group=self.pg, async_op=True), [output], async_op,
-            self._posts(avg, back))
+        check_tensor(output, "output", "reduce_scatter_tensor", written=True, native=False)
+        check_tensor(input, "input", "reduce_scatter_tensor", native=False)
+        op, top, emulate = self._op(op, input.dtype, "reduce_scatter_tensor")
+        return self._staged("reduce_scatter_tensor", lambda o, i: dist.reduce_scatter_tensor(
+            o.view(-1), i.view(-1), top, group=self.pg, async_op=True), [("output", output)], [("input", input)],
+            async_op=async_op, average=emulate)
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
-        self._args("all_to_all_single", [("output", output)], [("input", input)])
+        check_tensor(input, "input", "all_to_all_single", native=False)
         check_contiguous(input, "input", "all_to_all_single")  # (torch's own check; staging would hide it)
-        output, input = output.detach(), input.detach()
-        out = self._stage(output)
-        back = (lambda: output.copy_(out)) if out is not output else None
-        return self._run("all_to_all_single", lambda: dist.all_to_all_single(
-            out, self._stage(input), output_split_sizes, input_split_sizes, group=self.pg, async_op=True),
-            [output], async_op, back)
+        return self._staged("all_to_all_single", lambda o, i: dist.all_to_all_single(
+            o, i, output_split_sizes, input_split_sizes, group=self.pg, async_op=True), [("output", output)],
+            [("input", input)], async_op=async_op)
 
     def gather(self, tensor, gather_list=None, dst=0, async_op=False):
-        self._args("gather", [("gather_list", gather_list or [])], [("tensor", tensor)])
-        tensor = tensor.detach()
-        outs = [t.detach() for t in gather_list or []]
-        bufs = [self._stage(t) for t in outs]
-        backs = [(lambda t=t, b=b: t.copy_(b)) for t, b in zip(outs, bufs) if b is not t]
-        return self._run("gather", lambda: dist.gather(self._stage(tensor), bufs or None, self._g(dst),
-                                                       group=self.pg, async_op=True),
-                         outs if self._rank == dst else [], async_op, self._posts(*backs))
+        outs = gather_list or []
+        return self._staged("gather", lambda *b: dist.gather(b[-1], list(b[:-1]) or None, self._g(dst),
+                                                             group=self.pg, async_op=True),
+                            self._listed("gather_list", outs), [("tensor", tensor)],
+                            result=[t.detach() for t in outs] if self._rank == dst else [], async_op=async_op)
 
     def scatter(self, tensor, scatter_list=None, src=0, async_op=False):
-        self._args("scatter", [("tensor", tensor)], [("scatter_list", scatter_list or [])])
-        tensor = tensor.detach()
-        buf = self._stage(tensor)
-        back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
-        ins = [self._stage(t.detach()) for t in scatter_list or []] or None
-        return self._run("scatter", lambda: dist.scatter(buf, ins, self._g(src), group=self.pg, async_op=True),
-                         [tensor], async_op, back)
+        ins = scatter_list or []
+        return self._staged("scatter", lambda *b: dist.scatter(b[0], list(b[1:]) or None, self._g(src),
+                                                               group=self.pg, async_op=True),
+                            [("tensor", tensor)], self._listed("scatter_list", ins), async_op=async_op)
 
     def send(self, tensor, dst, tag=0):
-        self._args("send", (), [("tensor", tensor)])
+        check_tensor(tensor, "tensor", "send", native=False)
         if dst == self._rank:
             raise ValueError(f"send: dst={dst} is this rank")
-        tensor = tensor.detach()
-        return self._run("send", lambda: dist.isend(self._stage(tensor), self._g(dst), group=self.pg, tag=tag),
-                         [tensor], True)
+        return self._staged("send", lambda b: dist.isend(b, self._g(dst), group=self.pg, tag=tag),
+                            read=[("tensor", tensor)], result=[tensor.detach()], async_op=True)
 
     def recv(self, tensor, src, tag=0):
-        self._args("recv", [("tensor", tensor)])
+        check_tensor(tensor, "tensor", "recv", written=True, native=False)
         if src == self._rank:
             raise ValueError(f"recv: src={src} is this rank")
-        tensor = tensor.detach()
-        buf = self._stage(tensor)
-        back = (lambda: tensor.copy_(buf)) if buf is not tensor else None
-        work = self._run("recv", lambda: dist.irecv(buf, None if src is None else self._g(src), group=self.pg,
-                                                    tag=tag), [tensor], True, back)
+        work = self._staged("recv", lambda b: dist.irecv(b, None if src is None else self._g(src), group=self.pg,
+                                                         tag=tag), [("tensor", tensor)], async_op=True)
         work._source = src
         return work
 
     def barrier(self, async_op=False, device_ids=None, timeout=None):
         td = None if timeout is None else datetime.timedelta(seconds=timeout)
-        return self._run("barrier", lambda: dist.barrier(group=self.pg, async_op=True, device_ids=device_ids,
-                                                         timeout=td), [], async_op)
+        return self._staged("barrier", lambda: dist.barrier(group=self.pg, async_op=True, device_ids=device_ids,
+                                                            timeout=td), result=[], async_op=async_op)
