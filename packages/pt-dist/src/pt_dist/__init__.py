@@ -41,6 +41,7 @@ from pt_dist.distributed_c10d import (
 )
 from pt_dist.errors import DistBackendError, DistError, DistNetworkError, DistStoreError
 from pt_dist.file_store import FileStore
+from pt_dist.hash_store import HashStore
 from pt_dist.list_collectives import (
     _broadcast_coalesced as _broadcast_coalesced,  # torch.distributed._broadcast_coalesced (private there too)
 )
@@ -64,7 +65,7 @@ from pt_dist.object_collectives import (
     send_object_list,
 )
 from pt_dist.process_group import ProcessGroup, ReduceOp, supports_complex
-from pt_dist.store import HashStore, PrefixStore, Store, TCPStore
+from pt_dist.store import PrefixStore, Store, TCPStore
 from pt_dist.subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
 from pt_dist.work import Work
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import datetime
 import logging
-import secrets
 import warnings
 
 import torch
 
-from pt_dist.backends import Backend
+from pt_dist.backends import Backend, library_options_for
 from pt_dist.backends.arguments import as_rank
 from pt_dist.errors import DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp
 from pt_dist.rendezvous import get_node_local_rank, is_torchelastic_launched, rendezvous
+from pt_dist.secret import mesh_secret
 from pt_dist.store import PrefixStore, Store, TCPStore
 from pt_dist.store import _seconds as store_seconds
 
@@ -87,7 +87,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
                          "destroy_process_group() first")
     name = Backend(backend or "tcp")
     t = _positive_seconds(timeout if timeout is not None else default_pg_timeout, "init_process_group")
-    library_options = _library_options(name, pg_options, device_id)
+    library_options = library_options_for(name, pg_options, device_id)
     if Backend.is_torch_backed(name):
         from pt_dist.backends.torch_adapter import check_available
 
@@ -105,7 +105,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         rdzv = rendezvous(init_method or "env://", rank, world_size, t)
         store, rank, world_size = rdzv.store, rdzv.rank, rdzv.world_size
     try:
-        secret = _mesh_secret(store, rank)
+        secret = mesh_secret(store, rank)
         pg = Backend.creator(name)(PrefixStore("default_pg", store), rank, world_size, t, group_name or "default_pg",
                                    secret, None, **library_options)
     except BaseException:
@@ -121,36 +121,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     log.info("pt_dist: rank %d/%d joined with backend %s", rank, world_size, name)
 
 
-def _library_options(name: str, pg_options, device_id, what: str = "init_process_group") -> dict:
-    if isinstance(device_id, int):
-        device_id = torch.device("cuda", device_id)
-    if device_id is not None and not isinstance(device_id, torch.device):
-        raise ValueError(f"{what}: device_id must be a torch.device or an int, got {device_id!r}")
-    if Backend.is_torch_backed(name):
-        if device_id is not None and device_id.index is None:  # torch refuses it too, but only after rendezvous
-            raise ValueError(f"{what}: device_id={device_id} needs an index for torch's groups "
-                             f"(cpu:0, cuda:0)")
-        return {k: v for k, v in (("device_id", device_id), ("pg_options", pg_options)) if v is not None}
-    if device_id is not None and device_id.type != "cpu":
-        raise ValueError(f"{what}: backend {name!r} moves CPU tensors; device_id={device_id} needs "
-                         f"'nccl' (or leave device_id out)")
-    if pg_options is not None:
-        raise ValueError(f"{what}: backend {name!r} takes no pg_options, got {pg_options!r}")
-    return {}
-
-
 def is_available() -> bool:
     """Always: pt_dist needs only sockets (torch's answers whether it was built with distributed support)."""
     return True
-
-
-def _mesh_secret(store: Store, rank: int) -> bytes:
-    """A fresh random secret for the backends' sockets, handed out through the (authenticated) store."""
-    if rank == 0:
-        token = secrets.token_hex(16)
-        store.set("pt_dist/mesh_secret", token)
-        return token.encode()
-    return store.get("pt_dist/mesh_secret")
 
 
 def _rank_not_in_group(group, op_name: str) -> bool:

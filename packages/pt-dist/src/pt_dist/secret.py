@@ -155,3 +155,12 @@ def unpublish(path: str, secret: bytes) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def mesh_secret(store, rank: int) -> bytes:
+    """A fresh random secret for the backends' sockets (the mesh), rank 0's, handed out through the store."""
+    if rank == 0:
+        token = secrets.token_hex(16)
+        store.set("pt_dist/mesh_secret", token)
+        return token.encode()
+    return store.get("pt_dist/mesh_secret")

@@ -1,4 +1,4 @@
-"""The TCPStore's server side, and the store semantics it shares with FileStore's log.
+"""The TCPStore's server side (c10d's ``TCPStoreBackend``), and the store semantics it shares with FileStore's log.
 
 The master's ``StoreServer`` accepts connections, runs the shared-secret handshake (``wire.py``) before
 reading anything, then serves one thread per client: requests are ``[command][length-prefixed fields]``

@@ -16,8 +16,8 @@ import time
 import torch
 
 from pt_dist import distributed_c10d as c10d
-from pt_dist.backends import Backend
-from pt_dist.distributed_c10d import GroupMember, _group, _library_options, _positive_seconds, _world
+from pt_dist.backends import Backend, library_options_for
+from pt_dist.distributed_c10d import GroupMember, _group, _positive_seconds, _world
 from pt_dist.errors import DistError, DistStoreError
 from pt_dist.store import PrefixStore
 
@@ -35,7 +35,7 @@ def new_group(ranks=None, timeout=None, backend: str | None = None, pg_options=N
     if not ranks or len(set(ranks)) != len(ranks) or any(not 0 <= r < size for r in ranks):
         raise ValueError(f"new_group: ranks={ranks} must be distinct ranks in [0, {size})")
     name = Backend(backend or world.name())
-    options = _library_options(name, pg_options, device_id, "new_group")
+    options = library_options_for(name, pg_options, device_id, "new_group")
     if Backend.is_torch_backed(name) and not Backend.is_torch_backed(world.name()):
         raise ValueError(f"new_group: a {name!r} sub-group needs a torch-backed default group, the default is "
                          f"{world.name()!r}")
@@ -161,7 +161,7 @@ def split_group(parent_pg=None, split_ranks: list[list[int]] | None = None, time
     name = parent.name()
     if backend is not None and Backend(backend) != name:
         raise ValueError(f"split_group: backend={backend!r} differs from the parent group's {name!r}")
-    options = _library_options(name, pg_options, None, "split_group")
+    options = library_options_for(name, pg_options, None, "split_group")
     t = _positive_seconds(timeout, "split_group") if timeout is not None else getattr(parent, "timeout",
                                                                                         _world.timeout)
     count = _world.split_counts[parent.group_name] = _world.split_counts.get(parent.group_name, 0) + 1

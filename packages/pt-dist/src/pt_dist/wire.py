@@ -112,7 +112,7 @@ class HandshakeGate:
     """Bounds the connections in their handshake (each has a thread reading it) without letting silent ones
     lock the door: past ``limit`` waiting, the oldest is cut to make room. A client that holds the secret
     answers the nonce within a round trip, so only a silent or stuck one gets that old, and a flood of them
-    can no longer keep the job's own clients out for the handshake timeout. Threads stay bounded: with
+    cannot keep the job's own clients out for the handshake timeout. Threads stay bounded: with
     ``2 * limit`` handshakes still running (cut ones end at once), a newcomer is refused and retries."""
 
     def __init__(self, limit: int):

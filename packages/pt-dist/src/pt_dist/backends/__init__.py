@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 
 class Backend(str):
     TCP = "tcp"
@@ -96,3 +98,23 @@ def get_default_backend_for_device(device) -> str:
     if kind not in defaults:
         raise ValueError(f"no default backend for device {device!r}; known: {sorted(defaults)}")
     return defaults[kind]
+
+
+def library_options_for(name: str, pg_options, device_id, what: str = "init_process_group") -> dict:
+    """``device_id`` and ``pg_options`` as backend ``name`` takes them: torch's groups get them (checked where torch
+    would check only after rendezvous), the native backends move CPU tensors and take neither."""
+    if isinstance(device_id, int):
+        device_id = torch.device("cuda", device_id)
+    if device_id is not None and not isinstance(device_id, torch.device):
+        raise ValueError(f"{what}: device_id must be a torch.device or an int, got {device_id!r}")
+    if Backend.is_torch_backed(name):
+        if device_id is not None and device_id.index is None:  # torch refuses it too, but only after rendezvous
+            raise ValueError(f"{what}: device_id={device_id} needs an index for torch's groups "
+                             f"(cpu:0, cuda:0)")
+        return {k: v for k, v in (("device_id", device_id), ("pg_options", pg_options)) if v is not None}
+    if device_id is not None and device_id.type != "cpu":
+        raise ValueError(f"{what}: backend {name!r} moves CPU tensors; device_id={device_id} needs "
+                         f"'nccl' (or leave device_id out)")
+    if pg_options is not None:
+        raise ValueError(f"{what}: backend {name!r} takes no pg_options, got {pg_options!r}")
+    return {}

@@ -100,8 +100,7 @@ class MeshSetup:
 
     def _accept(self, listener: socket.socket, secret: bytes) -> None:
         """Take connections until the setup closes the listener (all peers in, or it gave up). Each handshake
-        runs in its own thread (a bounded number at once), so a silent stranger delays no one: a serial
-        acceptor waited out its handshake timeout before greeting the next connection."""
+        runs in its own thread (a bounded number at once), so a silent stranger delays no one."""
         gate, deadline = wire.HandshakeGate(2 * self.size + 16), time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             try:  # the setup closes the listener when it is done or gives up: then this thread ends
