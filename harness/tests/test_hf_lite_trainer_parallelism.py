@@ -1,13 +1,15 @@
-"""hf-lite's Trainer driving another data-parallel engine through its extension point (``DataParallelPlugin``):
-this repository's ds-zero ZeRO engine, plugged in by user code here, so hf-lite never imports ds-zero.
+"""hf-lite's Trainer driving other data-parallel code through its extension point (``DataParallelPlugin``), plugged
+in by user code here, so hf-lite never imports either: this repository's ds-zero ZeRO engine, and torch's DDP over a
+pt-dist process group with the Trainer's agreement collectives (token counts, losses, metrics, stop flags) on pt-dist.
 
 2 ranks (gloo) with ZeRO stage 1 and 2 train exactly as one hf-lite process with the doubled batch (loss, grad norm,
 final weights), with gradient accumulation and clipping done by the engine; each rank writes its own optimizer
 partition into the Trainer's checkpoints, and a run resumed from one reproduces the uninterrupted losses.
 
-pt-dist's own DistributedDataParallel does not exist yet (packages/pt-dist has no DDP module), so it cannot be
-plugged in here; torch's DDP, hf-lite's default plugin, is covered by
-packages/hf-lite/tests/test_trainer_distributed.py.
+pt-dist's own DistributedDataParallel does not exist yet (pt_dist.nn holds only the functional collectives), so it
+cannot be plugged in here; what pt-dist offers is a torch ProcessGroup under each gloo/nccl adapter group (``.pg``),
+which torch's DDP accepts (pt-dist's README recipe), and that is what the second test plugs in. Plain torch DDP, the
+Trainer's default, is covered by packages/hf-lite/tests/test_trainer_distributed.py.
 """
 
 import os
@@ -19,7 +21,14 @@ import torch
 from harness import run_ranks
 
 ds_zero = pytest.importorskip("ds_zero")
-from hf_lite import DataParallelPlugin, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+from hf_lite import (  # noqa: E402
+    DataParallelPlugin,
+    LlamaConfig,
+    LlamaForCausalLM,
+    TorchDDPPlugin,
+    Trainer,
+    TrainingArguments,
+)
 
 
 class DeepSpeedZeroPlugin(DataParallelPlugin):
@@ -140,3 +149,69 @@ def test_ds_zero_engine_through_the_trainer_equals_one_process(tmp_path, stage):
             files
         )
         assert resumed == r_losses  # resumed from checkpoint-2: the same losses exactly
+
+
+class PtDistDDPPlugin(TorchDDPPlugin):
+    """torch's DDP over a pt-dist group's torch ProcessGroup; the Trainer's own collectives go through pt-dist."""
+
+    def __init__(self, group):
+        super().__init__(process_group=group.pg)
+        self.group = group
+
+    def all_reduce(self, tensor, op=None):
+        import pt_dist
+
+        pt_dist.all_reduce(tensor, op=op if op is not None else pt_dist.ReduceOp.SUM, group=self.group)
+        return tensor
+
+    def broadcast_object(self, obj, src: int = 0):
+        import pt_dist
+
+        holder = [obj]
+        pt_dist.broadcast_object_list(holder, src=src, group=self.group)
+        return holder[0]
+
+    def all_gather_object(self, obj) -> list:
+        import pt_dist
+
+        out = [None] * self.world_size
+        pt_dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def barrier(self) -> None:
+        import pt_dist
+
+        pt_dist.barrier(group=self.group)
+
+
+def _pt_dist_ranks(rank, world_size, root):
+    import pt_dist
+
+    import harness
+
+    if rank == 0:  # pt-dist's authenticated store; its port reaches the other rank through the harness's store
+        store = pt_dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False, timeout=60)
+        harness.store().set("hf_lite_pt_dist_port", str(store.port))
+    else:
+        port = int(harness.store().get("hf_lite_pt_dist_port"))
+        store = pt_dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=60)
+    pt_dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=60)
+    try:
+        group = pt_dist.new_group(list(range(world_size)))
+        out = _train(f"{root}/pt_dist", 2, PtDistDDPPlugin(group), save_strategy="steps", save_steps=3)
+        return out, sorted(os.listdir(f"{root}/pt_dist/checkpoint-3"))
+    finally:
+        pt_dist.barrier()  # rank 0 hosts the store: nobody leaves before the others are done
+        pt_dist.destroy_process_group()
+
+
+def test_torch_ddp_over_a_pt_dist_group_equals_one_process(tmp_path):
+    pytest.importorskip("pt_dist")
+    ranks = run_ranks(_pt_dist_ranks, 2, str(tmp_path), backend=None, timeout=300)
+    losses, norms, params = _train(tmp_path / "single", 4)
+    for (r_losses, r_norms, r_params), files in ranks:
+        torch.testing.assert_close(r_losses, losses, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(r_norms, norms, rtol=1e-5, atol=1e-6)
+        for key, value in params.items():
+            torch.testing.assert_close(r_params[key], value, rtol=1e-5, atol=1e-6, msg=key)
+        assert {"optimizer.pt", "rng_state_0.pth", "rng_state_1.pth", "model.safetensors"} <= set(files)

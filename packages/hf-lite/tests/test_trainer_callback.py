@@ -52,7 +52,7 @@ def expected_events(trainer, n_eval_batches: int) -> list[str]:
     batches = len(trainer.get_train_dataloader())
     for _ in range(state.num_train_epochs):
         events.append("on_epoch_begin")
-        for i in range(batches // args.gradient_accumulation_steps):
+        for _ in range(batches // args.gradient_accumulation_steps):
             step += 1
             events += ["on_step_begin"] + ["on_substep_end"] * (args.gradient_accumulation_steps - 1)
             events += ["on_pre_optimizer_step", "on_optimizer_step", "on_step_end"]

@@ -161,3 +161,58 @@ def test_stop_and_best_model_decisions_are_agreed_across_ranks(tmp_path, trained
     # the loss did improve (by less than the threshold): the best model is step 4's, as in transformers
     assert evals[1] < evals[0] and best == str(tmp_path / "early" / "checkpoint-4")
     assert skewed_best == 6 and best_dirs == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+
+
+TORCHRUN_SCRIPT = """
+import json, os, sys
+import torch, torch.distributed as dist
+from hf_lite import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+out = sys.argv[1]
+g = torch.Generator().manual_seed(0)
+rows = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 97, (16, 12), generator=g)]
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2))
+args = TrainingArguments(output_dir=out, max_steps=3, per_device_train_batch_size=2, logging_steps=1,
+                         save_strategy="steps", save_steps=3, report_to="none", disable_tqdm=True)
+assert not dist.is_initialized()
+trainer = Trainer(model, args, train_dataset=rows)
+trainer.train()
+info = {"world": dist.get_world_size(), "backend": dist.get_backend(), "rank": dist.get_rank(),
+        "ddp": type(trainer.model_wrapped).__name__,
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}
+with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
+    json.dump(info, f)
+"""
+
+
+def test_torchrun_launch_initialises_gloo_and_wraps_in_ddp(tmp_path):
+    import json
+    import subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(script),
+        str(tmp_path / "out"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    infos = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(i["world"], i["backend"], i["rank"], i["ddp"]) for i in infos] == [
+        (2, "gloo", 0, "DistributedDataParallel"),
+        (2, "gloo", 1, "DistributedDataParallel"),
+    ]
+    assert infos[0]["losses"] == infos[1]["losses"] and len(infos[0]["losses"]) == 3
+    assert sorted(os.listdir(tmp_path / "out" / "checkpoint-3"))[:3] == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]

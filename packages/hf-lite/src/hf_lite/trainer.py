@@ -1,5 +1,6 @@
-"""``Trainer``: the training loop of transformers' ``trainer.py`` (checkpoints in ``trainer_checkpoint.py``,
-evaluation in ``trainer_evaluation.py``, data-parallel engines behind ``trainer_distributed.py``'s plugin).
+"""``Trainer`` (transformers' ``trainer.py``): set-up, data loaders, optimizer and schedule, and one micro-step. The
+loop is in ``trainer_loop.py``, checkpoints in ``trainer_checkpoint.py``, evaluation in ``trainer_evaluation.py``
+(mixins of this class), data-parallel engines behind ``trainer_distributed.py``'s plugin.
 
 One optimizer step takes ``gradient_accumulation_steps`` micro-batches, fetched together first so the loss can be
 normalised by the number of label tokens of the whole accumulated batch (on all ranks), as transformers 5 does: the
@@ -308,7 +309,8 @@ class Trainer(TrainerLoopMixin, TrainerCheckpointMixin, TrainerEvaluationMixin):
         return contextlib.nullcontext()
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
-        model.train()
+        if not model.training:  # train() walks every module; only after an evaluation is it needed
+            model.train()
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
@@ -346,6 +348,11 @@ class Trainer(TrainerLoopMixin, TrainerCheckpointMixin, TrainerEvaluationMixin):
 
     def floating_point_ops(self, inputs) -> int:
         model = self.parallelism.unwrap_model(self.model)
+        if type(model).floating_point_ops is PreTrainedModel.floating_point_ops:
+            # 6 x tokens x parameters, with the parameter count (a walk over every module) taken once per model
+            if getattr(self, "_flops_model", None) is not model:
+                self._flops_model, self._flops_params = model, model.num_parameters(exclude_embeddings=True)
+            return 6 * model.estimate_tokens(inputs) * self._flops_params
         return model.floating_point_ops(inputs) if hasattr(model, "floating_point_ops") else 0
 
     def store_flos(self) -> None:

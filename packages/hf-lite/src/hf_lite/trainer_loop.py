@@ -66,7 +66,13 @@ class TrainerLoopMixin:
                 math.ceil(max_steps / updates_per_epoch) if args.max_steps > 0 else math.ceil(args.num_train_epochs)
             )
             steps_in_epoch = len_dl
-            num_train_samples = max_steps * args.train_batch_size * gas * plugin.world_size
+            total_batch = args.train_batch_size * gas * plugin.world_size
+            # As transformers: the schedule's samples when step-bound, the dataset's when epoch-bound.
+            num_train_samples = (
+                max_steps * total_batch
+                if args.max_steps > 0
+                else int(len(train_dataloader.dataset) * args.num_train_epochs)
+            )
         else:  # an iterable dataset: epochs until max_steps (each epoch re-iterates it)
             max_steps, num_epochs, updates_per_epoch = args.max_steps, sys.maxsize, args.max_steps
             steps_in_epoch = max_steps * gas

@@ -1,13 +1,12 @@
 """Torch helpers of the Trainer (transformers' ``trainer_pt_utils.py`` and the bits of accelerate it relies on):
-samplers that shard data by rank, skipping batches on resume, concatenating predictions of different lengths."""
+sharding iterable data by rank, skipping batches on resume, concatenating predictions of different lengths."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 
 import torch
-from torch.utils.data import BatchSampler, IterableDataset, Sampler
+from torch.utils.data import BatchSampler, IterableDataset
 
 
 def find_batch_size(tensors) -> int | None:
@@ -61,33 +60,6 @@ def nested_concat(tensors, new_tensors, padding_index: int = -100):
     if isinstance(tensors, Mapping):
         return type(tensors)({k: nested_concat(t, new_tensors[k], padding_index) for k, t in tensors.items()})
     return torch_pad_and_concatenate(tensors, new_tensors, padding_index)
-
-
-def nested_truncate(tensors, limit: int):
-    """Drop the rows a distributed sampler added to even out the ranks."""
-    if isinstance(tensors, (list, tuple)):
-        return type(tensors)(nested_truncate(t, limit) for t in tensors)
-    if isinstance(tensors, Mapping):
-        return type(tensors)({k: nested_truncate(v, limit) for k, v in tensors.items()})
-    return tensors[:limit]
-
-
-class SequentialDistributedSampler(Sampler):
-    """Evaluation shards: rank r reads a contiguous slice, the last ones padded by wrapping around, so gathering
-    the ranks' outputs in rank order and truncating to ``len(dataset)`` gives the dataset's order."""
-
-    def __init__(self, dataset, num_replicas: int, rank: int):
-        self.dataset, self.num_replicas, self.rank = dataset, num_replicas, rank
-        self.num_samples = math.ceil(len(dataset) / num_replicas)
-        self.total_size = self.num_samples * num_replicas
-
-    def __iter__(self):
-        indices = list(range(len(self.dataset)))
-        indices += indices[: self.total_size - len(indices)]
-        return iter(indices[self.rank * self.num_samples : (self.rank + 1) * self.num_samples])
-
-    def __len__(self) -> int:
-        return self.num_samples
 
 
 class SkipBatchSampler(BatchSampler):
