@@ -80,7 +80,7 @@ def test_the_secret_file_is_private_and_a_tampered_one_is_refused(runtime, monke
     master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=5)
     path = runtime / f"tcpstore-{master.port}.secret"
     assert stat.S_IMODE(runtime.lstat().st_mode) == 0o700 and stat.S_IMODE(path.lstat().st_mode) == 0o600
-    assert path.read_bytes() == master._secret and len(master._secret) == 32  # 16 random bytes, hex
+    assert path.read_bytes().split(b" ")[1] == master._secret and len(master._secret) == 32  # 16 random bytes
     other = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=5)
     assert other._secret != master._secret  # drawn per store, not computed
     assert TCPStore("127.0.0.1", master.port, timeout=5).add("n", 1) == 1  # a client on this host reads it
@@ -149,4 +149,23 @@ def test_a_multi_host_job_without_a_secret_refuses_saying_how_to_set_one(runtime
         master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=5)
         assert TCPStore("127.0.0.1", master.port, timeout=5).add("n", 1) == 1
     assert "any process that can reach it can compute" in caplog.text
+    master.close()
+
+
+def test_a_dead_masters_file_is_swept_by_the_next_master(runtime):
+    """A rank killed while its store was up (the harness kills pooled ranks with SIGKILL) left its file behind,
+    one per run, for good."""
+    import subprocess
+
+    runtime.mkdir(mode=0o700)
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for port, pid in ((1, gone.pid), (2, os.getpid())):
+        f = runtime / f"tcpstore-{port}.secret"
+        f.write_bytes(f"{pid}:{ns} {'ab' * 16}".encode())
+        f.chmod(0o600)
+    master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=5)
+    assert not (runtime / "tcpstore-1.secret").exists()  # its publisher is gone
+    assert (runtime / "tcpstore-2.secret").exists()  # a live one's stays
     master.close()

@@ -204,9 +204,11 @@ def test_garbage_bytes_close_only_that_connection():
 def test_a_timeout_of_timedelta_max_means_no_timeout(store):
     """Such timeouts overflowed the socket and lock waits (OverflowError, or a dropped connection)."""
     store.set_timeout(datetime.timedelta.max)
-    threading.Timer(0.2, lambda: store.set("late", "v")).start()
+    setter = threading.Timer(0.2, lambda: store.set("late", "v"))
+    setter.start()
     assert store.get("late") == b"v"
     store.wait(["late"], datetime.timedelta.max)
+    setter.join()  # (its reply may still be in flight: the fixture must not close the store under it)
 
 
 def test_a_wait_bound_that_is_nan_infinite_or_huge_neither_kills_nor_parks_a_server_thread():
@@ -225,9 +227,11 @@ def test_a_wait_bound_that_is_nan_infinite_or_huge_neither_kills_nor_parks_a_ser
         assert reply[:1] == b"\x01" and b"timeout must be a finite number of seconds >= 0" in reply, reply
         reply = request(WAIT, wire.pack_fields(b"never"), struct.pack("<d", bad))
         assert b"wait: timeout must be a finite" in reply, reply
-    threading.Timer(0.3, lambda: master.set("late", "v")).start()
+    setter = threading.Timer(0.3, lambda: master.set("late", "v"))
+    setter.start()
     assert request(GET, b"late", struct.pack("<d", 1e300)) == b"\x00\x01v"  # capped as timedelta.max: it waits
     assert request(WAIT, wire.pack_fields(b"late"), struct.pack("<d", 1e300)) == b"\x00\x01"
+    setter.join()
     sock.close()
     master.close()
 

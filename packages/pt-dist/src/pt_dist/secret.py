@@ -115,23 +115,33 @@ def _path(port: int) -> str:
     return os.path.join(runtime_dir(), f"tcpstore-{port}.secret")
 
 
+def _owner() -> bytes:
+    """Who publishes: pid and pid namespace, so a later master can tell a dead one's file (``sweep``)."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return f"{os.getpid()}:{ns}".encode()
+
+
 def publish(port: int) -> tuple[bytes, str]:
-    """A fresh random secret for the store on ``port``, written for this user's ranks: (secret, file)."""
+    """A fresh random secret for the store on ``port``, written for this user's ranks: (secret, file). The file
+    holds ``<pid>:<pid namespace> <secret>``."""
+    sweep()
     secret = secrets.token_hex(16).encode()
     path = _path(port)
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, secret)
+        os.write(fd, _owner() + b" " + secret)
     finally:
         os.close(fd)
     os.replace(tmp, path)  # whole or absent: a reader never sees half a secret (a dead master's file is replaced)
     return secret, path
 
 
-def read(port: int) -> bytes | None:
-    """The secret the master of ``port`` on this host published (None: not yet, or not for this user)."""
-    path = _path(port)
+def _contents(path: str) -> tuple[bytes, bytes] | None:
+    """(owner, secret) of a published file, checked private; None if there is none."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -141,19 +151,49 @@ def read(port: int) -> bytes | None:
         raise DistError(f"pt_dist: cannot open {path}: {e}") from e
     try:
         check_private(os.fstat(fd), path, stat.S_ISREG, "regular file")
-        return os.read(fd, 256) or None
+        owner, _, secret = os.read(fd, 256).partition(b" ")
+        return (owner, secret) if secret else None
     finally:
         os.close(fd)
+
+
+def read(port: int) -> bytes | None:
+    """The secret the master of ``port`` on this host published (None: not yet, or not for this user)."""
+    found = _contents(_path(port))
+    return None if found is None else found[1]
+
+
+def sweep() -> list[str]:
+    """Remove the files of masters that died without closing (a rank killed with its store): judged by pid, and
+    only for publishers in this pid namespace, whose pids mean something here."""
+    removed, here = [], _owner().split(b":")[1]
+    directory = runtime_dir()
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        try:
+            found = _contents(path) if name.startswith("tcpstore-") and name.endswith(".secret") else None
+        except DistError:
+            continue  # not ours to judge (refused anyway when read)
+        pid, _, ns = (found[0] if found else b"").partition(b":")
+        if not found or ns != here or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            unpublish(path, found[1])
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
 
 
 def unpublish(path: str, secret: bytes) -> None:
     """Remove the master's file, unless a newer master on the same port has replaced it."""
     try:
-        with open(path, "rb") as f:
-            if f.read(256) != secret:
-                return
-        os.unlink(path)
-    except OSError:
+        found = _contents(path)
+        if found is not None and found[1] == secret:
+            os.unlink(path)
+    except (OSError, DistError):
         pass
 
 
