@@ -1,9 +1,12 @@
-"""The DeepSpeed config subset: batch-size triangle, defaults, and clear errors naming key and allowed values."""
+"""The DeepSpeed config subset: batch-size triangle, defaults, clear errors naming key and allowed values,
+unknown keys logged and ignored. Also DeepSpeed's tests/unit/runtime/zero/test_zero_config.py, ported."""
 
 import json
+import logging
 
 import pytest
 from ds_zero.config import DeepSpeedConfig, DeepSpeedConfigError
+from ds_zero.runtime.zero.config import parse_zero_config
 
 
 def load(cfg, world=2):
@@ -29,16 +32,30 @@ def test_batch_triangle(given, expect):
     ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4}, "not divisible"),
     ({}, "train_batch_size"),
     ({"train_batch_size": 0}, "'train_batch_size' has invalid value 0"),
-    ({"train_batch_size": 8, "zero_optimisation": {}}, "unknown config key 'zero_optimisation'"),
     ({"train_batch_size": 8, "zero_optimization": {"stage": 4}}, r"'zero_optimization.stage' has invalid value 4; "
                                                                   r"allowed: \[0, 1, 2, 3\]"),
-    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "bucket": 1}}, "unknown config key 'bucket'"),
     ({"train_batch_size": 8, "zero_optimization": {"overlap_comm": "yes"}}, "overlap_comm.*true or false"),
-    ({"train_batch_size": 8, "zero_optimization": {"offload_optimizer": {"device": "nvme"}}},
-     r"offload_optimizer.device' has invalid value 'nvme'; allowed: \['none', 'cpu'\]"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}},
+     r"offload_optimizer.device' has invalid value 'disk'; allowed: \['none', 'cpu', 'nvme'\]"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}},
+     "offload_optimizer.nvme_path' has invalid value None"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
+                                                                                     "nvme_path": "/tmp"}}},
+     "offload_optimizer.device' has invalid value 'nvme'.*stage is 3"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}},
+     "unless zero_optimization.stage is 1, 2 or 3"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
+     "offload_param.device.*unless zero_optimization.stage is 3"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}},
+     "ratio"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": -1}},
+     "stage3_prefetch_bucket_size' has invalid value -1; allowed: an integer >= 0"),
+    ({"train_batch_size": 8, "zero_optimization": {"sub_group_size": 0}}, "sub_group_size"),
+    ({"train_batch_size": 8, "activation_checkpointing": {"contiguous_memory_optimization": True}},
+     "number_checkpoints"),
+    ({"train_batch_size": 8, "aio": {"block_size": 1000}}, "aio.block_size.*4096"),
+    ({"train_batch_size": 8, "pipeline": {"stages": 0}}, "pipeline.stages"),
     ({"train_batch_size": 8, "optimizer": {"type": "Lamb"}}, r"optimizer.type.*'Lamb'.*\['Adam', 'AdamW', 'SGD'\]"),
-    ({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"momentum": 0.9}}},
-     "unknown config key 'momentum' in 'optimizer.params'"),
     ({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}}, "betas"),
     ({"train_batch_size": 8, "scheduler": {"type": "OneCycle"}}, "scheduler.type.*WarmupCosineLR"),
     ({"train_batch_size": 8, "scheduler": {"type": "WarmupDecayLR", "params": {}}}, "total_num_steps"),
@@ -62,7 +79,7 @@ def test_defaults_and_json_path(tmp_path):
     assert cfg.optimizer_name == "AdamW" and cfg.optimizer_params == {"lr": 0.1}
     assert cfg.fp16.enabled and cfg.fp16.initial_scale_power == 16 and cfg.fp16.hysteresis == 2
     assert cfg.zero.stage == 3 and cfg.zero.stage3_param_persistence_threshold == 100_000
-    assert cfg.zero.reduce_bucket_size == 500_000_000 and not cfg.zero.overlap_comm
+    assert cfg.zero.reduce_bucket_size == 500_000_000 and cfg.zero.overlap_comm  # DeepSpeed: on at stage 3
     with pytest.raises(DeepSpeedConfigError, match="does not exist"):
         load(str(tmp_path / "missing.json"))
 
@@ -75,3 +92,79 @@ def test_engine_rejects_bad_config_before_any_communication():
     with pytest.raises(DeepSpeedConfigError, match="zero_optimization.stage"):
         ds_zero.initialize(model=torch.nn.Linear(2, 2), config={"train_batch_size": 2,
                                                                 "zero_optimization": {"stage": 9}})
+
+
+def test_unknown_keys_warn_and_are_ignored(caplog):
+    """DeepSpeed ignores unknown top-level keys; a config written for another DeepSpeed still runs here."""
+    with caplog.at_level(logging.WARNING, logger="ds_zero.config"):
+        cfg = load({"train_batch_size": 8, "zero_optimisation": {}, "steps_per_print": 5,
+                    "zero_optimization": {"stage": 2, "bucket": 1, "round_robin_gradients": True},
+                    "optimizer": {"type": "Adam", "params": {"lr": 0.1, "momentum": 0.9}}})
+    text = caplog.text
+    assert "unknown config key 'zero_optimisation' at the top level" in text
+    assert "unknown config key 'bucket' in 'zero_optimization'" in text
+    assert "unknown config key 'momentum' in 'optimizer.params'" in text
+    assert "'round_robin_gradients' in 'zero_optimization' is a DeepSpeed option ds_zero does not implement" in text
+    assert "'steps_per_print' at the top level is a DeepSpeed option" in text
+    assert cfg.zero.stage == 2 and cfg.optimizer_params == {"lr": 0.1}
+
+
+def test_values_deepspeed_accepts():
+    """Issue 27 item 6: 0 means "no prefetch" / "release at once" in DeepSpeed; sub_group_size is its tile size."""
+    z = parse_zero_config({"stage": 3, "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0,
+                           "sub_group_size": 1000, "stage3_max_live_parameters": 0,
+                           "offload_param": {"device": "cpu", "pin_memory": False},
+                           "offload_optimizer": {"device": "cpu", "pin_memory": False}})
+    assert (z.prefetch_bucket_size, z.max_reuse_distance, z.sub_group_size, z.max_live_parameters) == (0, 0, 1000, 0)
+    assert z.offload_param.device == "cpu" and z.offload_param.pin_memory is False
+    assert z.offload_optimizer.pin_memory is False and z.offload_optimizer.buffer_count == 4
+
+
+def test_nvme_path_checked_at_start_up(tmp_path):
+    """An unwritable swap directory is a config error, not a failure at the first swap-out."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        import os
+
+        if os.access(ro, os.W_OK):  # running as root: permissions do not bind, use a path under a file instead
+            ro = tmp_path / "file"
+            ro.write_text("x")
+            ro = ro / "sub"
+        with pytest.raises(DeepSpeedConfigError, match="offload_optimizer.nvme_path"):
+            parse_zero_config({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": str(ro)}})
+    finally:
+        (tmp_path / "ro").chmod(0o700)
+    z = parse_zero_config({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path / "ok")}})
+    assert z.offload_optimizer.nvme_path == str(tmp_path / "ok") and (tmp_path / "ok").is_dir()
+
+
+# --- DeepSpeed's tests/unit/runtime/zero/test_zero_config.py -------------------------------------
+def test_zero_config_aliasfields():
+    assert parse_zero_config({"stage3_prefetch_bucket_size": 12345}).prefetch_bucket_size == 12345
+    assert parse_zero_config({"stage3_param_persistence_threshold": 12345}).param_persistence_threshold == 12345
+    assert parse_zero_config({"stage3_max_reuse_distance": 12345}).max_reuse_distance == 12345
+    assert parse_zero_config({"prefetch_bucket_size": 7}).stage3_prefetch_bucket_size == 7
+
+
+def test_zero_config_overlapcomm():
+    for stage in [0, 1, 2]:
+        assert parse_zero_config({"stage": stage}).overlap_comm is False
+    assert parse_zero_config({"stage": 3}).overlap_comm is True
+
+
+def test_zero_config_offload_configs():
+    z = parse_zero_config({})
+    assert not z.offload_param.enabled and not z.offload_optimizer.enabled
+    z = parse_zero_config({"stage": 3, "offload_param": None, "offload_optimizer": None})
+    assert not z.offload_param.enabled and not z.offload_optimizer.enabled
+    z = parse_zero_config({"stage": 3, "offload_param": {}, "offload_optimizer": {}})
+    assert z.offload_param.device == "none" and z.offload_param.buffer_count == 5
+
+
+def test_zero_offload_optimizer_config_pipeline():
+    assert parse_zero_config({"stage": 3, "offload_optimizer": {}}).offload_optimizer.pipeline is False
+    for read, write in ((True, False), (False, True), (True, True)):
+        z = parse_zero_config({"stage": 3, "offload_optimizer": {"pipeline_read": read, "pipeline_write": write}})
+        assert z.offload_optimizer.pipeline is True

@@ -95,7 +95,39 @@ def _side_by_side_body(rank, world, paths):
     results["lr"] = (_lr_curves(ds_sched, sgd), _lr_curves(our_sched, sgd))
     scaler_kw = dict(init_scale=2.0**8, scale_window=3, min_scale=1.0, delayed_shift=2, consecutive_hysteresis=False)
     results["scaler"] = (_scaler_trace(lambda: DsScaler(**scaler_kw)), _scaler_trace(lambda: OurScaler(**scaler_kw)))
+    results["scaler_stage0"] = _stage0_scaler_traces()
     return results
+
+
+def _stage0_scaler_traces():
+    """ZeRO stage 0 in fp16 is DeepSpeed's FP16_(Unfused)Optimizer, whose _update_scale we call on its own config."""
+    import types
+
+    import torch
+    from deepspeed.runtime.fp16 import loss_scaler as ds_ls
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+    from ds_zero.runtime.fp16.loss_scaler import FP16OptimizerLossScaler
+
+    # Seven overflows in a row reach min_scale (ours raised there, with ZeRO's scaler); then recovery.
+    pattern = [True] * 7 + [False] * 7 + [True, False, False, False]
+    args = {ds_ls.INITIAL_LOSS_SCALE: 2.0**6, ds_ls.SCALE_WINDOW: 3, ds_ls.MIN_LOSS_SCALE: 2.0,
+            ds_ls.DELAYED_SHIFT: 2, ds_ls.CONSECUTIVE_HYSTERESIS: False}
+    traces = {}
+    for name, cls in (("fused", FP16_Optimizer), ("unfused", FP16_UnfusedOptimizer)):
+        cfg = ds_ls.LossScaleConfig(torch.float16, True, 1.0, args, profile=ds_ls.LossScaleProfile.UNFUSED)
+        holder = types.SimpleNamespace(loss_scale_config=cfg, verbose=False)
+        trace = []
+        for overflow in pattern:
+            cls._update_scale(holder, overflow)
+            trace.append(cfg.cur_scale)
+        traces[name] = trace
+    ours = FP16OptimizerLossScaler(init_scale=2.0**6, scale_window=3, min_scale=2.0, delayed_shift=2)
+    traces["ds_zero"] = []
+    for overflow in pattern:
+        ours.update_scale(overflow)
+        traces["ds_zero"].append(ours.cur_scale)
+    return traces
 
 
 def test_loss_sequences_match_deepspeed(tmp_path):
@@ -120,3 +152,7 @@ def test_loss_sequences_match_deepspeed(tmp_path):
     ds_scale, our_scale = results[0]["scaler"]
     assert our_scale == ds_scale
     assert len(set(ds_scale)) > 2
+    # Stage 0's fp16 rule: halve on every overflow (no hysteresis), clamp at min_loss_scale without raising.
+    stage0 = results[0]["scaler_stage0"]
+    assert stage0["ds_zero"] == stage0["unfused"] == stage0["fused"]
+    assert stage0["ds_zero"][:7] == [32.0, 16.0, 8.0, 4.0, 2.0, 2.0, 2.0]

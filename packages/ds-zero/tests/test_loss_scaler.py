@@ -56,6 +56,22 @@ def _mixed_cases_body(rank, world):
             trace.append((engine.loss_scale, changed, engine.get_lr()[0], engine.skipped_steps))
         out[(stage, "overflow")] = trace
         engine.destroy()
+    # Stage 0 (DeepSpeed's FP16_Optimizer): the default hysteresis 2 does not delay the halving, and overflowing
+    # at min_loss_scale keeps skipping instead of raising.
+    cfg = lib.base_config(0, world, micro=MICRO)
+    cfg["fp16"] = {"enabled": True, "initial_scale_power": 10, "min_loss_scale": 512}
+    engine, *_ = ds_zero.initialize(model=lib.make_model(), config=cfg)
+    trace = []
+    for s in range(6):
+        xb, yb = lib.rank_batches(x, y, s, rank, world, MICRO, 1)[0]
+        xb = xb.half()
+        if s in (2, 3) and rank == 1:
+            xb[0, 0] = float("inf")
+        engine.backward(torch.nn.functional.mse_loss(engine(xb).float(), yb))
+        engine.step()
+        trace.append((engine.loss_scale, engine.skipped_steps))
+    out[(0, "overflow")] = trace
+    engine.destroy()
     return out
 
 
@@ -95,3 +111,5 @@ def _check_fp16_overflow_skips_step_and_halves_scale(results):
         assert scales[4] == 512.0 and scales[5] == 1024.0  # regrows after loss_scale_window clean steps
         assert lrs[2] == lrs[1] and lrs[3] > lrs[2]  # the schedule does not advance on a skipped step
         assert [t[3] for t in trace] == [0, 0, 1, 1, 1, 1]
+    for r in results:
+        assert r[(0, "overflow")] == [(1024.0, 0), (1024.0, 0), (512.0, 1), (512.0, 2), (512.0, 2), (512.0, 2)]

@@ -1,4 +1,5 @@
-"""ds_zero: DeepSpeed's ZeRO engine rebuilt small (stages 1-3, fp16/bf16, DeepSpeed JSON config, checkpoints)."""
+"""ds_zero: DeepSpeed's engine rebuilt small: ZeRO stages 0-3 with CPU/NVMe offload, the 1F1B pipeline engine,
+activation checkpointing, fp16/bf16, DeepSpeed's JSON config and checkpoints."""
 
 from __future__ import annotations
 
@@ -11,18 +12,45 @@ __version__ = "0.1.0"
 __all__ = ["initialize", "DeepSpeedEngine", "DeepSpeedConfig", "DeepSpeedConfigError", "zero"]
 
 
-def initialize(model, config=None, model_parameters=None, optimizer=None, lr_scheduler=None, training_data=None,
-               collate_fn=None, mpu=None, dist_init_required=None, config_params=None, args=None):
-    """Wrap ``model`` for ZeRO training; returns ``(engine, optimizer, training_dataloader, lr_scheduler)``.
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
+               distributed_port: int = 29500, mpu=None, dist_init_required=None, collate_fn=None, config=None,
+               mesh_param=None, config_params=None):
+    """Wrap ``model`` for training; returns ``(engine, optimizer, training_dataloader, lr_scheduler)``.
 
-    Same signature and return value as ``deepspeed.initialize``; ``config`` is a dict or a JSON path
-    (``config_params`` is DeepSpeed's older name for it).
+    ``deepspeed.initialize``'s signature and return value. ``config`` is a dict or a JSON path
+    (``config_params`` is its older name, ``args.deepspeed_config`` the oldest). A
+    :class:`ds_zero.pipe.PipelineModule` gets a :class:`ds_zero.pipe.PipelineEngine`.
     """
+    if model is None:
+        raise ValueError("initialize needs model=")
+    if mesh_param is not None:
+        raise ValueError("mesh_param (DeepSpeed's device-mesh shortcut) is not supported by ds_zero; pass an mpu")
     if config is None:
         config = config_params if config_params is not None else getattr(args, "deepspeed_config", None)
+    elif config_params is not None:
+        raise ValueError("pass the config as config= or config_params=, not both")
     if config is None:
         raise ValueError("initialize needs a config: a dict or the path of a DeepSpeed JSON file")
-    engine = DeepSpeedEngine(model, config, model_parameters=model_parameters, optimizer=optimizer,
-                             lr_scheduler=lr_scheduler, training_data=training_data, collate_fn=collate_fn, mpu=mpu,
-                             dist_init_required=dist_init_required)
+    kwargs = dict(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
+                  training_data=training_data, lr_scheduler=lr_scheduler, mpu=mpu,
+                  dist_init_required=dist_init_required, collate_fn=collate_fn, config=config,
+                  distributed_port=distributed_port)
+    if _is_pipeline_module(model):
+        from ds_zero.pipe.engine import PipelineEngine
+
+        if mpu is not None:
+            raise ValueError("a PipelineModule brings its own process grid (topology); do not pass mpu")
+        engine = PipelineEngine(**kwargs)
+    else:
+        engine = DeepSpeedEngine(**kwargs)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _is_pipeline_module(model) -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("ds_zero.pipe") is None:
+        return False
+    from ds_zero.pipe.module import PipelineModule
+
+    return isinstance(model, PipelineModule)

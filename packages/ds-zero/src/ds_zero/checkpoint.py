@@ -25,8 +25,12 @@ MODEL_FILE = "mp_rank_00_model_states.pt"
 LATEST = "latest"
 
 
-def optim_file(rank: int) -> str:
-    return f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+def model_file(mp_rank: int = 0) -> str:
+    return f"mp_rank_{mp_rank:02d}_model_states.pt"
+
+
+def optim_file(rank: int, mp_rank: int = 0) -> str:
+    return f"zero_pp_rank_{rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
 
 
 def atomic_torch_save(obj, path: str) -> None:
@@ -80,11 +84,13 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest: 
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
     dist.barrier()
-    if rank == 0:
-        atomic_torch_save(_model_states(engine, client_state or {}), os.path.join(staging, MODEL_FILE))
+    groups = engine.groups
+    if groups.dp_rank == 0:
+        atomic_torch_save(_model_states(engine, client_state or {}),
+                          os.path.join(staging, model_file(groups.slice_rank)))
     sd = engine.optimizer.state_dict()
     sd["zero_stage"] = engine.zero_optimization_stage()
-    atomic_torch_save(sd, os.path.join(staging, optim_file(dist.get_rank(engine.dp_process_group))))
+    atomic_torch_save(sd, os.path.join(staging, optim_file(groups.dp_rank, groups.slice_rank)))
     dist.barrier()
     if rank == 0:
         final, old = os.path.join(save_dir, tag), os.path.join(save_dir, f".{tag}.old")
@@ -124,7 +130,8 @@ def load_checkpoint(engine, load_dir, tag=None, load_optimizer_states: bool = Tr
     if path is None:
         logger.warning("no 'latest' file in %s; nothing loaded", load_dir)
         return None, None
-    states = torch.load(os.path.join(path, MODEL_FILE), map_location="cpu", weights_only=False)
+    groups = engine.groups
+    states = torch.load(os.path.join(path, model_file(groups.slice_rank)), map_location="cpu", weights_only=False)
     if states["dp_world_size"] != engine.dp_world_size or states["zero_stage"] != engine.zero_optimization_stage():
         raise ValueError(f"checkpoint {path!r} is ZeRO stage {states['zero_stage']} at world size "
                          f"{states['dp_world_size']}; this engine is stage {engine.zero_optimization_stage()} at "
@@ -134,13 +141,12 @@ def load_checkpoint(engine, load_dir, tag=None, load_optimizer_states: bool = Tr
     if unexpected or set(missing) - partitioned:
         raise ValueError(f"checkpoint module state does not fit the model: missing {sorted(set(missing) - partitioned)}"
                          f", unexpected {sorted(unexpected)}")
-    rank = dist.get_rank(engine.dp_process_group)
-    optim = torch.load(os.path.join(path, optim_file(rank)), map_location="cpu", weights_only=False)
+    optim = torch.load(os.path.join(path, optim_file(groups.dp_rank, groups.slice_rank)), map_location="cpu",
+                       weights_only=False)
     if load_optimizer_states:
         engine.optimizer.load_state_dict(optim)
     else:
-        for master, saved in zip(engine.optimizer.master_partitions, optim["master_partitions"]):
-            master.data.copy_(saved)
+        engine.optimizer._load_masters(optim["master_partitions"])
         engine.optimizer._update_params_from_master()
     if load_lr_scheduler_states and engine.lr_scheduler is not None and states["lr_scheduler"] is not None:
         engine.lr_scheduler.load_state_dict(states["lr_scheduler"])

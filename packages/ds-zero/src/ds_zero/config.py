@@ -2,8 +2,9 @@
 
 Mirrors ``deepspeed/runtime/config.py`` (``DeepSpeedConfig``): the batch-size triangle
 ``train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp_world_size``
-is completed from any two of its sides, and every key is checked before any communication.
-An unknown key or a bad value raises :class:`DeepSpeedConfigError` naming the key and what is allowed.
+is completed from any two of its sides, and every value is checked before any communication.
+A bad value raises :class:`DeepSpeedConfigError` naming the key and what is allowed; an unknown
+key (or a DeepSpeed key ds_zero does not implement) is logged and ignored.
 """
 
 from __future__ import annotations
@@ -14,21 +15,31 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ds_zero.config_utils import DeepSpeedConfigError, as_bool, as_float, as_int, config_err, split_keys
+from ds_zero.runtime.zero.config import DeepSpeedZeroConfig, parse_zero_config
 
-class DeepSpeedConfigError(ValueError):
-    """A config key is unknown or its value is not allowed."""
-
+__all__ = ["DeepSpeedConfig", "DeepSpeedConfigError"]
 
 _TOP_KEYS = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-    "optimizer", "scheduler", "fp16", "bf16", "zero_optimization",
-    # Accepted for compatibility with DeepSpeed configs; they change nothing here.
+    "optimizer", "scheduler", "fp16", "bf16", "zero_optimization", "activation_checkpointing", "pipeline", "aio",
+}
+# DeepSpeed's other top-level options: accepted, logged, no effect here.
+_TOP_IGNORED = {
     "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "dump_state",
+    "zero_force_ds_cpu_optimizer", "prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "amp",
+    "communication_data_type", "seq_parallel_communication_data_type", "flops_profiler", "tensorboard", "wandb",
+    "csv_monitor", "comet", "elasticity", "checkpoint", "data_efficiency", "data_types", "compile",
+    "memory_breakdown", "sparse_attention", "autotuning", "comms_logger", "torch_autocast", "disable_allgather",
+    "dataloader_drop_last", "gradient_allreduce_op", "use_data_before_expert_parallelism", "log_level",
+    "monitor_config", "eigenvalue", "progressive_layer_drop", "curriculum_learning", "quantize_training",
+    "weight_quantization", "compression_training", "hybrid_engine", "nebula", "disable_python_gc",
+    "managed_gradient_accumulation", "check_overflow", "tensor_parallel", "sequence_parallel_size",
 }
 _OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
 _OPTIMIZER_PARAMS = {
-    "Adam": {"lr", "betas", "eps", "weight_decay", "amsgrad", "torch_adam", "adam_w_mode"},
-    "AdamW": {"lr", "betas", "eps", "weight_decay", "amsgrad", "torch_adam", "adam_w_mode"},
+    "Adam": {"lr", "betas", "eps", "weight_decay", "amsgrad", "torch_adam", "adam_w_mode", "bias_correction"},
+    "AdamW": {"lr", "betas", "eps", "weight_decay", "amsgrad", "torch_adam", "adam_w_mode", "bias_correction"},
     "SGD": {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
 }
 _SCHEDULER_PARAMS = {
@@ -40,60 +51,39 @@ _SCHEDULER_PARAMS = {
 }
 _FP16_KEYS = {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
               "consecutive_hysteresis", "min_loss_scale"}
+_FP16_IGNORED = {"fp16_master_weights_and_grads"}
 _BF16_KEYS = {"enabled"}
-_ZERO_KEYS = {"stage", "overlap_comm", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
-              "allgather_partitions", "allgather_bucket_size", "stage3_prefetch_bucket_size",
-              "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-              "offload_optimizer", "offload_param"}
-_OFFLOAD_KEYS = {"device", "pin_memory"}
-_OFFLOAD_DEVICES = ["none", "cpu"]
-
-
-def _err(key: str, value: Any, allowed: str) -> DeepSpeedConfigError:
-    return DeepSpeedConfigError(f"config key {key!r} has invalid value {value!r}; allowed: {allowed}")
-
-
-def _check_keys(section: str, d: Any, allowed: set) -> dict:
-    if not isinstance(d, dict):
-        raise _err(section, d, "a JSON object")
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        where = f"in {section!r}" if section else "at the top level"
-        raise DeepSpeedConfigError(f"unknown config key {unknown[0]!r} {where}; allowed keys: {sorted(allowed)}")
-    return d
-
-
-def _bool(key: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise _err(key, v, "true or false")
-    return v
-
-
-def _pos_int(key: str, v: Any, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < minimum:
-        raise _err(key, v, f"an integer >= {minimum}")
-    return int(v)
-
-
-def _nonneg_float(key: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        raise _err(key, v, "a number >= 0")
-    return float(v)
+_BF16_IGNORED = {"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+                 "bf16_optimizer_states"}
+# deepspeed/runtime/activation_checkpointing/config.py
+_ACT_CKPT_KEYS = {"partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
+                  "number_checkpoints", "synchronize_checkpoint_boundary", "profile"}
+# deepspeed/runtime/config.py: get_pipeline_config
+_PIPELINE_KEYS = {"stages", "partition", "seed_layers", "activation_checkpoint_interval", "pipe_partitioned",
+                  "grad_partitioned"}
+# deepspeed/runtime/swap_tensor/aio_config.py
+_AIO_KEYS = {"block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit",
+             "overlap_events", "use_gds"}
 
 
 @dataclass
-class ZeroConfig:
-    stage: int = 0
-    overlap_comm: bool = False
-    contiguous_gradients: bool = True
-    reduce_scatter: bool = True
-    reduce_bucket_size: int = 500_000_000
-    allgather_bucket_size: int = 500_000_000
-    stage3_prefetch_bucket_size: int = 50_000_000
-    stage3_param_persistence_threshold: int = 100_000
-    stage3_max_live_parameters: int = 1_000_000_000
-    offload_optimizer_device: str = "none"
-    offload_param_device: str = "none"
+class ActivationCheckpointingConfig:
+    partition_activations: bool = False
+    contiguous_memory_optimization: bool = False
+    cpu_checkpointing: bool = False
+    number_checkpoints: int | None = None
+    synchronize_checkpoint_boundary: bool = False
+    profile: bool = False
+
+
+@dataclass
+class AioConfig:
+    block_size: int = 1_048_576
+    queue_depth: int = 8
+    intra_op_parallelism: int = 1
+    single_submit: bool = False
+    overlap_events: bool = True
+    use_gds: bool = False
 
 
 @dataclass
@@ -121,7 +111,10 @@ class DeepSpeedConfig:
     scheduler_params: dict = field(default_factory=dict)
     fp16: FP16Config = field(default_factory=FP16Config)
     bf16_enabled: bool = False
-    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    zero: DeepSpeedZeroConfig = field(default_factory=DeepSpeedZeroConfig)
+    activation_checkpointing: ActivationCheckpointingConfig = field(default_factory=ActivationCheckpointingConfig)
+    pipeline: dict = field(default_factory=dict)
+    aio: AioConfig = field(default_factory=AioConfig)
     raw: dict = field(default_factory=dict)
 
     @property
@@ -138,22 +131,25 @@ class DeepSpeedConfig:
         if not isinstance(config, dict):
             raise DeepSpeedConfigError(f"config must be a dict or a JSON file path, got {type(config).__name__}")
         raw = copy.deepcopy(config)
-        _check_keys("", raw, _TOP_KEYS)
-        train, micro, gas = _batch_triangle(raw, world_size)
+        known = split_keys("", raw, _TOP_KEYS, _TOP_IGNORED)
+        train, micro, gas = _batch_triangle(known, world_size)
         out = cls(train, micro, gas, raw=raw)
-        if "gradient_clipping" in raw:
-            out.gradient_clipping = _nonneg_float("gradient_clipping", raw["gradient_clipping"])
-        if "optimizer" in raw:
-            out.optimizer_name, out.optimizer_params = _optimizer(raw["optimizer"])
-        if "scheduler" in raw:
-            out.scheduler_name, out.scheduler_params = _scheduler(raw["scheduler"])
-        out.fp16 = _fp16(raw.get("fp16", {}))
-        bf16 = _check_keys("bf16", raw.get("bf16", {}), _BF16_KEYS)
-        out.bf16_enabled = _bool("bf16.enabled", bf16.get("enabled", False))
+        if "gradient_clipping" in known:
+            out.gradient_clipping = as_float("gradient_clipping", known["gradient_clipping"])
+        if "optimizer" in known:
+            out.optimizer_name, out.optimizer_params = _optimizer(known["optimizer"])
+        if "scheduler" in known:
+            out.scheduler_name, out.scheduler_params = _scheduler(known["scheduler"])
+        out.fp16 = _fp16(known.get("fp16", {}))
+        bf16 = split_keys("bf16", known.get("bf16", {}), _BF16_KEYS, _BF16_IGNORED)
+        out.bf16_enabled = as_bool("bf16.enabled", bf16.get("enabled", False))
         if out.fp16.enabled and out.bf16_enabled:
             raise DeepSpeedConfigError(
                 "config keys 'fp16.enabled' and 'bf16.enabled' are both true; enable at most one")
-        out.zero = _zero(raw.get("zero_optimization", {}))
+        out.zero = parse_zero_config(known.get("zero_optimization", {}))
+        out.activation_checkpointing = _activation_checkpointing(known.get("activation_checkpointing", {}))
+        out.pipeline = _pipeline(known.get("pipeline", {}))
+        out.aio = _aio(known.get("aio", {}))
         return out
 
 
@@ -161,9 +157,9 @@ def _batch_triangle(raw: dict, world_size: int) -> tuple[int, int, int]:
     train = raw.get("train_batch_size")
     micro = raw.get("train_micro_batch_size_per_gpu")
     gas = raw.get("gradient_accumulation_steps")
-    train = None if train is None else _pos_int("train_batch_size", train)
-    micro = None if micro is None else _pos_int("train_micro_batch_size_per_gpu", micro)
-    gas = None if gas is None else _pos_int("gradient_accumulation_steps", gas)
+    train = None if train is None else as_int("train_batch_size", train)
+    micro = None if micro is None else as_int("train_micro_batch_size_per_gpu", micro)
+    gas = None if gas is None else as_int("gradient_accumulation_steps", gas)
     if train is not None and micro is not None and gas is not None:
         pass
     elif train is not None and micro is not None:
@@ -197,92 +193,100 @@ def _batch_triangle(raw: dict, world_size: int) -> tuple[int, int, int]:
 
 
 def _optimizer(section: Any) -> tuple[str, dict]:
-    _check_keys("optimizer", section, {"type", "params"})
+    split_keys("optimizer", section, {"type", "params"})
     kind = section.get("type")
     if not isinstance(kind, str) or kind.lower() not in _OPTIMIZERS:
-        raise _err("optimizer.type", kind, str(sorted(_OPTIMIZERS.values())))
+        raise config_err("optimizer.type", kind, str(sorted(_OPTIMIZERS.values())))
     name = _OPTIMIZERS[kind.lower()]
-    params = _check_keys("optimizer.params", section.get("params", {}), _OPTIMIZER_PARAMS[name])
+    params = split_keys("optimizer.params", section.get("params", {}), _OPTIMIZER_PARAMS[name])
     for key in ("lr", "eps", "weight_decay", "momentum", "dampening"):
         if key in params:
-            _nonneg_float(f"optimizer.params.{key}", params[key])
+            as_float(f"optimizer.params.{key}", params[key])
     if "betas" in params:
         b = params["betas"]
         if not (isinstance(b, (list, tuple)) and len(b) == 2 and all(isinstance(x, (int, float)) and 0 <= x < 1
                                                                     for x in b)):
-            raise _err("optimizer.params.betas", b, "a list of two numbers in [0, 1)")
+            raise config_err("optimizer.params.betas", b, "a list of two numbers in [0, 1)")
     for key in ("amsgrad", "torch_adam", "adam_w_mode", "nesterov"):
         if key in params:
-            _bool(f"optimizer.params.{key}", params[key])
+            as_bool(f"optimizer.params.{key}", params[key])
     return name, dict(params)
 
 
 def _scheduler(section: Any) -> tuple[str, dict]:
-    _check_keys("scheduler", section, {"type", "params"})
+    split_keys("scheduler", section, {"type", "params"})
     kind = section.get("type")
     if kind not in _SCHEDULER_PARAMS:
-        raise _err("scheduler.type", kind, str(sorted(_SCHEDULER_PARAMS)))
-    params = _check_keys("scheduler.params", section.get("params", {}), _SCHEDULER_PARAMS[kind])
+        raise config_err("scheduler.type", kind, str(sorted(_SCHEDULER_PARAMS)))
+    params = split_keys("scheduler.params", section.get("params", {}), _SCHEDULER_PARAMS[kind])
     if "warmup_type" in params and params["warmup_type"] not in ("log", "linear"):
-        raise _err("scheduler.params.warmup_type", params["warmup_type"], "['linear', 'log']")
+        raise config_err("scheduler.params.warmup_type", params["warmup_type"], "['linear', 'log']")
     if "warmup_num_steps" in params:
-        _pos_int("scheduler.params.warmup_num_steps", params["warmup_num_steps"])
+        as_int("scheduler.params.warmup_num_steps", params["warmup_num_steps"])
     if "total_num_steps" in params:
-        _pos_int("scheduler.params.total_num_steps", params["total_num_steps"])
+        as_int("scheduler.params.total_num_steps", params["total_num_steps"])
     elif kind != "WarmupLR":
         raise DeepSpeedConfigError(f"config key 'scheduler.params.total_num_steps' is required by {kind}")
     return kind, dict(params)
 
 
 def _fp16(section: Any) -> FP16Config:
-    _check_keys("fp16", section, _FP16_KEYS)
+    split_keys("fp16", section, _FP16_KEYS)
     out = FP16Config()
-    out.enabled = _bool("fp16.enabled", section.get("enabled", False))
+    out.enabled = as_bool("fp16.enabled", section.get("enabled", False))
     if section.get("auto_cast", False):
-        raise _err("fp16.auto_cast", section["auto_cast"], "false (inputs are cast by the caller)")
-    out.loss_scale = _nonneg_float("fp16.loss_scale", section.get("loss_scale", 0.0))
-    out.initial_scale_power = _pos_int("fp16.initial_scale_power", section.get("initial_scale_power", 16), 0)
-    out.loss_scale_window = _pos_int("fp16.loss_scale_window", section.get("loss_scale_window", 1000))
-    out.hysteresis = _pos_int("fp16.hysteresis", section.get("hysteresis", 2))
-    out.consecutive_hysteresis = _bool("fp16.consecutive_hysteresis", section.get("consecutive_hysteresis", False))
-    out.min_loss_scale = _nonneg_float("fp16.min_loss_scale", section.get("min_loss_scale", 1.0))
+        raise config_err("fp16.auto_cast", section["auto_cast"], "false (inputs are cast by the caller)")
+    out.loss_scale = as_float("fp16.loss_scale", section.get("loss_scale", 0.0))
+    out.initial_scale_power = as_int("fp16.initial_scale_power", section.get("initial_scale_power", 16), 0)
+    out.loss_scale_window = as_int("fp16.loss_scale_window", section.get("loss_scale_window", 1000))
+    out.hysteresis = as_int("fp16.hysteresis", section.get("hysteresis", 2))
+    out.consecutive_hysteresis = as_bool("fp16.consecutive_hysteresis", section.get("consecutive_hysteresis", False))
+    out.min_loss_scale = as_float("fp16.min_loss_scale", section.get("min_loss_scale", 1.0))
     return out
 
 
-def _offload(key: str, section: Any) -> str:
-    _check_keys(key, section, _OFFLOAD_KEYS)
-    device = section.get("device", "none")
-    if device not in _OFFLOAD_DEVICES:
-        raise _err(f"{key}.device", device, str(_OFFLOAD_DEVICES))
-    return device
+def _activation_checkpointing(section: Any) -> ActivationCheckpointingConfig:
+    section = split_keys("activation_checkpointing", section, _ACT_CKPT_KEYS)
+    out = ActivationCheckpointingConfig()
+    for key in ("partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
+                "synchronize_checkpoint_boundary", "profile"):
+        if key in section:
+            setattr(out, key, as_bool(f"activation_checkpointing.{key}", section[key]))
+    if section.get("number_checkpoints") is not None:
+        out.number_checkpoints = as_int("activation_checkpointing.number_checkpoints", section["number_checkpoints"])
+    if out.contiguous_memory_optimization and out.number_checkpoints is None:
+        raise config_err("activation_checkpointing.number_checkpoints", None,
+                   "an integer >= 1 when contiguous_memory_optimization is true")
+    return out
 
 
-def _zero(section: Any) -> ZeroConfig:
-    _check_keys("zero_optimization", section, _ZERO_KEYS)
-    out = ZeroConfig()
-    stage = section.get("stage", 0)
-    if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
-        raise _err("zero_optimization.stage", stage, "[0, 1, 2, 3]")
-    out.stage = stage
-    for key in ("overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions"):
+def _pipeline(section: Any) -> dict:
+    section = split_keys("pipeline", section, _PIPELINE_KEYS)
+    out = {"stages": "auto", "partition": "best", "seed_layers": False, "activation_checkpoint_interval": 0,
+           "pipe_partitioned": True, "grad_partitioned": True}
+    out.update(section)
+    if out["stages"] != "auto":
+        as_int("pipeline.stages", out["stages"])
+    as_int("pipeline.activation_checkpoint_interval", out["activation_checkpoint_interval"], 0)
+    for key in ("seed_layers", "pipe_partitioned", "grad_partitioned"):
+        as_bool(f"pipeline.{key}", out[key])
+    return out
+
+
+def _aio(section: Any) -> AioConfig:
+    section = split_keys("aio", section, _AIO_KEYS)
+    out = AioConfig()
+    for key in ("block_size", "queue_depth"):
         if key in section:
-            value = _bool(f"zero_optimization.{key}", section[key])
-            if hasattr(out, key):
-                setattr(out, key, value)
-    for key in ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
-                "stage3_max_live_parameters", "stage3_max_reuse_distance"):
+            setattr(out, key, as_int(f"aio.{key}", section[key]))
+    for key in ("intra_op_parallelism", "thread_count"):  # DeepSpeed renamed thread_count
         if key in section:
-            value = _pos_int(f"zero_optimization.{key}", section[key])
-            if hasattr(out, key):
-                setattr(out, key, value)
-    if "stage3_param_persistence_threshold" in section:
-        out.stage3_param_persistence_threshold = _pos_int(
-            "zero_optimization.stage3_param_persistence_threshold", section["stage3_param_persistence_threshold"], 0)
-    if "offload_optimizer" in section:
-        out.offload_optimizer_device = _offload("zero_optimization.offload_optimizer", section["offload_optimizer"])
-    if "offload_param" in section:
-        out.offload_param_device = _offload("zero_optimization.offload_param", section["offload_param"])
-        if out.offload_param_device != "none" and stage != 3:
-            raise _err("zero_optimization.offload_param.device", out.offload_param_device,
-                       "'none' unless zero_optimization.stage is 3")
+            out.intra_op_parallelism = as_int(f"aio.{key}", section[key])
+    for key in ("single_submit", "overlap_events"):
+        if key in section:
+            setattr(out, key, as_bool(f"aio.{key}", section[key]))
+    if section.get("use_gds", False):
+        raise config_err("aio.use_gds", section["use_gds"], "false (GPUDirect Storage is not supported by ds_zero)")
+    if out.block_size % 4096:
+        raise config_err("aio.block_size", out.block_size, "a multiple of 4096 (O_DIRECT alignment)")
     return out

@@ -2,112 +2,139 @@
 
 It owns the module (cast to fp16/bf16 when enabled), the ZeRO optimizer of the configured stage, the
 loss scaler, the lr schedule and the micro-step counter that decides gradient-accumulation
-boundaries. ``backward`` divides the loss by the accumulation steps and multiplies it by the loss
-scale (as DeepSpeed does); ``step`` only updates on a boundary and never steps the schedule on a
-skipped fp16 step.
+boundaries. ``backward(loss)`` divides the loss by the accumulation steps (``scale_wrt_gas``) and
+multiplies it by the loss scale; a torch-style ``output.backward(grad)`` on the engine's outputs gets
+the same scaling from hooks on those outputs. ``step`` only updates on a boundary and never steps the
+schedule on a skipped fp16 step. With an ``mpu`` the data-parallel group is the mpu's, and the
+gradient norm and overflow checks also span its model-parallel group.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 
 import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
 
 from ds_zero.config import DeepSpeedConfig
+from ds_zero.engine_setup import build_basic_optimizer, check_nvme_space
 from ds_zero.runtime.fp16.loss_scaler import create_loss_scaler
 from ds_zero.runtime.lr_schedules import SCHEDULERS
 from ds_zero.runtime.zero.partition_parameters import is_zero_param
 from ds_zero.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from ds_zero.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+from ds_zero.utils.groups import ParallelGroups, mpu_data_parallel_world_size
 
 logger = logging.getLogger(__name__)
 
 
-def _build_basic_optimizer(name: str, params: dict, model_parameters) -> torch.optim.Optimizer:
-    kwargs = dict(params)
-    if name in ("Adam", "AdamW"):
-        kwargs.pop("torch_adam", None)
-        adam_w_mode = kwargs.pop("adam_w_mode", True)
-        # As in DeepSpeed: type "Adam" means decoupled weight decay unless adam_w_mode is false.
-        cls = torch.optim.AdamW if (name == "AdamW" or adam_w_mode) else torch.optim.Adam
-        if "betas" in kwargs:
-            kwargs["betas"] = tuple(kwargs["betas"])
-        return cls(model_parameters, **kwargs)
-    return torch.optim.SGD(model_parameters, **kwargs)
+def init_distributed(dist_init_required, distributed_port: int = 29500) -> None:
+    """DeepSpeed's ``init_distributed``: join the job torchrun (or the environment) describes, else one process."""
+    if dist.is_initialized():
+        return
+    if dist_init_required is False:
+        raise RuntimeError("torch.distributed is not initialised and dist_init_required=False; call "
+                           "dist.init_process_group first")
+    for key, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                         ("MASTER_PORT", str(distributed_port))):
+        os.environ.setdefault(key, default)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
 
 
 class DeepSpeedEngine(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module, config, model_parameters=None, optimizer=None, lr_scheduler=None,
-                 training_data=None, collate_fn=None, mpu=None, dist_init_required=None):
+    def __init__(self, args=None, model: torch.nn.Module = None, optimizer=None, model_parameters=None,
+                 training_data=None, lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
+                 config=None, config_class=None, distributed_port: int = 29500):
         super().__init__()
+        if model is None:
+            raise ValueError("initialize needs a model")
         # Validate everything before touching the process group, so bad input fails alone and fast.
-        world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
-        self._config = DeepSpeedConfig.load(config, world)
-        if mpu is not None:
-            raise ValueError("mpu (model parallelism) is not supported by ds_zero; pass mpu=None")
-        if not dist.is_initialized():
-            raise RuntimeError("ds_zero needs torch.distributed initialised (e.g. dist.init_process_group('gloo'))")
-        self.dp_process_group = None
-        self.dp_world_size = dist.get_world_size()
-        self.global_rank = dist.get_rank()
+        world = mpu_data_parallel_world_size(mpu)
+        if world is None:
+            world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+        self._config = config_class if config_class is not None else DeepSpeedConfig.load(config, world)
         cfg = self._config
         if optimizer is None and cfg.optimizer_name is None:
             raise ValueError("no optimizer: pass optimizer= or set the 'optimizer' config key")
         if optimizer is not None and cfg.optimizer_name is not None:
             raise ValueError("both a client optimizer and the 'optimizer' config key were given; use one")
+        if model_parameters is None:
+            model_parameters = model.parameters()
+        model_parameters = list(model_parameters)
+        check_nvme_space(cfg, model_parameters, world)
+        init_distributed(dist_init_required, distributed_port)
+        self.mpu = mpu
+        self.groups = ParallelGroups(mpu)
+        self.dp_process_group = self.groups.dp_group
+        self.dp_world_size = self.groups.dp_world_size
+        self.mp_world_size = self.groups.mp_world_size
+        self.global_rank = dist.get_rank()
         self.module = model
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.compute_dtype = torch.float16 if cfg.fp16.enabled else torch.bfloat16 if cfg.bf16_enabled else None
-        stage = cfg.zero.stage
         if self.compute_dtype is not None:
             model.to(self.compute_dtype)
             for p in model.parameters():
                 if is_zero_param(p):
                     p.ds_tensor = p.ds_tensor.to(self.compute_dtype)
         self._broadcast_model()
-        if model_parameters is None:
-            model_parameters = model.parameters()
-        model_parameters = list(model_parameters)
+        z = cfg.zero
         if optimizer is None:
-            basic = _build_basic_optimizer(cfg.optimizer_name, cfg.optimizer_params, model_parameters)
+            basic = build_basic_optimizer(cfg.optimizer_name, cfg.optimizer_params, model_parameters,
+                                          offload=z.offload_optimizer.enabled)
         elif isinstance(optimizer, torch.optim.Optimizer):
             basic = optimizer
         elif callable(optimizer):
             basic = optimizer(model_parameters)
         else:
             raise TypeError(f"optimizer must be a torch.optim.Optimizer or a callable, got {type(optimizer).__name__}")
-        self.loss_scaler = create_loss_scaler(cfg.fp16)
-        z = cfg.zero
-        master_device = torch.device("cpu") if z.offload_optimizer_device == "cpu" else None
-        if stage == 3:
-            self.optimizer = DeepSpeedZeroOptimizer_Stage3(
-                model, basic, self.loss_scaler, cfg.gradient_clipping, self.dp_process_group,
-                reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
-                prefetch_bucket_size=z.stage3_prefetch_bucket_size,
-                param_persistence_threshold=z.stage3_param_persistence_threshold,
-                max_live_parameters=z.stage3_max_live_parameters, master_device=master_device,
-                compute_dtype=self.compute_dtype)
-        else:
-            self.optimizer = DeepSpeedZeroOptimizer(
-                basic, self.loss_scaler, cfg.gradient_clipping, self.dp_process_group,
-                partition_grads=stage == 2, partition_optimizer=stage >= 1,
-                reduce_bucket_size=z.reduce_bucket_size, allgather_bucket_size=z.allgather_bucket_size,
-                overlap_comm=z.overlap_comm, contiguous_gradients=z.contiguous_gradients,
-                reduce_scatter=z.reduce_scatter,
-                master_device=master_device)
+        self.loss_scaler = create_loss_scaler(cfg.fp16, z.stage)
+        self.optimizer = self._configure_zero_optimizer(basic)
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
         self.training_dataloader = self._configure_dataloader(training_data, collate_fn)
+        if "activation_checkpointing" in cfg.raw:
+            from ds_zero.runtime.activation_checkpointing import checkpointing
+
+            checkpointing.configure(mpu, deepspeed_config=cfg)
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
         self.skipped_steps = 0
+        self._in_engine_backward = False
+        self._torch_style_backward = False
+
+    def _configure_zero_optimizer(self, basic):
+        cfg, z = self._config, self._config.zero
+        common = dict(groups=self.groups, offload_optimizer=z.offload_optimizer, device=self.device,
+                      compute_dtype=self.compute_dtype)
+        if z.stage == 3:
+            nvme = None
+            if "nvme" in (z.offload_optimizer.device, z.offload_param.device):
+                from ds_zero.runtime.swap_tensor.zero_infinity import ZeroInfinity
+
+                nvme = ZeroInfinity.factory(z, cfg.aio)
+            return DeepSpeedZeroOptimizer_Stage3(
+                self.module, basic, self.loss_scaler, cfg.gradient_clipping,
+                reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
+                prefetch_bucket_size=z.prefetch_bucket_size, param_persistence_threshold=z.param_persistence_threshold,
+                max_live_parameters=z.max_live_parameters, max_reuse_distance=z.max_reuse_distance,
+                offload_param=z.offload_param, sub_group_size=z.sub_group_size, nvme=nvme, **common)
+        return DeepSpeedZeroOptimizer(
+            basic, self.loss_scaler, cfg.gradient_clipping, partition_grads=z.stage == 2,
+            partition_optimizer=z.stage >= 1, reduce_bucket_size=z.reduce_bucket_size,
+            allgather_bucket_size=z.allgather_bucket_size, overlap_comm=z.overlap_comm,
+            contiguous_gradients=z.contiguous_gradients, reduce_scatter=z.reduce_scatter, **common)
 
     def _broadcast_model(self) -> None:
-        """Rank 0's initial weights everywhere (DeepSpeed's ``_broadcast_model``)."""
+        """The data-parallel group's rank 0 weights everywhere in it (DeepSpeed's ``_broadcast_model``)."""
+        src = self.groups.dp_src()
         for t in list(self.module.parameters()) + list(self.module.buffers()):
             if not is_zero_param(t) and t.numel():
-                dist.broadcast(t.data, src=0, group=self.dp_process_group)
+                dist.broadcast(t.data, src=src, group=self.dp_process_group)
 
     def _configure_lr_scheduler(self, client):
         if client is not None:
@@ -119,7 +146,8 @@ class DeepSpeedEngine(torch.nn.Module):
     def _configure_dataloader(self, data, collate_fn):
         if data is None:
             return None
-        sampler = torch.utils.data.DistributedSampler(data, num_replicas=self.dp_world_size, rank=self.global_rank)
+        sampler = torch.utils.data.DistributedSampler(data, num_replicas=self.dp_world_size,
+                                                      rank=self.groups.dp_rank)
         return torch.utils.data.DataLoader(data, batch_size=self.train_micro_batch_size_per_gpu(), sampler=sampler,
                                            collate_fn=collate_fn)
 
@@ -138,6 +166,12 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def zero_optimization_stage(self) -> int:
         return self._config.zero.stage
+
+    def fp16_enabled(self) -> bool:
+        return self._config.fp16.enabled
+
+    def bfloat16_enabled(self) -> bool:
+        return self._config.bf16_enabled
 
     @property
     def config(self) -> DeepSpeedConfig:
@@ -161,20 +195,47 @@ class DeepSpeedEngine(torch.nn.Module):
         out = self.module(*inputs, **kwargs)
         if stage3 and not torch.is_grad_enabled():
             self.optimizer.coordinator.end_phase("fwd")
+        if torch.is_grad_enabled():
+            for leaf in pytree.tree_leaves(out):
+                if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                    leaf.register_hook(self._output_grad_hook)
         return out
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False):
-        if not torch.is_tensor(loss) or loss.numel() != 1:
-            raise ValueError(f"backward expects a scalar loss tensor, got {loss!r}")
-        scaled = loss.float()
-        gas = self.gradient_accumulation_steps()
-        if gas > 1:
-            scaled = scaled / gas
-        scaled = scaled * self.loss_scaler.loss_scale
-        if isinstance(self.optimizer, DeepSpeedZeroOptimizer_Stage3):
-            self.optimizer.coordinator.begin_phase("bwd")
-        scaled.backward(retain_graph=retain_graph)
+    def _backward_prologue(self) -> None:
+        self.optimizer.backward_prologue(self.is_gradient_accumulation_boundary())
+
+    def _backward_epilogue(self) -> None:
         self.optimizer.post_backward(self.is_gradient_accumulation_boundary())
+
+    def _output_grad_hook(self, grad):
+        """``output.backward(grad)`` without ``engine.backward``: scale like it, and finish the micro-step after."""
+        if self._in_engine_backward:
+            return None
+        if not self._torch_style_backward:
+            self._torch_style_backward = True
+            self._backward_prologue()
+
+            def done():
+                self._torch_style_backward = False
+                self._backward_epilogue()
+
+            torch.autograd.Variable._execution_engine.queue_callback(done)
+        return grad * (self.loss_scaler.loss_scale / self.gradient_accumulation_steps())
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
+        """Returns the loss divided by the accumulation steps when ``scale_wrt_gas`` (as DeepSpeed returns it)."""
+        if not (torch.is_tensor(loss) and loss.numel() == 1 and loss.grad_fn is not None):
+            raise ValueError(f"backward expects a one-element loss tensor with a grad_fn, got {loss!r}; for output "
+                             "gradients call output.backward(gradient) on the engine's outputs")
+        self._in_engine_backward = True
+        try:
+            if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
+                loss = loss / self.gradient_accumulation_steps()
+            self._backward_prologue()
+            (loss.float() * self.loss_scaler.loss_scale).backward(retain_graph=retain_graph)
+            self._backward_epilogue()
+        finally:
+            self._in_engine_backward = False
         return loss
 
     def step(self) -> None:

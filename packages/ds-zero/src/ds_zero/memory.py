@@ -21,10 +21,19 @@ def _bytes(tensors) -> int:
 
 
 def memory_breakdown(engine) -> dict:
-    """``{"parameters", "gradients", "optimizer_states", "total"}`` in bytes on this rank."""
-    parts = engine.optimizer.memory_tensors()
+    """``{"parameters", "gradients", "optimizer_states", "total"}``: bytes this rank keeps where it computes,
+    plus ``"offload"``: ``{"cpu": {...}, "nvme": {...}}``, the bytes ZeRO-Offload keeps in host memory (summed
+    tensor bytes) and on disk (bytes of the swap files' live tensors)."""
+    opt = engine.optimizer
+    parts = opt.memory_tensors()
     out = {k: _bytes(v) for k, v in parts.items()}
     out["total"] = sum(out.values())
+    host = opt.offloaded_tensors() if hasattr(opt, "offloaded_tensors") else {}
+    cpu = {k: _bytes(host.get(k, [])) for k in ("parameters", "gradients", "optimizer_states")}
+    cpu["total"] = sum(cpu.values())
+    nvme = opt.nvme.nvme_bytes() if getattr(opt, "nvme", None) is not None else {}
+    nvme["total"] = sum(nvme.values())
+    out["offload"] = {"cpu": cpu, "nvme": nvme}
     return out
 
 

@@ -1,8 +1,9 @@
 """Loss scaling for fp16 training (Micikevicius et al., "Mixed Precision Training", 2018, section 3.2).
 
-Same state machine as DeepSpeed's ``deepspeed/runtime/fp16/loss_scaler.py``: on overflow the step is
-skipped and the scale is divided by 2 once ``hysteresis`` overflows have been absorbed; after
-``scale_window`` clean steps since the last overflow it doubles.
+ZeRO stages 1-3 use DeepSpeed's ``DynamicLossScaler`` (``deepspeed/runtime/fp16/loss_scaler.py``): on
+overflow the step is skipped and the scale is divided by 2 once ``hysteresis`` overflows have been
+absorbed; after ``scale_window`` clean steps since the last overflow it doubles. Stage 0 uses the
+fp16 optimizer's simpler rule (:class:`FP16OptimizerLossScaler`).
 """
 
 from __future__ import annotations
@@ -83,26 +84,47 @@ class DynamicLossScaler(LossScaler):
             setattr(self, k, v)
 
 
-def has_overflow(tensors, group=None) -> bool:
-    """Whether any rank saw inf/NaN: one MAX all-reduce so every rank skips the same step."""
+class FP16OptimizerLossScaler(DynamicLossScaler):
+    """Stage 0's rule (DeepSpeed's ``FP16_Optimizer._update_scale``): every overflow halves the scale, clamped at
+    ``min_scale`` (no hysteresis, never an error); ``scale_window`` clean steps double it."""
+
+    def update_scale(self, overflow: bool) -> None:
+        if overflow:
+            new = max(self.cur_scale / self.scale_factor, self.min_scale)
+            logger.info("fp16 overflow: skipping step, loss scale %s -> %s", self.cur_scale, new)
+            self.cur_scale = new
+            self.last_overflow_iter = self.cur_iter
+        else:
+            clean = self.cur_iter - self.last_overflow_iter - 1
+            if clean > 0 and clean % self.scale_window == 0:
+                self.cur_scale *= self.scale_factor
+        self.cur_iter += 1
+
+
+def has_overflow(tensors, groups=(None,), device=None) -> bool:
+    """Whether any rank saw inf/NaN: one MAX all-reduce per group (data, then model parallel) so every rank
+    skips the same step. ``groups`` empty: this rank's tensors only."""
     tensors = [t for t in tensors if t is not None]
-    # On the tensors' device: nccl cannot reduce a CPU tensor.
-    flag = torch.zeros(1, dtype=torch.float32, device=tensors[0].device if tensors else None)
+    # On the communication device: nccl cannot reduce a CPU tensor.
+    if device is None:
+        device = tensors[0].device if tensors else None
+    flag = torch.zeros(1, dtype=torch.float32, device=device)
     for t in tensors:
-        if t is not None and t.numel() and not torch.isfinite(t).all():
+        if t.numel() and not torch.isfinite(t).all():
             flag.fill_(1.0)
             break
     if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
+        for group in groups:
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
     return bool(flag.item())
 
 
-def create_loss_scaler(fp16_config) -> LossScaler:
+def create_loss_scaler(fp16_config, stage: int = 1) -> LossScaler:
     if not fp16_config.enabled:
         return LossScaler(1.0)
     if fp16_config.loss_scale > 0:
         return LossScaler(fp16_config.loss_scale)
-    return DynamicLossScaler(init_scale=2.0**fp16_config.initial_scale_power,
-                             scale_window=fp16_config.loss_scale_window, min_scale=fp16_config.min_loss_scale,
-                             delayed_shift=fp16_config.hysteresis,
-                             consecutive_hysteresis=fp16_config.consecutive_hysteresis)
+    cls = FP16OptimizerLossScaler if stage == 0 else DynamicLossScaler
+    return cls(init_scale=2.0**fp16_config.initial_scale_power, scale_window=fp16_config.loss_scale_window,
+               min_scale=fp16_config.min_loss_scale, delayed_shift=fp16_config.hysteresis,
+               consecutive_hysteresis=fp16_config.consecutive_hysteresis)

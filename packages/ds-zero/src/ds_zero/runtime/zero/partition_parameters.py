@@ -41,13 +41,20 @@ def _empty_like(p: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=p.dtype, device=p.device)
 
 
+def _global(group, group_rank: int) -> int:
+    """torch's broadcast takes a global ``src`` even with a subgroup."""
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
 def partition_param(p: torch.nn.Parameter, group=None, broadcast: bool = True) -> None:
-    """Turn a full parameter into a ZeRO-3 one; rank 0's values win so all ranks agree."""
+    """Turn a full parameter into a ZeRO-3 one; the group's rank 0's values win so all ranks agree."""
     if is_zero_param(p):
         return
+    if p.is_meta:
+        raise RuntimeError("cannot partition a parameter on the meta device; materialise it first (to_empty)")
     world, rank = _world(group)
     if broadcast and world > 1:
-        dist.broadcast(p.data, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+        dist.broadcast(p.data, src=_global(group, 0), group=group)
     c = chunk_numel(p.numel(), world)
     flat = p.data.reshape(-1)
     chunk = torch.zeros(c, dtype=p.dtype, device=p.device)
@@ -73,7 +80,10 @@ class AllGatherHandle:
         self.world = world
         sizes = [p.ds_tensor.numel() for p in params]
         self.sizes = sizes
-        send = torch.cat([p.ds_tensor for p in params]) if len(params) > 1 else params[0].ds_tensor.contiguous()
+        # Partitions may live in host memory (offload_param); the collective runs where the params compute.
+        device = params[0].data.device
+        send = torch.cat([p.ds_tensor.to(device, non_blocking=True) for p in params]) if len(params) > 1 \
+            else params[0].ds_tensor.to(device).contiguous()
         self.recv = torch.empty(world * send.numel(), dtype=send.dtype, device=send.device)
         self.work = dist.all_gather_into_tensor(self.recv, send, group=group, async_op=async_op)
         for p in params:
@@ -145,7 +155,8 @@ class GatheredParameters:
             return False
         if self.modifier_rank is not None:
             for p in self.params:
-                dist.broadcast(p.data, src=self.modifier_rank, group=p.ds_group)
+                # modifier_rank counts within the params' group (DeepSpeed's src_rank = get_global_rank(...)).
+                dist.broadcast(p.data, src=_global(p.ds_group, self.modifier_rank), group=p.ds_group)
                 repartition_param(p)
                 for hook in getattr(p, "ds_on_modified", []):
                     hook(p)
@@ -162,25 +173,35 @@ def _all_subclasses(cls):
 
 
 class Init:
-    """Construct a model already partitioned: each module's own parameters are split right after its ``__init__``.
+    """Construct a model already partitioned: each module's own parameters are split once its ``__init__`` is done.
 
-    As in DeepSpeed, every ``nn.Module`` subclass's ``__init__`` is wrapped while the context is
-    active (classes defined inside it too), so at most one submodule's parameters are whole at a time.
+    As in DeepSpeed, every ``nn.Module`` subclass's ``__init__`` is wrapped while the context is active
+    (classes defined inside it too), and a module is partitioned once, after its most derived
+    ``__init__`` returns, so a subclass may still adjust what ``super().__init__`` created. A parent
+    module's ``self.apply(fn)`` (Hugging Face's ``post_init``) gathers each child's parameters, runs
+    ``fn`` on the full tensors, broadcasts the group's rank 0 result and re-partitions
+    (``apply_with_gather``). A module built on the meta device (``torch.nn.utils.skip_init``) is
+    partitioned after ``to_empty`` gives it real storage.
     """
 
     def __init__(self, module=None, data_parallel_group=None, enabled: bool = True, dtype=None,
-                 config_dict_or_path=None):
+                 config_dict_or_path=None, mpu=None):
         if enabled and not dist.is_initialized():
             raise RuntimeError("ds_zero.zero.Init needs torch.distributed to be initialised first")
+        if data_parallel_group is None and mpu is not None:
+            data_parallel_group = mpu.get_data_parallel_group()
         self.group = data_parallel_group
         self.enabled = enabled
         self.dtype = dtype
         self._patched: list = []
         if module is not None and enabled:
-            self._partition_module(module)
+            for m in module.modules():
+                self._partition_module(m)
 
     def _partition_module(self, module: torch.nn.Module) -> None:
         for p in module.parameters(recurse=False):
+            if is_zero_param(p):
+                continue
             if self.dtype is not None and p.is_floating_point():
                 p.data = p.data.to(self.dtype)
             partition_param(p, self.group)
@@ -193,11 +214,59 @@ class Init:
 
         @functools.wraps(orig)
         def wrapped(module, *args, **kwargs):
-            orig(module, *args, **kwargs)
-            ctx._partition_module(module)
+            outermost = not getattr(module, "_ds_init_entered", False)
+            if outermost:
+                object.__setattr__(module, "_ds_init_entered", True)
+            try:
+                orig(module, *args, **kwargs)
+            finally:
+                if outermost:
+                    object.__delattr__(module, "_ds_init_entered")
+            if not outermost:
+                return
+            if any(p.is_meta for p in module.parameters(recurse=False)) or kwargs.get("device") == "meta":
+                ctx._partition_after_to_empty(module)
+            else:
+                ctx._partition_module(module)
 
         cls.__init__ = wrapped
-        self._patched.append((cls, orig))
+        self._patched.append((cls, "__init__", orig))
+
+    def _partition_after_to_empty(self, module: torch.nn.Module) -> None:
+        """skip_init builds on meta then calls ``to_empty``; partition once storage exists."""
+        ctx, orig = self, module.to_empty
+
+        def to_empty(*args, **kwargs):
+            out = orig(*args, **kwargs)
+            del module.to_empty
+            for m in out.modules():
+                ctx._partition_module(m)
+            return out
+
+        module.to_empty = to_empty
+
+    @staticmethod
+    def _apply_with_gather(orig_apply):
+        def wrap_fn(fn):
+            if getattr(fn, "_ds_gathered", False):
+                return fn
+
+            @functools.wraps(fn)
+            def gathered(module):
+                params = [p for p in module.parameters(recurse=False) if is_zero_param(p)]
+                if not params:
+                    return fn(module)
+                with GatheredParameters(params, modifier_rank=0):
+                    fn(module)
+
+            gathered._ds_gathered = True
+            return gathered
+
+        @functools.wraps(orig_apply)
+        def apply(module, fn):
+            return orig_apply(module, wrap_fn(fn))
+
+        return apply
 
     def __enter__(self):
         if not self.enabled:
@@ -213,13 +282,16 @@ class Init:
             ctx._wrap(cls)
 
         torch.nn.Module.__init_subclass__ = init_subclass
+        orig_apply = torch.nn.Module.apply
+        torch.nn.Module.apply = self._apply_with_gather(orig_apply)
+        self._patched.append((torch.nn.Module, "apply", orig_apply))
         return self
 
     def __exit__(self, *exc):
         if not self.enabled:
             return False
-        for cls, orig in reversed(self._patched):
-            cls.__init__ = orig
+        for cls, name, orig in reversed(self._patched):
+            setattr(cls, name, orig)
         self._patched.clear()
         if self._orig_init_subclass is None:
             del torch.nn.Module.__init_subclass__

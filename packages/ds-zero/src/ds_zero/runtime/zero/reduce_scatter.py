@@ -28,9 +28,12 @@ def prefer_all_reduce(group=None) -> bool:
 class GradientBucketReducer:
     """``add(grad, pieces)``; ``pieces`` is a list of ``(dst_rank, src_lo, src_hi, dst_offset)`` on the flat grad."""
 
-    def __init__(self, grad_partitions: list[torch.Tensor], bucket_numel: int, dtype: torch.dtype,
-                 overlap_comm: bool, group=None):
+    def __init__(self, grad_partitions: list[torch.Tensor] | None, bucket_numel: int, dtype: torch.dtype,
+                 overlap_comm: bool, group=None, deliver=None):
+        """``deliver(partition_index, offset, reduced)`` receives this rank's share; by default it is added into
+        ``grad_partitions`` (ZeRO-Offload passes one that streams it to host memory instead)."""
         self.grad_partitions = grad_partitions
+        self.deliver = deliver or self._add_to_partition
         self.bucket_numel = max(1, int(bucket_numel))
         self.dtype = dtype
         self.overlap_comm = overlap_comm
@@ -110,8 +113,11 @@ class GradientBucketReducer:
                 w.wait()
         cursor = 0
         for pidx, off, n in mine:
-            self.grad_partitions[pidx][off:off + n].add_(recv[cursor:cursor + n])
+            self.deliver(pidx, off, recv[cursor:cursor + n])
             cursor += n
+
+    def _add_to_partition(self, pidx: int, off: int, reduced: torch.Tensor) -> None:
+        self.grad_partitions[pidx][off:off + reduced.numel()].add_(reduced)
 
     def finish(self) -> None:
         self.flush()

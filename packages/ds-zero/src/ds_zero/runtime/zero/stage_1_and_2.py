@@ -4,14 +4,16 @@ Each param group's low-precision parameters are flattened into one padded buffer
 params become views into it), split into ``world_size`` contiguous partitions. Rank r keeps an fp32
 master copy of partition r and the optimizer states for it.
 
-* Stage 1 (P_os): a full flat gradient buffer; at the accumulation boundary it is all-reduced in
-  ``reduce_bucket_size`` buckets and each rank reads its partition.
+* Stage 1 (P_os): a full flat gradient buffer, reduced at the accumulation boundary in
+  ``reduce_bucket_size`` buckets (:mod:`flat_reducer`); with ``overlap_comm`` each bucket goes out
+  as soon as the last gradient in it is accumulated, while backward continues.
 * Stage 2 (P_os+g): backward hooks push each gradient into a bucket that is reduced to the owning
   ranks (:mod:`reduce_scatter`), so a rank only ever holds its gradient partition.
 
 After the step each rank writes its master partition into the flat buffer and the buffer is
 all-gathered in ``allgather_bucket_size`` pieces. Stage 0 (plain data parallelism) is the same with
-one "partition" covering everything.
+one "partition" covering everything. With ZeRO-Offload the reduced partition streams into host fp32
+buffers (:mod:`offload`) and the step runs there.
 """
 
 from __future__ import annotations
@@ -20,16 +22,18 @@ import torch
 import torch.distributed as dist
 
 from ds_zero.runtime.zero.base_optimizer import ZeroOptimizerBase
+from ds_zero.runtime.zero.flat_reducer import FlatGradientReducer
 from ds_zero.runtime.zero.reduce_scatter import GradientBucketReducer, prefer_all_reduce
 
 
 class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
-    def __init__(self, init_optimizer, loss_scaler, clip_grad: float = 0.0, dp_process_group=None,
+    def __init__(self, init_optimizer, loss_scaler, clip_grad: float = 0.0, groups=None,
                  partition_grads: bool = False, partition_optimizer: bool = True,
                  reduce_bucket_size: int = 500_000_000, allgather_bucket_size: int = 500_000_000,
                  overlap_comm: bool = False, contiguous_gradients: bool = True, reduce_scatter: bool = True,
-                 master_device=None):
-        super().__init__(init_optimizer, loss_scaler, clip_grad, dp_process_group, master_device)
+                 offload_optimizer=None, device=None, compute_dtype=None):
+        super().__init__(init_optimizer, loss_scaler, clip_grad, groups, partitioned=partition_optimizer,
+                         offload_optimizer=offload_optimizer, device=device)
         self.partition_grads = partition_grads
         self.partition_optimizer = partition_optimizer
         self.reduce_bucket_size = int(reduce_bucket_size)
@@ -42,43 +46,58 @@ class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
         self.flat_groups: list[torch.Tensor] = []  # padded low-precision flat params, per group
         self.partition_size: list[int] = []
         self.flat_grads: list[torch.Tensor] = []  # stage 0/1: full flat grads
-        self.grad_partitions: list[torch.Tensor] = []  # stage 2: this rank's grads only
+        self.grad_partitions: list[torch.Tensor] = []  # stage 2 without offload: this rank's grads only
         self._hooks = []
         self._param_pieces = {}
+        fallback_dtype = compute_dtype or torch.float32
         for gi, group in enumerate(init_optimizer.param_groups):
+            # Frozen params stay ordinary (replicated) tensors; a group of only frozen params is kept empty,
+            # so per-group hyper-parameters and schedules still line up (DeepSpeed accepts such groups).
             params = [p for p in group["params"] if p.requires_grad]
-            if not params:
-                raise ValueError(f"param group {gi} has no trainable parameters")
             numel = sum(p.numel() for p in params)
             padded = -(-numel // parts) * parts
             psize = padded // parts
-            dtype, device = params[0].dtype, params[0].device
-            flat = torch.zeros(padded, dtype=dtype, device=device)
-            off = 0
+            dtype = params[0].dtype if params else fallback_dtype
+            flat = torch.zeros(padded, dtype=dtype, device=self.device)
+            off, ranges = 0, []
             for p in params:
                 n = p.numel()
                 flat[off:off + n].copy_(p.data.reshape(-1))
                 p.data = flat[off:off + n].view_as(p)
                 if partition_grads:
                     self._param_pieces[p] = (gi, self._pieces(off, n, psize))
+                lo, hi = max(off, my_part * psize), min(off + n, (my_part + 1) * psize)
+                ranges.append((p, lo - my_part * psize, hi - my_part * psize))
                 off += n
-            master = flat[my_part * psize:(my_part + 1) * psize].detach().to(
-                device=master_device or device, dtype=torch.float32).clone()
+            self._norm_runs.append(self._set_norm_runs(ranges))
             self.bit16_groups.append(params)
             self.flat_groups.append(flat)
             self.partition_size.append(psize)
-            self.master_partitions.append(master)
-            if partition_grads:
-                self.grad_partitions.append(torch.zeros(psize, dtype=dtype, device=device))
-            else:
-                self.flat_grads.append(torch.zeros(padded, dtype=dtype, device=device))
+            self.master_partitions.append(self._new_master(flat[my_part * psize:(my_part + 1) * psize]))
+            if not partition_grads:
+                self.flat_grads.append(torch.zeros(padded, dtype=dtype, device=self.device))
+            elif not self.offload:
+                self.grad_partitions.append(torch.zeros(psize, dtype=dtype, device=self.device))
         self.my_part = my_part
         self.optimizer = self._wrap_optimizer(init_optimizer)
         if partition_grads:
+            deliver = self._offload_piece if self.offload else None
             self.reducer = GradientBucketReducer(self.grad_partitions, self.reduce_bucket_size,
-                                                 self.flat_groups[0].dtype, overlap_comm, dp_process_group)
+                                                 self.flat_groups[0].dtype, overlap_comm, self.dp_process_group,
+                                                 deliver=deliver)
             for p in self._param_pieces:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+        else:
+            all_reduce = (not partition_optimizer or not reduce_scatter
+                          or (self.world_size > 1 and prefer_all_reduce(self.dp_process_group)))
+            self.flat_reducer = FlatGradientReducer(
+                self.flat_grads, self.bit16_groups, self.partition_size, self.reduce_bucket_size, self.world_size,
+                my_part, all_reduce, overlap_comm, self.dp_process_group,
+                deliver=self._offload_copy if self.offload else None)
+            if overlap_comm:
+                for params in self.bit16_groups:
+                    for p in params:
+                        self._hooks.append(p.register_post_accumulate_grad_hook(self.flat_reducer.grad_ready))
         self.zero_grad()
 
     def _pieces(self, off: int, n: int, psize: int) -> list:
@@ -94,47 +113,38 @@ class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
         self.reducer.add(p.grad, pieces, gi)
         p.grad = None  # ZeRO-2: the full gradient does not outlive its reduction
 
+    def _offload_piece(self, pidx: int, off: int, reduced: torch.Tensor) -> None:
+        self.grad_offloader.submit(self.fp32_grads[pidx][off:off + reduced.numel()], reduced, accumulate=True)
+
+    def _offload_copy(self, pidx: int, off: int, reduced: torch.Tensor) -> None:
+        self.grad_offloader.submit(self.fp32_grads[pidx][off:off + reduced.numel()], reduced, accumulate=False)
+
+    def backward_prologue(self, is_boundary: bool) -> None:
+        if not self.partition_grads:
+            self.flat_reducer.begin(is_boundary)
+
     def post_backward(self, is_boundary: bool) -> None:
         """Called by the engine once autograd is done with a micro-batch."""
         if self.partition_grads:
             self.reducer.finish()
         elif is_boundary:
-            self._allreduce_flat_grads()
-
-    def _allreduce_flat_grads(self) -> None:
-        """Stage 0/1 at the boundary. Each rank only needs its own partition summed, so by default (DeepSpeed's
-        ``reduce_scatter: true``) the flat buffer, laid out as N partitions back to back, is reduce-scattered
-        column-bucket by column-bucket (half an all-reduce's volume); otherwise it is all-reduced in buckets."""
-        works = []
-        for flat, psize in zip(self.flat_grads, self.partition_size):
-            flat.div_(self.world_size)
-            if not self.partition_optimizer or not self.reduce_scatter or prefer_all_reduce(self.dp_process_group):
-                for start in range(0, flat.numel(), self.reduce_bucket_size):
-                    bucket = flat[start:start + self.reduce_bucket_size]
-                    works.append((dist.all_reduce(bucket, group=self.dp_process_group, async_op=self.overlap_comm),
-                                  None, None))
-                continue
-            rows = flat.view(self.world_size, psize)
-            cols = max(1, self.reduce_bucket_size // self.world_size)
-            for start in range(0, psize, cols):
-                send = flat if cols >= psize else rows[:, start:start + cols].contiguous()
-                recv = torch.empty(send.numel() // self.world_size, dtype=flat.dtype, device=flat.device)
-                work = dist.reduce_scatter_tensor(recv, send.view(-1), group=self.dp_process_group,
-                                                  async_op=self.overlap_comm)
-                works.append((work, recv, rows[self.my_part, start:start + recv.numel()]))
-        for work, recv, dst in works:
-            if work is not None:
-                work.wait()
-            if recv is not None:
-                dst.copy_(recv)
+            self.flat_reducer.finish()
 
     def reduced_grad_partitions(self) -> list[torch.Tensor]:
+        if self.offload:
+            return self.fp32_grads
         if self.partition_grads:
             return self.grad_partitions
         return [flat[self.my_part * ps:(self.my_part + 1) * ps] for flat, ps in zip(self.flat_grads,
                                                                                     self.partition_size)]
 
+    def lowp_partitions(self) -> list[torch.Tensor]:
+        return [flat[self.my_part * ps:(self.my_part + 1) * ps] for flat, ps in zip(self.flat_groups,
+                                                                                    self.partition_size)]
+
     def zero_grad(self, set_to_none: bool = True) -> None:
+        for g in self.fp32_grads:
+            g.zero_()
         if self.partition_grads:
             for g in self.grad_partitions:
                 g.zero_()
@@ -150,12 +160,13 @@ class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
                 p.grad = flat[off:off + p.numel()].view_as(p)
                 off += p.numel()
 
-    def _update_params_from_master(self) -> None:
-        for flat, master, psize in zip(self.flat_groups, self.master_partitions, self.partition_size):
-            mine = flat[self.my_part * psize:(self.my_part + 1) * psize]
-            mine.copy_(master)
-            if not self.partition_optimizer or self.world_size == 1:
+    def _after_write_back(self) -> None:
+        if not self.partition_optimizer or self.world_size == 1:
+            return
+        for flat, psize in zip(self.flat_groups, self.partition_size):
+            if psize == 0:
                 continue
+            mine = flat[self.my_part * psize:(self.my_part + 1) * psize]
             chunk = max(1, self.allgather_bucket_size // self.world_size)
             rows = flat.view(self.world_size, psize)
             for start in range(0, psize, chunk):
@@ -166,8 +177,11 @@ class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
 
     def memory_tensors(self) -> dict:
         grads = self.grad_partitions if self.partition_grads else self.flat_grads
-        return {"parameters": list(self.flat_groups), "gradients": list(grads),
-                "optimizer_states": list(self.master_partitions) + self.optimizer_state_tensors()}
+        device_states, _ = self.optimizer_memory()
+        return {"parameters": list(self.flat_groups), "gradients": list(grads), **device_states}
+
+    def offloaded_tensors(self) -> dict:
+        return self.optimizer_memory()[1]
 
     def layout(self) -> dict:
         """Enough to rebuild full params from all ranks' master partitions (zero_to_fp32)."""
@@ -183,3 +197,4 @@ class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        self.close()

@@ -1,0 +1,52 @@
+"""Value checks shared by every config section (DeepSpeed's ``deepspeed/runtime/config_utils.py``).
+
+A bad value raises :class:`DeepSpeedConfigError` naming the key, the value and what is allowed. A key
+the section does not know is logged and ignored, never fatal: DeepSpeed ignores unknown top-level keys,
+and a config written for a newer DeepSpeed should still run.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger("ds_zero.config")
+
+
+class DeepSpeedConfigError(ValueError):
+    """A config value is not allowed (or a required key is missing)."""
+
+
+def config_err(key: str, value: Any, allowed: str) -> DeepSpeedConfigError:
+    return DeepSpeedConfigError(f"config key {key!r} has invalid value {value!r}; allowed: {allowed}")
+
+
+def split_keys(section: str, d: Any, allowed: set, ignored: set = frozenset()) -> dict:
+    """Check ``d`` is an object; warn about keys outside ``allowed`` and return only the allowed ones."""
+    if not isinstance(d, dict):
+        raise config_err(section or "config", d, "a JSON object")
+    where = f"in {section!r}" if section else "at the top level"
+    for key in sorted(set(d) - allowed):
+        if key in ignored:
+            logger.warning("config key %r %s is a DeepSpeed option ds_zero does not implement; ignored", key, where)
+        else:
+            logger.warning("unknown config key %r %s ignored; known keys: %s", key, where, sorted(allowed))
+    return {k: v for k, v in d.items() if k in allowed}
+
+
+def as_bool(key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise config_err(key, v, "true or false")
+    return v
+
+
+def as_int(key: str, v: Any, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < minimum:
+        raise config_err(key, v, f"an integer >= {minimum}")
+    return int(v)
+
+
+def as_float(key: str, v: Any, minimum: float = 0.0) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < minimum:
+        raise config_err(key, v, f"a number >= {minimum:g}")
+    return float(v)

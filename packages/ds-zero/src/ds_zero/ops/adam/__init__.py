@@ -1,0 +1,3 @@
+from ds_zero.ops.adam.cpu_adam import CPUAdam, CPUAdamW, DeepSpeedCPUAdam
+
+__all__ = ["CPUAdam", "CPUAdamW", "DeepSpeedCPUAdam"]
