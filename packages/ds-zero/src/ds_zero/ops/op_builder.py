@@ -38,8 +38,8 @@ class OpBuilder:
 
     def load(self, verbose: bool = False):
         key = self.NAME
-        if key in OpBuilder._loaded:
-            return OpBuilder._loaded[key]
+        if key in self._loaded:
+            return self._loaded[key]
         ok, why = self.is_compatible()
         if not ok:
             raise OpBuildError(f"{self.NAME} not built: {why}")
@@ -47,11 +47,16 @@ class OpBuilder:
 
         sources = [os.path.join(_CSRC, s) for s in self.SOURCES]
         try:
-            module = load(name=f"ds_zero_{self.NAME}", sources=sources, extra_cflags=self.cxx_args(),
-                          extra_ldflags=["-fopenmp"], verbose=verbose)
+            # A plain shared library whose TORCH_LIBRARY block registers torch.ops.ds_zero.*: no pybind, so the
+            # first build takes seconds, not the minute torch/extension.h costs.
+            load(name=f"ds_zero_{self.NAME}", sources=sources, extra_cflags=self.cxx_args(),
+                 extra_ldflags=["-fopenmp"], is_python_module=False, verbose=verbose)
         except Exception as e:  # compiler errors surface as RuntimeError / subprocess errors
             raise OpBuildError(f"{self.NAME} failed to build: {e}") from e
-        OpBuilder._loaded[key] = module
+        import torch
+
+        module = torch.ops.ds_zero
+        self._loaded[key] = module
         return module
 
 

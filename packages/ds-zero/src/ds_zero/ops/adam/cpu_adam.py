@@ -82,8 +82,14 @@ class DeepSpeedCPUAdam(torch.optim.Optimizer):
                                        "zero_optimization.offload_optimizer)")
                 state = self.init_state(p)
                 state["step"] += 1
-                self.update(p.data, p.grad.data, state["exp_avg"], state["exp_avg_sq"], state["step"], group,
-                            None if outs is None else outs[pi])
+                out = None if outs is None else outs[pi]
+                if p.dtype != torch.float32:
+                    # A low-precision param is its own master (as DeepSpeed's kernel allows): step an fp32 copy.
+                    p32 = p.data.float()
+                    self.update(p32, p.grad.float(), state["exp_avg"], state["exp_avg_sq"], state["step"], group, out)
+                    p.data.copy_(p32)
+                    continue
+                self.update(p.data, p.grad.data, state["exp_avg"], state["exp_avg_sq"], state["step"], group, out)
         return loss
 
     def update(self, param, grad, exp_avg, exp_avg_sq, step: int, group: dict, out=None) -> None:

@@ -3,11 +3,14 @@
 // low-precision copy the model trains with. Tiles run on ATen's intra-op threads; the inner loop is
 // plain scalar code the compiler vectorises (-O3 -march=native), in the same operation order as
 // torch.optim.AdamW's single-tensor path so results agree to fp32 rounding.
-#include <torch/extension.h>
+// Registered as torch.ops.ds_zero.adam_update (TORCH_LIBRARY, no pybind): the light headers build in seconds.
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <torch/library.h>
 #include <cmath>
+#include <optional>
 
 namespace {
 
@@ -48,7 +51,7 @@ void step_range(float* __restrict p, const float* __restrict g, float* __restric
 }
 
 template <typename Out>
-void run(torch::Tensor& params, const torch::Tensor& grads, torch::Tensor& exp_avg, torch::Tensor& exp_avg_sq,
+void run(at::Tensor& params, const at::Tensor& grads, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
          Out* out, const Hyper& h) {
   float* p = params.data_ptr<float>();
   const float* g = grads.data_ptr<float>();
@@ -59,7 +62,7 @@ void run(torch::Tensor& params, const torch::Tensor& grads, torch::Tensor& exp_a
   });
 }
 
-void check(const torch::Tensor& t, const char* name, int64_t numel) {
+void check(const at::Tensor& t, const char* name, int64_t numel) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
   TORCH_CHECK(t.numel() == numel, name, " has ", t.numel(), " elements, expected ", numel);
@@ -68,9 +71,9 @@ void check(const torch::Tensor& t, const char* name, int64_t numel) {
 }  // namespace
 
 // lr, betas, eps and the bias corrections come precomputed from Python (in double, as torch does).
-void adam_update(torch::Tensor params, torch::Tensor grads, torch::Tensor exp_avg, torch::Tensor exp_avg_sq,
+void adam_update(at::Tensor params, at::Tensor grads, at::Tensor exp_avg, at::Tensor exp_avg_sq,
                  double lr, double beta1, double beta2, double eps, double decay, double step_size,
-                 double bias_correction2_sqrt, bool adamw_mode, c10::optional<torch::Tensor> low_precision_out) {
+                 double bias_correction2_sqrt, bool adamw_mode, const std::optional<at::Tensor>& low_precision_out) {
   const int64_t n = params.numel();
   for (auto* t : {&params, &grads, &exp_avg, &exp_avg_sq}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat, "CPUAdam tensors must be float32");
@@ -86,7 +89,7 @@ void adam_update(torch::Tensor params, torch::Tensor grads, torch::Tensor exp_av
     run<float>(params, grads, exp_avg, exp_avg_sq, nullptr, h);
     return;
   }
-  torch::Tensor out = *low_precision_out;
+  at::Tensor out = *low_precision_out;  // NOLINT: a handle to the caller's tensor, written in place
   check(out, "low_precision_out", n);
   switch (out.scalar_type()) {
     case at::kBFloat16:
@@ -103,6 +106,9 @@ void adam_update(torch::Tensor params, torch::Tensor grads, torch::Tensor exp_av
   }
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("adam_update", &adam_update, "fused Adam/AdamW step with optional low-precision copy-out");
+TORCH_LIBRARY(ds_zero, m) {
+  m.def("adam_update(Tensor(a!) params, Tensor grads, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, float lr, "
+        "float beta1, float beta2, float eps, float decay, float step_size, float bias_correction2_sqrt, "
+        "bool adamw_mode, Tensor(d!)? low_precision_out) -> ()",
+        &adam_update);
 }
