@@ -321,3 +321,18 @@ def test_bf16_training_and_exact_resume_on_cuda(tmp_path, blocks):
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
     # CUDA's embedding/attention backwards accumulate with atomics: close, not bitwise (CPU fp32 is bitwise above)
     torch.testing.assert_close(logged(resumed), losses, rtol=1e-2, atol=1e-3)
+
+
+def test_dataloader_drop_last_applies_to_training_and_evaluation(tmp_path, blocks):
+    args = training_args(
+        tmp_path,
+        dataloader_drop_last=True,
+        per_device_train_batch_size=5,
+        max_steps=-1,
+        num_train_epochs=1,
+        per_device_eval_batch_size=4,
+    )
+    trainer = Trainer(trainer_model(), args, train_dataset=blocks[:12], eval_dataset=blocks[:10])
+    assert trainer.train().global_step == 2  # 12 rows in batches of 5: the short third batch is dropped
+    loader, _ = trainer.get_eval_dataloader()
+    assert [len(b["input_ids"]) for b in loader] == [4, 4]  # as transformers, the short last eval batch too

@@ -31,7 +31,7 @@ from .trainer_callback import (
     TrainerState,
 )
 from .trainer_checkpoint import TrainerCheckpointMixin
-from .trainer_distributed import TorchDDPPlugin, init_distributed
+from .trainer_distributed import TorchDDPPlugin, destroy_distributed, init_distributed
 from .trainer_evaluation import TrainerEvaluationMixin
 from .trainer_loop import TrainerLoopMixin
 from .trainer_pt_utils import IterableDatasetShard, SkipBatchSampler
@@ -75,7 +75,7 @@ class Trainer(TrainerLoopMixin, TrainerCheckpointMixin, TrainerEvaluationMixin):
             raise ValueError("Trainer requires a `model`")
         self.args = args
         set_seed(args.seed)
-        init_distributed(args)
+        self._owns_process_group = init_distributed(args)
         if args.get_process_log_level() >= 0:
             logging.getLogger("hf_lite").setLevel(args.get_process_log_level())
         self.parallelism = parallelism if parallelism is not None else TorchDDPPlugin()
@@ -208,6 +208,8 @@ class Trainer(TrainerLoopMixin, TrainerCheckpointMixin, TrainerEvaluationMixin):
             return DataLoader(dataset, batch_size=args.eval_batch_size, **kwargs), 0
         indices = list(range(len(dataset)))
         batches = [indices[i : i + args.eval_batch_size] for i in range(0, len(indices), args.eval_batch_size)]
+        if args.dataloader_drop_last and len(batches) > 1 and len(batches[-1]) < args.eval_batch_size:
+            batches.pop()  # transformers drops the short last batch of evaluation loaders too
         padded = (-len(batches)) % world  # every rank makes the same number of steps (they gather each one)
         batches += [batches[i % len(batches)] for i in range(padded)]
         return DataLoader(dataset, batch_sampler=batches[rank::world], **kwargs), padded
@@ -371,10 +373,18 @@ class Trainer(TrainerLoopMixin, TrainerCheckpointMixin, TrainerEvaluationMixin):
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
 
+    def end(self) -> None:
+        """Call once at the very end of a script: destroys the process group the Trainer created under torchrun
+        (after a barrier); train/evaluate/predict/save_model communicate and fail after it (transformers 5.24)."""
+        if self._owns_process_group:
+            destroy_distributed()
+            self._owns_process_group = False
+
     # ------------------------------------------------------------------ saving
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """A Hugging Face directory (config.json, model.safetensors, tokenizer files when a ``processing_class`` is
-        given) that ``from_pretrained`` of hf-lite and transformers loads; written by the main process."""
+        given) that ``from_pretrained`` of hf-lite and transformers loads; written by the main process.
+        ``_internal_call`` is transformers' signature: there it only decides hub pushes, which hf-lite has not."""
         state_dict = self.parallelism.model_state_dict(self.model_wrapped)  # every rank: a plugin may gather
         self._save(output_dir if output_dir is not None else self.args.output_dir, state_dict=state_dict)
         self.parallelism.barrier()

@@ -24,11 +24,10 @@ logger = logging.getLogger(__name__)
 
 def init_distributed(args) -> bool:
     """Initialise the default process group when launched by torchrun (``WORLD_SIZE`` > 1) and none is up yet:
-    nccl on CUDA, gloo on CPU, unless ``args.ddp_backend`` says otherwise. True when running distributed."""
-    if not dist.is_available():
+    nccl on CUDA, gloo on CPU, unless ``args.ddp_backend`` says otherwise. True when this call created it (then
+    ``Trainer.end()`` takes it down)."""
+    if not dist.is_available() or dist.is_initialized():
         return False
-    if dist.is_initialized():
-        return dist.get_world_size() > 1
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
     device = args.device
@@ -39,6 +38,14 @@ def init_distributed(args) -> bool:
     dist.init_process_group(backend, timeout=timedelta(seconds=args.ddp_timeout))
     logger.info("Initialised torch.distributed (%s): rank %d of %d", backend, dist.get_rank(), dist.get_world_size())
     return True
+
+
+def destroy_distributed(barrier: bool = True) -> None:
+    """Destroy the default process group (after a barrier, so no rank leaves while another still talks to it)."""
+    if dist.is_available() and dist.is_initialized():
+        if barrier:
+            dist.barrier()
+        dist.destroy_process_group()
 
 
 class DataParallelPlugin:

@@ -206,8 +206,7 @@ class TrainerLoopMixin:
                 break
         if step < 0:
             logger.warning(
-                "The epoch iterator yielded no sample: stopping training at step %d (an iterable dataset "
-                "shorter than max_steps needs?)",
+                "The epoch iterator yielded no sample (an empty dataset?): stopping training at step %d",
                 self.state.global_step,
             )
             self.control.should_training_stop = True
