@@ -29,12 +29,13 @@ class _Stream(IterableDataset):
         return iter(self.rows)
 
 
-def _run(tok_dir, out_dir, batch_size, iterable=False, resume=None, **kw):
+def _run(tok_dir, out_dir, batch_size, iterable=False, resume=None, evaluate=False, **kw):
     blocks = corpus_blocks(tok_dir, n_blocks=32)
     data = _Stream(blocks) if iterable else blocks
     args = training_args(
         out_dir,
         per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=batch_size,
         max_steps=6,
         learning_rate=5e-3,
         lr_scheduler_type="cosine",
@@ -46,26 +47,36 @@ def _run(tok_dir, out_dir, batch_size, iterable=False, resume=None, **kw):
     trainer = Trainer(trainer_model(), args, train_dataset=data)
     trainer.train(resume_from_checkpoint=resume)
     params = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-    return logged(trainer), logged(trainer, "grad_norm"), params
+    if not evaluate:
+        return logged(trainer), logged(trainer, "grad_norm"), params
+    # 10 rows: on 2 ranks of batch 2, 5 batches and one repeat to even the ranks out
+    out = trainer.predict(blocks[:10])
+    return logged(trainer), logged(trainer, "grad_norm"), params, out.metrics["test_loss"], out.predictions
 
 
 def _ddp_cases(rank, world_size, tok_dir, root):
     out = {}
-    for iterable in (False, True):
-        out[iterable] = _run(tok_dir, f"{root}/ddp-{iterable}", 2, iterable, save_strategy="steps", save_steps=3)
+    for iterable in (False, True):  # accumulation over 2 micro-batches: DDP's no_sync, then one reduction
+        out[iterable] = _run(tok_dir, f"{root}/ddp-{iterable}", 2, iterable, save_strategy="steps", save_steps=3,
+                             gradient_accumulation_steps=2, evaluate=not iterable)
     ckpt = f"{root}/ddp-False/checkpoint-3"
     out["files"] = sorted(os.listdir(ckpt))
     out["is_ddp"] = True
-    out["resumed"] = _run(tok_dir, f"{root}/ddp-False", 2, resume=ckpt)
+    out["resumed"] = _run(tok_dir, f"{root}/ddp-False", 2, resume=ckpt, gradient_accumulation_steps=2)
     return out
 
 
 def test_two_ranks_equal_one_process_with_the_doubled_batch(tmp_path, trained_tokenizer_dir):
     ranks = run_ranks(_ddp_cases, 2, trained_tokenizer_dir, str(tmp_path), timeout=300)
     for iterable in (False, True):
-        losses, norms, params = _run(trained_tokenizer_dir, tmp_path / f"single-{iterable}", 4, iterable)
+        single = _run(trained_tokenizer_dir, tmp_path / f"single-{iterable}", 4, iterable,
+                      gradient_accumulation_steps=2, evaluate=not iterable)
+        losses, norms, params = single[:3]
         for rank in ranks:
-            r_losses, r_norms, r_params = rank[iterable]
+            r_losses, r_norms, r_params = rank[iterable][:3]
+            if not iterable:  # evaluation: the same loss and the same predictions, in dataset order
+                assert rank[iterable][3] == pytest.approx(single[3], rel=1e-5)
+                torch.testing.assert_close(rank[iterable][4], single[4], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(r_losses, losses, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(r_norms, norms, rtol=1e-5, atol=1e-6)
             for key, value in params.items():

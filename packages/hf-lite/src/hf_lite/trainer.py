@@ -340,7 +340,8 @@ class Trainer(TrainerLoopMixin, TrainerCheckpointMixin, TrainerEvaluationMixin):
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs[0]
         world = self.parallelism.world_size
         if (
-            self.args.average_tokens_across_devices
+            model.training  # evaluation normalises per batch and combines the ranks itself
+            and self.args.average_tokens_across_devices
             and num_items_in_batch is not None
             and world > 1
             and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)

@@ -2,8 +2,8 @@
 over batches, losses and logits gathered from every rank in dataset order, metrics from ``compute_metrics``.
 
 Under several ranks each evaluation batch goes to one rank in turn (rank r takes batches r, r+N, ...; the last
-round is completed with repeats of the first batches, dropped again after gathering), so every rank computes the
-same metrics from the same gathered values, and decisions taken on them agree."""
+round is completed with repeats of the first batches, which count no tokens and are dropped after gathering), so
+every rank computes the same metrics from the same gathered values, and decisions taken on them agree."""
 
 from __future__ import annotations
 
@@ -92,26 +92,42 @@ class TrainerEvaluationMixin:
         model.eval()
         self.callback_handler.eval_dataloader = dataloader
         logger.info("***** Running %s *****  batch size = %d", description, args.eval_batch_size)
-        # One entry per global batch, in dataset order once the ranks' results are interleaved.
+        # One entry per rank per step, in dataset order once the ranks' results are interleaved.
         results, observed = [], 0
-        for inputs in dataloader:
+        world, rank = self.parallelism.world_size, self.parallelism.process_index
+        first_padding = len(dataloader) * world - padded_batches if padded_batches else None
+        losses = []
+        for step, inputs in enumerate(dataloader):
             batch_size = find_batch_size(inputs) or args.eval_batch_size
-            observed += batch_size
+            padding = first_padding is not None and step * world + rank >= first_padding
+            if padding and "labels" in inputs:  # a repeat that only keeps the ranks in step: no tokens of its own
+                inputs = {**inputs, "labels": torch.full_like(inputs["labels"], -100)}
+            observed += 0 if padding else batch_size
+            count = self._get_num_items_in_batch([inputs], distributed=False) if "labels" in inputs else None
             loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
-            # One loss per example: the mean is over examples, each weighted by its batch's token mean, as
-            # transformers' gather_for_metrics leaves it (the short last batch counts its real size).
-            local = nested_cpu((loss.repeat(batch_size) if loss is not None else None, logits, labels))
-            results.extend(self.parallelism.all_gather_object(local))
+            total = None if loss is None else loss * count if count is not None else loss * batch_size
+            local = nested_cpu((padding, batch_size, total, count, logits, labels))
+            gathered = self.parallelism.all_gather_object(local)
+            real = [g for g in gathered if not g[0]]
+            if loss is not None and real:
+                # Every example gets its step's loss: the token mean over the ranks' batches of that step (one
+                # process: its batch's mean, as transformers' per-example eval losses), so N ranks of batch b
+                # evaluate as one process of batch N x b.
+                counted = [g for g in real if g[3] is not None]
+                if len(counted) == len(real):
+                    step_loss = sum(g[2] for g in real) / max(sum(g[3] for g in real), 1)
+                else:
+                    step_loss = sum(g[2] for g in real) / sum(g[1] for g in real)
+                losses.append(torch.as_tensor(step_loss).float().repeat(sum(g[1] for g in real)))
+            results.extend((g[4], g[5]) for g in real)
             self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
-        if padded_batches:
-            results = results[:-padded_batches]
-        all_losses = all_preds = all_labels = None
-        for loss, logits, labels in results:
-            all_losses = nested_concat(all_losses, loss) if loss is not None else all_losses
+        all_losses = torch.cat(losses) if losses else None
+        all_preds = all_labels = None
+        for logits, labels in results:
             all_preds = nested_concat(all_preds, logits) if logits is not None else all_preds
             all_labels = nested_concat(all_labels, labels) if labels is not None else all_labels
         dataset = getattr(dataloader, "dataset", None)
-        num_samples = len(dataset) if has_length(dataset) else observed * args.world_size
+        num_samples = len(dataset) if has_length(dataset) else observed * world
         metrics = {}
         if self.compute_metrics is not None and all_preds is not None and all_labels is not None:
             metrics = detensorize(self.compute_metrics(EvalPrediction(predictions=all_preds, label_ids=all_labels)))
@@ -129,18 +145,16 @@ class TrainerEvaluationMixin:
         has_labels = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
         inputs = self._prepare_inputs(inputs)
         if ignore_keys is None:
-            ignore_keys = list(getattr(getattr(self.model, "config", None), "keys_to_ignore_at_inference", [])) or [
-                "past_key_values"
-            ]
+            config = getattr(self.model, "config", None)
+            ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", [])) or ["past_key_values"]
         labels = None
         if has_labels:
             labels = nested_detach(tuple(inputs.get(name) for name in self.label_names))
             labels = labels[0] if len(labels) == 1 else labels
         with torch.no_grad():
             with self.compute_loss_context_manager():
-                if has_labels:
-                    # As transformers: the count covers every rank's batch of this step, the loss is scaled back
-                    num_items = self._get_num_items_in_batch([inputs])
+                if has_labels:  # this batch's own token mean; evaluation_loop combines the ranks' batches
+                    num_items = self._get_num_items_in_batch([inputs], distributed=False)
                     loss, outputs = self.compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items)
                     loss = loss.detach().mean()
                 else:
