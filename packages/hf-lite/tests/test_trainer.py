@@ -336,3 +336,13 @@ def test_dataloader_drop_last_applies_to_training_and_evaluation(tmp_path, block
     assert trainer.train().global_step == 2  # 12 rows in batches of 5: the short third batch is dropped
     loader, _ = trainer.get_eval_dataloader()
     assert [len(b["input_ids"]) for b in loader] == [4, 4]  # as transformers, the short last eval batch too
+
+
+def test_save_only_model_checkpoints_hold_the_model_and_refuse_to_resume(tmp_path, blocks):
+    args = training_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, save_only_model=True)
+    Trainer(trainer_model(), args, train_dataset=blocks).train()
+    files = set(os.listdir(tmp_path / "checkpoint-2"))
+    assert {"model.safetensors", "config.json", "trainer_state.json"} <= files
+    assert not files & {"optimizer.pt", "scheduler.pt", "rng_state.pth"}
+    with pytest.raises(ValueError, match="has no optimizer.pt: it was saved with save_only_model=True"):
+        Trainer(trainer_model(), training_args(tmp_path, max_steps=4), train_dataset=blocks).train(True)
