@@ -1,9 +1,7 @@
 """hf-lite's Trainer side by side with transformers' Trainer on the same tiny Llama, corpus and arguments (CPU,
 fp32, no dropout): the logged loss, grad_norm and learning_rate of every step and the final parameters agree.
 
-transformers' Trainer needs ``accelerate``, which the workspace does not install: these tests skip (saying so)
-until it is added to the dev dependencies. The parts of transformers that work without it are compared in CI by
-test_optimization.py, test_data_collator.py, test_training_args.py and test_trainer_callback.py.
+transformers' Trainer needs ``accelerate`` (in the workspace's dev group; outside it these tests skip, saying so).
 Mirrors transformers' tests/trainer/test_trainer.py (test_gradient_accumulation_loss_alignment_with_model_loss,
 test_trainer_works_with_dict, test_custom_optimizer/scheduler cases), hf-lite against transformers itself."""
 
@@ -12,7 +10,7 @@ import torch
 from hf_lite import Trainer, TrainingArguments
 from hf_lite_testing import corpus_blocks, trainer_model
 
-pytest.importorskip("accelerate", reason="transformers' Trainer requires accelerate (not in the workspace's deps)")
+pytest.importorskip("accelerate", reason="transformers' Trainer requires accelerate (the workspace's dev group has it)")
 transformers = pytest.importorskip("transformers")
 
 
