@@ -147,7 +147,7 @@ class DeepSpeedConfig:
             raise DeepSpeedConfigError(
                 "config keys 'fp16.enabled' and 'bf16.enabled' are both true; enable at most one")
         out.zero = parse_zero_config(known.get("zero_optimization", {}))
-        out.activation_checkpointing = _activation_checkpointing(known.get("activation_checkpointing", {}))
+        out.activation_checkpointing = parse_activation_checkpointing(known.get("activation_checkpointing", {}))
         out.pipeline = _pipeline(known.get("pipeline", {}))
         out.aio = _aio(known.get("aio", {}))
         return out
@@ -245,7 +245,7 @@ def _fp16(section: Any) -> FP16Config:
     return out
 
 
-def _activation_checkpointing(section: Any) -> ActivationCheckpointingConfig:
+def parse_activation_checkpointing(section: Any) -> ActivationCheckpointingConfig:
     section = split_keys("activation_checkpointing", section, _ACT_CKPT_KEYS)
     out = ActivationCheckpointingConfig()
     for key in ("partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",

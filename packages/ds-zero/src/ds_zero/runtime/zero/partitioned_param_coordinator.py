@@ -22,6 +22,20 @@ from ds_zero.runtime.zero.partition_parameters import (
     release_param,
 )
 
+_off_trace_depth = 0
+
+
+@contextlib.contextmanager
+def off_trace():
+    """Fetches inside are on demand and unrecorded, for every coordinator: activation checkpointing wraps its
+    recompute in this, as DeepSpeed keeps recompute out of its step trace."""
+    global _off_trace_depth
+    _off_trace_depth += 1
+    try:
+        yield
+    finally:
+        _off_trace_depth -= 1
+
 
 class PartitionedParameterCoordinator:
     def __init__(self, prefetch_bucket_size: int, max_live_parameters: int, max_reuse_distance: int = 0,
@@ -37,7 +51,6 @@ class PartitionedParameterCoordinator:
         self.all_params: list[torch.nn.Parameter] = []
         self._keep: dict[str, list[set[int]]] = {}  # per phase, per trace position: ds_ids reused soon
         self._at: dict[int, int] = {}  # id(module) -> its trace position in the current pass
-        self.recomputing = 0  # >0 inside an activation-checkpoint recompute: off the trace
 
     @staticmethod
     def _own(module) -> list:
@@ -46,14 +59,9 @@ class PartitionedParameterCoordinator:
     def live_numel(self) -> int:
         return sum(p.ds_numel for p in self.all_params if p.ds_status != ZeroParamStatus.NOT_AVAILABLE)
 
-    @contextlib.contextmanager
-    def off_trace(self):
-        """Fetches inside are on demand and unrecorded (DeepSpeed keeps recompute out of its step trace too)."""
-        self.recomputing += 1
-        try:
-            yield
-        finally:
-            self.recomputing -= 1
+    @property
+    def recomputing(self) -> bool:
+        return _off_trace_depth > 0
 
     def fetch_sub_module(self, module, phase: str) -> None:
         params = self._own(module)
