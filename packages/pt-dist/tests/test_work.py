@@ -196,6 +196,38 @@ def test_a_comm_hook_chaining_async_collectives_in_callbacks_completes(backend):
         assert results[1][2][0].startswith("pt_dist-"), results[1][2]  # the worker path was taken
 
 
+def _a_callback_waits_on_a_later_ops_chained_future(rank, world_size, backend):
+    """A hook as torch's are written: two async all-reduces, the second chained with ``then``; the first's callback
+    waits on that chained future. The second op sits on the group's queue behind the thread running the callback."""
+    util.join(rank, world_size, backend, timeout=20)
+    try:
+        if rank == 0:
+            time.sleep(0.3)  # so rank 1's callback is attached before its first all-reduce ends: it runs on the worker
+        a, b = torch.full((256,), float(rank + 1)), torch.full((4,), float(rank + 1))
+        threads = []
+        fut_a = pt_dist.all_reduce(a, async_op=True).get_future()
+        fut_b = pt_dist.all_reduce(b, async_op=True).get_future().then(lambda f: f.value()[0] * 10)
+
+        def both(f):
+            threads.append(threading.current_thread().name)
+            return f.value()[0][0].item() + fut_b.wait()[0].item()
+        out = fut_a.then(both).wait()
+        chained = fut_b.then(lambda f: f.value()[1].item()).then(lambda f: f.value() + 1).wait()  # chains of chains
+        return out, chained, threads
+    finally:
+        util.leave()
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
+def test_a_callback_waiting_on_a_then_chained_future_of_a_later_op_completes(backend):
+    """The first op's callback ran on the group's only thread and waited on the second op's chained future, which
+    could not help the op along (a plain torch future): the second op, queued behind, never ran, on any rank."""
+    results = run_ranks(_a_callback_waits_on_a_later_ops_chained_future, 2, backend, backend=None, timeout=60)
+    assert [r[:2] for r in results] == [(3.0 + 30.0, 31.0)] * 2
+    if backend != "gloo":
+        assert results[1][2][0].startswith("pt_dist-"), results[1][2]  # rank 1's callback ran on the worker
+
+
 def test_errors_surface_through_wait_and_the_future():
     q = OpQueue("t")
 

@@ -56,6 +56,7 @@ from pt_dist.list_collectives import (
     reduce_scatter_single,
 )
 from pt_dist.monitored_barrier import monitored_barrier
+from pt_dist.nn.parallel import DistributedDataParallel, GradBucket
 from pt_dist.object_collectives import (
     all_gather_object,
     broadcast_object_list,
@@ -73,7 +74,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError", "FileStore", "GroupMember",
-    "HashStore", "P2POp", "PrefixStore", "ProcessGroup", "ReduceOp", "Store", "TCPStore", "Work", "all_gather",
+    "DistributedDataParallel", "GradBucket", "HashStore", "P2POp", "PrefixStore", "ProcessGroup", "ReduceOp", "Store",
+    "TCPStore", "Work", "all_gather",
     "all_gather_coalesced", "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce",
     "all_reduce_coalesced", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast",
     "broadcast_object_list", "default_pg_timeout", "destroy_process_group", "gather", "gather_into_tensor",

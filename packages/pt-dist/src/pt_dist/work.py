@@ -26,17 +26,32 @@ logger = logging.getLogger(__name__)
 
 class _WorkFuture(torch.futures.Future):
     """The future ``get_future()`` returns: its ``wait()`` first lets the Work help itself along, as ``Work.wait``
-    does (a then-callback on the group's thread waiting on an op queued behind it runs that op first)."""
+    does (a then-callback on the group's thread waiting on an op queued behind it runs that op first).
 
-    def __init__(self, work: Work):
+    Futures chained from it with ``then`` are of this kind too and help the same Work along: torch's gloo runs
+    a later op on its second thread while a callback waits for that op's chained future; here the waiting
+    callback runs the group's queue up to that op itself, so the order stays the one every rank issued."""
+
+    def __init__(self, work: Work | None = None, ref: weakref.ref | None = None):
         super().__init__()
-        self._work = weakref.ref(work)  # no cycle: the Work and the tensors it holds go with their last reference
+        self._work = ref or weakref.ref(work)  # no cycle: the Work and its tensors go with their last reference
 
     def wait(self):
         work = self._work()
         if work is not None and not self.done():
             work._before_blocking()
         return super().wait()
+
+    def then(self, callback):
+        child = _WorkFuture(ref=self._work)
+
+        def go(fut):
+            try:
+                child.set_result(callback(fut))
+            except BaseException as e:  # noqa: BLE001 - the chained future's error, as torch's then
+                child.set_exception(e)
+        torch.futures.Future.add_done_callback(self, go)
+        return child
 
 
 _transport = threading.local()

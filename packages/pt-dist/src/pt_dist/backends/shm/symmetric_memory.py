@@ -90,6 +90,12 @@ class SymmetricCollectives:
         offset = self._heap.allocate(numel * dtype.itemsize)
         return self._heap.view(self._rank, offset, numel, dtype).view(shape)
 
+    def symmetric_free_bytes(self) -> int:
+        """Bytes still free in this rank's region (the same on every rank that allocated alike)."""
+        if self._heap is None:
+            return HEAP_BYTES - HEAP_BYTES % ALIGN
+        return self._heap.per_rank - self._heap._next
+
     def shutdown(self) -> None:
         super().shutdown()
         if self._heap is not None:

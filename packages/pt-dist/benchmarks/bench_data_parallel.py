@@ -1,0 +1,204 @@
+"""Training-step time of pt_dist's DistributedDataParallel (and FullyShardedDataParallel) against torch's, same run.
+
+World size 2, one run: both ranks build every variant of one model (a stack of MLP blocks, ~12M parameters) on
+the same data, and the variants take turns rep by rep (a rep: our shm barrier, then ``--steps`` timed training
+steps on rank 0), so the shared machine's load hits them alike; we report the median rep per step. Variants:
+
+* ``torch DDP gloo`` / ``pt DDP gloo``: torch's DDP and ours on torch's gloo group (ours through the adapter);
+* ``pt DDP shm``: ours on pt_dist's shared-memory backend;
+* ``after backward <b>``: the same model without DDP, its gradients all-reduced in one flat buffer after
+  backward (no buckets, no overlap): what bucketing and overlap are measured against;
+* ``torch FSDP2 gloo`` / ``pt FSDP gloo`` / ``pt FSDP shm``: torch's ``fully_shard`` per block and ours.
+
+Per-rank bytes (parameters + gradients + optimizer state, DDP's buckets included) are sums of tensor sizes.
+
+    uv run python packages/pt-dist/benchmarks/bench_data_parallel.py
+    uv run python packages/pt-dist/benchmarks/bench_data_parallel.py --reps 5 --steps 2 --only ddp
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import time
+
+DDP_VARIANTS = ["torch DDP gloo", "pt DDP gloo", "pt DDP shm", "after backward gloo", "after backward shm"]
+FSDP_VARIANTS = ["torch FSDP2 gloo", "pt FSDP gloo", "pt FSDP shm"]
+
+
+def _model(width: int, blocks: int):
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.Linear(2 * width,
+                                                                                                       width)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(self.norm(x))))
+
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block() for _ in range(blocks)])
+
+
+def _state_bytes(params, optimizer, extra=()) -> int:
+    """Parameter, gradient and optimizer-state bytes held by this rank (plus ``extra`` tensors, DDP's buckets)."""
+    import torch
+
+    seen, total = set(), 0
+    tensors = [*params, *(p.grad for p in params if p.grad is not None), *extra,
+               *(v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))]
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if id(local) not in seen:
+            seen.add(id(local))
+            total += local.numel() * local.element_size()
+    return total
+
+
+def _variants(names, rank, world, width, blocks):
+    """name -> (module called in the step, parameters, optimizer, after_backward hook, extra tensors)."""
+    import pt_dist
+    import torch
+    import torch.distributed as dist
+
+    shm = pt_dist.new_group(backend="shm")
+    groups = {"gloo": pt_dist.group.WORLD, "shm": shm}
+    out = {}
+    for name in names:
+        model = _model(width, blocks)
+        after, extra = None, ()
+        if name == "torch DDP gloo":
+            run = torch.nn.parallel.DistributedDataParallel(model, process_group=dist.group.WORLD)
+        elif name.startswith("pt DDP"):
+            run = pt_dist.DistributedDataParallel(model, process_group=groups[name.split()[-1]])
+            extra = [b.buffer for b in run.reducer._buckets]
+        elif name.startswith("after backward"):
+            run, after = model, _flat_all_reduce(model, groups[name.split()[-1]], world)
+        elif name == "torch FSDP2 gloo":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh("cpu", (world,))
+            for block in model:
+                fully_shard(block, mesh=mesh)
+            run = fully_shard(model, mesh=mesh)
+        elif name.startswith("pt FSDP"):
+            from pt_dist.fsdp import FullyShardedDataParallel, ModuleWrapPolicy
+
+            block_type = type(model[0])
+            run = FullyShardedDataParallel(model, process_group=groups[name.split()[-1]],
+                                           auto_wrap_policy=ModuleWrapPolicy({block_type}))
+            model = run
+        else:
+            raise ValueError(f"unknown variant {name!r}")
+        params = list(run.parameters())
+        out[name] = (run, params, torch.optim.AdamW(params, lr=1e-4, fused=True), after, extra)
+    return out
+
+
+def _flat_all_reduce(model, group, world):
+    """All gradients averaged in one all-reduce once backward is over: no buckets, nothing overlapped."""
+    import torch
+
+    def after():
+        grads = [p.grad for p in model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        group.all_reduce(flat).wait()
+        flat.div_(world)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+    return after
+
+
+def _rank(rank, world, port, args, out) -> None:
+    import pt_dist
+    import torch
+    from pt_dist.store import TCPStore
+
+    torch.set_num_threads(1)
+    store = TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=600, secret=b"bench")
+    pt_dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=600)
+    names = (DDP_VARIANTS if args.only in ("all", "ddp") else []) + (FSDP_VARIANTS if args.only in ("all", "fsdp")
+                                                                     else [])
+    variants = _variants(names, rank, world, args.width, args.blocks)
+    sync = pt_dist.new_group(backend="shm").barrier  # ranks leave it within microseconds
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(args.batch, args.width, generator=g)
+
+    memory = {}
+
+    def step(name):
+        run, params, opt, after, extra = variants[name]
+        run(x).pow(2).mean().backward()
+        if after is not None:
+            after()
+        opt.step()
+        memory[name] = max(memory.get(name, 0), _state_bytes(params, opt, extra))  # the peak: gradients still held
+        opt.zero_grad()
+
+    for name in variants:  # warm up: first-touch pages, bucket rebuild, FSDP's lazy init
+        step(name)
+        step(name)
+    times = {name: [] for name in variants}
+    for _ in range(args.reps):
+        for name in variants:
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                step(name)
+            times[name].append((time.perf_counter() - t0) / args.steps)
+    numel = sum(p.numel() for p in _model(args.width, args.blocks).parameters())
+    pt_dist.barrier()
+    pt_dist.destroy_process_group()
+    if rank == 0:
+        out.put(({n: statistics.median(t) for n, t in times.items()}, memory, numel))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--width", type=int, default=768)
+    ap.add_argument("--blocks", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=8, help="rows per rank and step")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per rep")
+    ap.add_argument("--only", choices=["all", "ddp", "fsdp"], default="all")
+    args = ap.parse_args()
+    world, port = 2, 20000 + os.getpid() % 10000
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, world, port, args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    times, memory, numel = q.get(timeout=3600)
+    for p in procs:
+        p.join(60)
+    print(f"model: {args.blocks} MLP blocks of width {args.width}, {numel / 1e6:.1f}M parameters; world {world}, "
+          f"batch {args.batch} rows per rank; medians of {args.reps} interleaved reps of {args.steps} steps\n")
+    print("| variant | step ms | per-rank param+grad+optim MiB |")
+    print("|---|---|---|")
+    for name, t in times.items():
+        print(f"| {name} | {t * 1e3:.1f} | {memory[name] / 2 ** 20:.0f} |")
+    ratios = [("pt DDP gloo / torch DDP gloo", "pt DDP gloo", "torch DDP gloo", "<= 1.05"),
+              ("pt DDP shm / torch DDP gloo", "pt DDP shm", "torch DDP gloo", "<= 0.8"),
+              ("pt DDP shm / after backward shm (overlap)", "pt DDP shm", "after backward shm", "< 1"),
+              ("pt DDP gloo / after backward gloo (overlap)", "pt DDP gloo", "after backward gloo", "< 1"),
+              ("pt FSDP gloo / torch FSDP2 gloo", "pt FSDP gloo", "torch FSDP2 gloo", "<= 1.2"),
+              ("pt FSDP shm / torch FSDP2 gloo", "pt FSDP shm", "torch FSDP2 gloo", "")]
+    print("\n| ratio | measured | target |")
+    print("|---|---|---|")
+    for label, a, b, target in ratios:
+        if a in times and b in times:
+            print(f"| {label} | {times[a] / times[b]:.2f}x | {target} |")
+    if "pt DDP gloo" in memory and "pt FSDP gloo" in memory:
+        print(f"\nper-rank bytes, FSDP / DDP: {memory['pt FSDP gloo'] / memory['pt DDP gloo']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

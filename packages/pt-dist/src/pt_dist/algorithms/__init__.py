@@ -1,0 +1,1 @@
+"""Training algorithms over pt_dist groups (torch.distributed.algorithms)."""

@@ -1,0 +1,88 @@
+"""DDP test helpers (imported by path): toy models and the side-by-side trainer the DDP and hook tests share.
+
+``train_side_by_side`` trains three copies of one model for a few steps: a single process on the whole batch,
+pt_dist's DistributedDataParallel and torch's on each rank's slice, and checks after every step that the
+parameters agree (the CS336 test shape, plus torch as a second reference).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pt_dist
+import torch
+from torch import nn
+
+
+class Toy(nn.Module):
+    """Tied (``out`` shares ``hidden``'s weight), frozen (``frozen``) and float64 (``wide``) parameters; returns a
+    dict holding a tuple. With ``branches``, the forward's ``branch`` argument picks which of two heads runs, and
+    ``never`` is used by no rank."""
+
+    def __init__(self, branches: bool = False, width: int = 12):
+        super().__init__()
+        self.embed = nn.Linear(6, width)
+        self.hidden = nn.Linear(width, width)
+        self.frozen = nn.Linear(width, width).requires_grad_(False)
+        self.out = nn.Linear(width, width, bias=False)
+        self.out.weight = self.hidden.weight
+        self.head = nn.Linear(width, 3)
+        self.wide = nn.Linear(width, 2).double()
+        if branches:
+            self.branch_a, self.branch_b, self.never = nn.Linear(width, 3), nn.Linear(width, 3), nn.Linear(width, 3)
+
+    def forward(self, x, branch=None):
+        h = torch.tanh(self.hidden(torch.tanh(self.embed(x))))
+        h = torch.tanh(self.out(self.frozen(h)))
+        y = self.head(h)
+        if branch is not None:
+            y = y + getattr(self, f"branch_{branch}")(h)
+        return {"y": y, "extra": (self.wide(h.double()),)}
+
+
+def toy_loss(model, x, target, rank, branch_of=None):
+    out = model(x, None if branch_of is None else branch_of(rank))
+    return torch.nn.functional.mse_loss(out["y"], target) + out["extra"][0].pow(2).mean().float()
+
+
+def batches(world: int, step: int, per_rank: int = 4, features: int = 6, outputs: int = 3):
+    """Step ``step``'s batch, cut into ``world`` slices (the same on every rank)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x, y = torch.randn(world * per_rank, features, generator=g), torch.randn(world * per_rank, outputs, generator=g)
+    return x.chunk(world), y.chunk(world)
+
+
+def train_side_by_side(rank, world, torch_pg, checks, label, make_model, loss_fn=toy_loss, steps=5, micro=1,
+                       lr=0.1, single=True, inspect=None, **ddp_kwargs):
+    """pt_dist DDP vs torch DDP (vs a single process) for ``steps`` steps of ``micro`` micro-batches each (all
+    but the last under ``no_sync``); ``inspect(step, ddp)`` runs after each backward; returns pt_dist's DDP."""
+    torch.manual_seed(0)
+    base = make_model()
+    models = {"single": copy.deepcopy(base), "pt_dist": copy.deepcopy(base), "torch": copy.deepcopy(base)}
+    ddps = {"pt_dist": pt_dist.DistributedDataParallel(models["pt_dist"], **ddp_kwargs),
+            "torch": torch.nn.parallel.DistributedDataParallel(models["torch"], process_group=torch_pg, **ddp_kwargs)}
+    opts = {k: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=lr) for k, m in models.items()}
+    for step in range(steps):
+        for m in range(micro):
+            xs, ys = batches(world, step * micro + m)
+            if single:
+                (sum(loss_fn(models["single"], xs[r], ys[r], r) for r in range(world)) / world).backward()
+            for ddp in ddps.values():
+                if m < micro - 1:
+                    with ddp.no_sync():
+                        loss_fn(ddp, xs[rank], ys[rank], rank).backward()
+                else:
+                    loss_fn(ddp, xs[rank], ys[rank], rank).backward()
+        if inspect is not None:
+            inspect(step, ddps["pt_dist"])
+        for opt in opts.values():
+            opt.step()
+            opt.zero_grad()
+        for (name, p), q, s in zip(models["pt_dist"].named_parameters(), models["torch"].parameters(),
+                                   models["single"].parameters()):
+            checks(f"{label} step {step} {name} vs torch DDP", p.detach(), q.detach())
+            if single:
+                checks(f"{label} step {step} {name} vs one process", p.detach(), s.detach())
+        for (name, b), tb in zip(models["pt_dist"].named_buffers(), models["torch"].buffers()):
+            checks(f"{label} step {step} buffer {name} vs torch DDP", b, tb)
+    return ddps["pt_dist"]
