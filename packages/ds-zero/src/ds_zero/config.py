@@ -62,8 +62,8 @@ _ACT_CKPT_KEYS = {"partition_activations", "contiguous_memory_optimization", "cp
 _PIPELINE_KEYS = {"stages", "partition", "seed_layers", "activation_checkpoint_interval", "pipe_partitioned",
                   "grad_partitioned"}
 # deepspeed/runtime/swap_tensor/aio_config.py
-_AIO_KEYS = {"block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit",
-             "overlap_events", "use_gds"}
+_AIO_KEYS = {"block_size", "queue_depth", "intra_op_parallelism", "thread_count", "use_gds"}
+_AIO_IGNORED = {"single_submit", "overlap_events"}  # libaio submission details with no counterpart here
 
 
 @dataclass
@@ -81,8 +81,6 @@ class AioConfig:
     block_size: int = 1_048_576
     queue_depth: int = 8
     intra_op_parallelism: int = 1
-    single_submit: bool = False
-    overlap_events: bool = True
     use_gds: bool = False
 
 
@@ -274,7 +272,7 @@ def _pipeline(section: Any) -> dict:
 
 
 def _aio(section: Any) -> AioConfig:
-    section = split_keys("aio", section, _AIO_KEYS)
+    section = split_keys("aio", section, _AIO_KEYS, _AIO_IGNORED)
     out = AioConfig()
     for key in ("block_size", "queue_depth"):
         if key in section:
@@ -282,9 +280,6 @@ def _aio(section: Any) -> AioConfig:
     for key in ("intra_op_parallelism", "thread_count"):  # DeepSpeed renamed thread_count
         if key in section:
             out.intra_op_parallelism = as_int(f"aio.{key}", section[key])
-    for key in ("single_submit", "overlap_events"):
-        if key in section:
-            setattr(out, key, as_bool(f"aio.{key}", section[key]))
     if section.get("use_gds", False):
         raise config_err("aio.use_gds", section["use_gds"], "false (GPUDirect Storage is not supported by ds_zero)")
     if out.block_size % 4096:

@@ -70,8 +70,9 @@ class ZeroOptimizerBase(abc.ABC):
         return lowp.detach().to(torch.float32).clone()
 
     def _wrap_optimizer(self, init_optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        for group, master in zip(init_optimizer.param_groups, self.master_partitions):
-            group["params"] = [master]
+        for i, group in enumerate(init_optimizer.param_groups):
+            # No resident masters (ZeRO-Infinity keeps them on NVMe): the group keeps only its hyper-parameters.
+            group["params"] = [self.master_partitions[i]] if i < len(self.master_partitions) else []
         init_optimizer.state.clear()
         if self.offload and hasattr(init_optimizer, "init_state"):
             for master in self.master_partitions:
@@ -169,10 +170,18 @@ class ZeroOptimizerBase(abc.ABC):
             clip = (norm + 1e-6) / self.clip_grad
             if clip > 1:
                 combined = scale * clip
-        for master, g in zip(self.master_partitions, grads):
-            master.grad = g if self.offload else g.to(dtype=torch.float32)
-            if combined != 1.0:
-                master.grad.mul_(1.0 / combined)
+        if self.offload:
+            # the host fp32 gradients are the masters' gradients: unscale and clip them in place
+            for g in grads:
+                if combined != 1.0:
+                    g.mul_(1.0 / combined)
+            for master, g in zip(self.master_partitions, grads):
+                master.grad = g
+        else:
+            for master, g in zip(self.master_partitions, grads):
+                master.grad = g.to(dtype=torch.float32)
+                if combined != 1.0:
+                    master.grad.mul_(1.0 / combined)
         self._run_optimizer()
         for master in self.master_partitions:
             master.grad = None

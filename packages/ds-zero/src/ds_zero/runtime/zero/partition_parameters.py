@@ -101,15 +101,31 @@ class AllGatherHandle:
             p.ds_status = ZeroParamStatus.AVAILABLE
             off += c
         self.params = []
+        swapped, self.swapped = getattr(self, "swapped", []), []
+        if swapped:
+            swapped[0].ds_swapper.release(swapped)
 
 
 def gather_params(params, async_op: bool = False) -> AllGatherHandle | None:
-    """All-gather the not-yet-available ZeRO params (grouped by process group), one collective each."""
+    """All-gather the not-yet-available ZeRO params (grouped by process group), one collective each.
+
+    Partitions on NVMe (``param.ds_swapper``) are read in first and their buffers handed back once gathered."""
     todo = [p for p in params if is_zero_param(p) and p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
     if not todo:
         return None
+    swapped = [p for p in todo if getattr(p, "ds_swapper", None) is not None]
+    if swapped:
+        swapper = swapped[0].ds_swapper
+        if len(swapped) > swapper.capacity():
+            # More partitions than swap buffers (gathering a whole model): as many at a time as fit.
+            n = max(1, swapper.capacity())
+            for i in range(0, len(todo), n):
+                gather_params(todo[i:i + n])
+            return None
+        swapper.swap_in(swapped)
     group = todo[0].ds_group
     handle = AllGatherHandle(todo, group, async_op)
+    handle.swapped = swapped
     if not async_op:
         handle.wait()
     return handle
@@ -122,12 +138,18 @@ def release_param(p: torch.nn.Parameter) -> None:
 
 
 def repartition_param(p: torch.nn.Parameter) -> None:
-    """Copy this rank's slice of the (possibly modified) full ``p.data`` back into ``ds_tensor``."""
+    """Copy this rank's slice of the (possibly modified) full ``p.data`` back into ``ds_tensor`` (and its file)."""
     world, rank = _world(p.ds_group)
+    swapper = getattr(p, "ds_swapper", None)
+    if swapper is not None:
+        swapper.swap_in([p])
     c = p.ds_tensor.numel()
     lo, hi = rank * c, min((rank + 1) * c, p.ds_numel)
     if hi > lo:
         p.ds_tensor[: hi - lo].copy_(p.data.reshape(-1)[lo:hi])
+    if swapper is not None:
+        swapper.write_resident(p)
+        swapper.release([p])
 
 
 class GatheredParameters:

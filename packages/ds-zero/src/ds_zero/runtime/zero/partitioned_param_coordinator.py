@@ -72,11 +72,7 @@ class PartitionedParameterCoordinator:
                 for q in list(self.inflight):
                     if self.inflight[q] is handle:
                         del self.inflight[q]
-        if self.swapper is not None:
-            self.swapper.swap_in([p for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE])
-        gather_params(params)
-        if self.swapper is not None:
-            self.swapper.release(params)
+        gather_params(params)  # reads NVMe partitions in first (waiting for a prefetch already under way)
         if self.recomputing:
             return
         if not self.trace_complete:

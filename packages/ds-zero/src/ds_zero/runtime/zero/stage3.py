@@ -69,6 +69,7 @@ class DeepSpeedZeroOptimizer_Stage3(ZeroOptimizerBase):  # noqa: N801 - DeepSpee
                          offload_optimizer=offload_optimizer, device=device)
         self.module = module
         self.offload_param = offload_param is not None and offload_param.enabled
+        optimizer_on_nvme = offload_optimizer is not None and offload_optimizer.device == "nvme"
         self.fp16_groups: list[list[torch.nn.Parameter]] = []
         self.flat_partitions: list[torch.Tensor] = []  # low-precision, this rank's chunks back to back
         self.grad_partitions: list[torch.Tensor] = []
@@ -105,7 +106,10 @@ class DeepSpeedZeroOptimizer_Stage3(ZeroOptimizerBase):  # noqa: N801 - DeepSpee
             self.flat_partitions.append(flat)
             if not self.offload:
                 self.grad_partitions.append(torch.zeros(total, dtype=gdtype, device=self.device))
-            self.master_partitions.append(self._new_master(flat))
+            if optimizer_on_nvme:  # the masters and moments go to NVMe (ZeroInfinity); only grads stay in host memory
+                self.fp32_grads.append(self.host.zeros(total, torch.float32, "gradients"))
+            else:
+                self.master_partitions.append(self._new_master(flat))
         self.nvme = nvme(self) if nvme is not None else None  # ZeRO-Infinity swappers, built on this optimizer
         self.coordinator = PartitionedParameterCoordinator(
             prefetch_bucket_size, max_live_parameters, max_reuse_distance,
@@ -157,11 +161,7 @@ class DeepSpeedZeroOptimizer_Stage3(ZeroOptimizerBase):  # noqa: N801 - DeepSpee
                 p.ds_persist = False
                 release_param(p)
                 p.ds_persist = True
-        if self.nvme is not None:
-            self.nvme.param_swapper.swap_in(persistent)
         gather_params(persistent)
-        if self.nvme is not None:
-            self.nvme.param_swapper.release(persistent)
 
     def backward_prologue(self, is_boundary: bool) -> None:
         self.coordinator.begin_phase("bwd")
@@ -187,9 +187,44 @@ class DeepSpeedZeroOptimizer_Stage3(ZeroOptimizerBase):  # noqa: N801 - DeepSpee
             super()._run_optimizer()
 
     def _after_write_back(self) -> None:
-        if self.nvme is not None:
-            self.nvme.param_swapper.swap_out_partitions()
         self._gather_persistent()
+
+    def _update_params_from_master(self) -> None:
+        if self.nvme is None:
+            return super()._update_params_from_master()
+        masters, states = self.nvme.read_state()
+        self.nvme.write_state(masters, states)  # writes the parameter files from the masters when they are on NVMe
+        if self.nvme.param_swapper is None:
+            for flat, m in zip(self.flat_partitions, masters):
+                flat.copy_(m)
+        self._gather_persistent()
+
+    def state_dict(self) -> dict:
+        if self.nvme is None:
+            return super().state_dict()
+        masters, states = self.nvme.read_state()  # one consistent copy of what lives in the swap files
+        return {"optimizer_state_dict": self.optimizer.state_dict(), "master_partitions": masters,
+                "nvme_states": states, "loss_scaler": self.loss_scaler.state_dict(), "world_size": self.world_size,
+                "rank": self.rank}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if self.nvme is None:
+            return super().load_state_dict(sd)
+        if sd["world_size"] != self.world_size:
+            raise ValueError(f"checkpoint was saved with data-parallel world size {sd['world_size']}, "
+                             f"this run has {self.world_size}; consolidate it with zero_to_fp32 instead")
+        self.optimizer.load_state_dict(sd["optimizer_state_dict"])
+        self.loss_scaler.load_state_dict(sd["loss_scaler"])
+        self.nvme.write_state(sd["master_partitions"], sd.get("nvme_states"))
+        if self.nvme.param_swapper is None:
+            for flat, m in zip(self.flat_partitions, sd["master_partitions"]):
+                flat.copy_(m)
+        self._gather_persistent()
+
+    def _load_masters(self, saved) -> None:
+        if self.nvme is None:
+            return super()._load_masters(saved)
+        self.nvme.write_state(saved, None)
 
     def memory_tensors(self) -> dict:
         live = [p.data for ps in self.fp16_groups for p in ps if p.ds_status != ZeroParamStatus.NOT_AVAILABLE]
