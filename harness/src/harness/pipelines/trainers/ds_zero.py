@@ -1,11 +1,12 @@
-"""ds-zero: ZeRO stage 0-3 data parallelism (DeepSpeed's engine API); checkpoint consolidated with zero_to_fp32."""
+"""ds-zero: ZeRO stage 0-3 data parallelism (DeepSpeed's engine API), optimizer offload to CPU or NVMe (ZeRO-Infinity,
+swap files under the output directory); checkpoint consolidated with zero_to_fp32."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
-from harness.pipelines.trainers import NotBuiltError
 from harness.pipelines.trainers.common import (
     build_model,
     finish_checkpoint,
@@ -20,18 +21,26 @@ def check(spec) -> None:
     stage, offload = spec.options.get("zero_stage", 2), spec.options.get("offload", "none")
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"--zero-stage must be 0, 1, 2 or 3, got {stage}")
-    if offload == "nvme":
-        raise NotBuiltError("ds-zero has no NVMe offload yet (issue 27); use --offload cpu or none")
-    if offload not in ("none", "cpu"):
+    if offload not in ("none", "cpu", "nvme"):
         raise ValueError(f"--offload must be cpu, nvme or none, got {offload!r}")
     if offload == "cpu" and stage == 0:
         raise ValueError("--offload cpu needs --zero-stage 1, 2 or 3")
+    if offload == "nvme" and stage != 3:
+        raise ValueError(f"--offload nvme (ZeRO-Infinity) needs --zero-stage 3, got --zero-stage {stage}")
 
 
 def ds_config(spec) -> dict:
     zero = {"stage": spec.options.get("zero_stage", 2)}
-    if spec.options.get("offload", "none") == "cpu":
+    offload = spec.options.get("offload", "none")
+    if offload == "cpu":
         zero["offload_optimizer"] = {"device": "cpu"}
+    elif offload == "nvme":  # the optimizer states live in swap files, as DeepSpeed's offload_optimizer.device nvme
+        zero["offload_optimizer"] = {
+            "device": "nvme",
+            "nvme_path": str(_nvme_dir(spec)),
+            "pipeline_read": True,
+            "pipeline_write": True,
+        }
     return {
         "train_micro_batch_size_per_gpu": spec.micro_batch_size,
         "gradient_accumulation_steps": 1,
@@ -48,6 +57,10 @@ def ds_config(spec) -> dict:
         },
         "zero_optimization": zero,
     }
+
+
+def _nvme_dir(spec) -> Path:
+    return Path(spec.out_dir) / "nvme_swap"
 
 
 def train(rank: int, world_size: int, spec: dict) -> dict:
@@ -78,6 +91,8 @@ def train(rank: int, world_size: int, spec: dict) -> dict:
         full.save_pretrained(spec.checkpoint_dir)
         finish_checkpoint(spec)
     dist.barrier()
+    if rank == 0:
+        shutil.rmtree(_nvme_dir(spec), ignore_errors=True)  # the swap files are scratch
     return {
         "losses": losses,
         "seconds": seconds,
