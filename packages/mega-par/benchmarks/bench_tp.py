@@ -104,6 +104,7 @@ def tp_worker(rank, world, port, iters, queue):
 
     _init(rank, world, port)
     ps.initialize_model_parallel(2, 1)
+    torch.manual_seed(0)
     model_parallel_cuda_manual_seed(0)
     res, fns = {}, {}
     x = torch.randn(B, S, H)

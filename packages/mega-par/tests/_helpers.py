@@ -22,6 +22,13 @@ def assert_case(results: list, name: str) -> None:
     assert not bad, "\n".join(f"rank {k}:\n{v}" for k, v in bad.items())
 
 
+def job_results(mega_par_ranks: dict, key: str) -> list:
+    """Per-rank results stored under ``key`` by the job that ran them (in its rank order)."""
+    results = [r[key] for r in mega_par_ranks["per_rank"] if key in r]
+    assert results, f"no rank of the shared run reported {key!r}"
+    return results
+
+
 class PlainLlama:
     """An independent, plain-torch Llama forward over Hugging Face tensor names (nn.Linear modules, so
     DTensor's ColwiseParallel/RowwiseParallel can shard it). Heads are inferred from local shapes."""

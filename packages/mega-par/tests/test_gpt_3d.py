@@ -47,7 +47,8 @@ ROUNDS = [
     [("layers", 4, 1, 1, [{}]),
      ("llama", 2, 1, 2, [{"sequence_parallel": True}, {"use_distributed_optimizer": True}])],
     [("llama", 2, 2, 1, [{}]), ("gpt2", 1, 2, 2, [{"use_distributed_optimizer": True}])],
-    [("gpt2", 2, 2, 1, [{"sequence_parallel": True}])],
+    # "megatron": Megatron's own unit tests, ported (test_megatron_*.py), on the 4 ranks this round leaves free
+    [("gpt2", 2, 2, 1, [{"sequence_parallel": True}]), ("megatron", 4, 1, 1, [{}])],
 ]
 
 
@@ -82,6 +83,10 @@ def _load_sibling(stem):
     return mod
 
 
+MEGATRON_PORTS = ("test_parallel_state", "test_mappings", "test_random", "test_cross_entropy", "test_initialization",
+                  "test_schedules")
+
+
 def _rank_jobs(rank, world_size, save_dir):
     """Rank body of the package's single run_ranks call (see conftest.py)."""
     results = {}
@@ -93,17 +98,27 @@ def _rank_jobs(rank, world_size, save_dir):
                 dist.init_process_group("gloo", store=dist.PrefixStore(f"round{r}job{j}", harness.store()),
                                         rank=rank - start, world_size=size, timeout=datetime.timedelta(seconds=120))
                 try:
-                    if family == "layers":
-                        results["layers"] = _load_sibling("test_layers")._all_cases(rank - start, size)
-                        variants = []
-                    for kw in variants:
-                        name = _name(family, tp, pp, dp, **kw)
-                        results[name], logits = _run(name, _args(family, tp, pp, dp, **kw), save_dir)
-                        if logits is not None:
-                            results["logits"] = logits
+                    results.update(_job(family, tp, pp, dp, variants, rank - start, save_dir))
                 finally:
                     dist.destroy_process_group()
             start += size
+    return results
+
+
+def _job(family, tp, pp, dp, variants, rank, save_dir) -> dict:
+    size = tp * pp * dp
+    if family == "layers":
+        return {"layers": _load_sibling("test_layers")._all_cases(rank, size)}
+    if family == "megatron":
+        return {stem: _load_sibling(stem).rank_cases(rank, size) for stem in MEGATRON_PORTS}
+    results = {}
+    for kw in variants:
+        name = _name(family, tp, pp, dp, **kw)
+        results[name], logits = _run(name, _args(family, tp, pp, dp, **kw), save_dir)
+        if logits is not None:
+            results["logits"] = logits
+    # one more step per layout, compared at gradient level (test_grad_parity.py)
+    results.update(_load_sibling("test_grad_parity").layout_grads(family, tp, pp, dp, variants))
     return results
 
 
@@ -118,7 +133,7 @@ def curves(mega_par_ranks):
     merged = {}
     for rank, res in enumerate(per_rank):
         for name, losses in res.items():
-            if name == "layers":
+            if name == "layers" or name in MEGATRON_PORTS or name.startswith("grads:"):
                 continue
             if name == "logits":
                 merged["logits"] = losses
@@ -135,7 +150,7 @@ def _reference(curves, family):
 
 
 CASES = [(fam, tp, pp, dp, kw) for jobs in ROUNDS for fam, tp, pp, dp, vs in jobs for kw in vs
-         if tp * pp * dp > 1 and fam != "layers"]
+         if tp * pp * dp > 1 and fam in ("llama", "gpt2")]
 
 
 @pytest.mark.world_size(8)

@@ -180,6 +180,7 @@ def _sequence_parallel_layers(tp):
 
 
 def _rng_tracker(tp):
+    torch.manual_seed(123)  # the default generator is the caller's to seed (as Megatron's _set_random_seed)
     tpl.model_parallel_cuda_manual_seed(123)
     ones = torch.ones(64)
     outside = F.dropout(ones, 0.5)
@@ -196,10 +197,12 @@ def _rng_tracker(tp):
             x = F.dropout(x * w, 0.5)
         return F.dropout(x, 0.3)
 
+    torch.manual_seed(5)
     tpl.model_parallel_cuda_manual_seed(5)
     fn(torch.ones(64)).sum().backward()
     plain = w.grad.clone()
     w.grad = None
+    torch.manual_seed(5)
     tpl.model_parallel_cuda_manual_seed(5)
     out = tpl.checkpoint(fn, False, torch.ones(64, requires_grad=True))
     F.dropout(torch.ones(3), 0.5)  # advance the RNG between forward and backward

@@ -116,22 +116,15 @@ def _merge_tp(shards: list, dim: int, stride: int) -> torch.Tensor:
     return torch.cat([pieces[r][k] for k in range(stride) for r in range(len(shards))], dim=dim)
 
 
-def load_merged_state_dict(checkpoint_dir: str, iteration: int | None = None) -> tuple[dict, dict]:
-    """Full (unsharded) state dict with global layer indices, and the training args."""
-    if iteration is None:
-        iteration = int(open(os.path.join(checkpoint_dir, TRACKER)).read().strip())
-    folders = sorted(glob.glob(os.path.join(checkpoint_dir, f"iter_{iteration:07d}", "mp_rank_*")))
-    if not folders:
-        raise FileNotFoundError(f"no mp_rank_* shards for iteration {iteration} in {checkpoint_dir}")
-    by_rank = {}
-    for f in folders:
-        tp_rank, pp_rank = map(int, re.search(r"mp_rank_(\d+)_(\d+)$", f).groups())
-        by_rank[(tp_rank, pp_rank)] = torch.load(os.path.join(f, "model_optim_rng.pt"), weights_only=False)
+def merge_shards(by_rank: dict) -> dict:
+    """Full (unsharded) tensors with global layer indices from ``{(tp_rank, pp_rank): shard}``, where a shard
+    holds ``model`` (or ``model0``, ``model1``, ... per virtual chunk), ``model_tp_meta`` and
+    ``model_layer_numbers`` as ``save_checkpoint`` writes them (tests merge gradients the same way)."""
     first = by_rank[(0, 0)]
     tp, pp = first["tp_size"], first["pp_size"]
     missing = [(t, p) for t in range(tp) for p in range(pp) if (t, p) not in by_rank]
     if missing:
-        raise FileNotFoundError(f"checkpoint {checkpoint_dir} lacks shards (tp_rank, pp_rank) {missing}")
+        raise FileNotFoundError(f"shards (tp_rank, pp_rank) {missing} are missing")
     merged = {}
     for p in range(pp):
         keys = sorted(k for k in by_rank[(0, p)] if re.fullmatch(r"model\d*", k))
@@ -145,7 +138,25 @@ def load_merged_state_dict(checkpoint_dir: str, iteration: int | None = None) ->
                 if m:  # local layer index -> global (0-based) layer index
                     name = f"decoder.layers.{numbers[int(m.group(1))] - 1}.{m.group(2)}"
                 merged[name] = tensor
-    return merged, first["args"]
+    return merged
+
+
+def load_merged_state_dict(checkpoint_dir: str, iteration: int | None = None) -> tuple[dict, dict]:
+    """Full (unsharded) state dict with global layer indices, and the training args."""
+    if iteration is None:
+        iteration = int(open(os.path.join(checkpoint_dir, TRACKER)).read().strip())
+    folders = sorted(glob.glob(os.path.join(checkpoint_dir, f"iter_{iteration:07d}", "mp_rank_*")))
+    if not folders:
+        raise FileNotFoundError(f"no mp_rank_* shards for iteration {iteration} in {checkpoint_dir}")
+    by_rank = {}
+    for f in folders:
+        tp_rank, pp_rank = map(int, re.search(r"mp_rank_(\d+)_(\d+)$", f).groups())
+        by_rank[(tp_rank, pp_rank)] = torch.load(os.path.join(f, "model_optim_rng.pt"), weights_only=False)
+    try:
+        merged = merge_shards(by_rank)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"checkpoint {checkpoint_dir}: {e}") from None
+    return merged, by_rank[(0, 0)]["args"]
 
 
 def llama_state_dict(sd: dict, args: dict) -> dict:

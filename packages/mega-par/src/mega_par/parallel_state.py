@@ -221,6 +221,11 @@ def get_tensor_model_parallel_src_rank() -> int:
     return _state().group_ranks["tp"][0]
 
 
+def get_data_parallel_src_rank(with_context_parallel: bool = False) -> int:
+    """The global rank of DP rank 0 in this rank's DP group (the replica that broadcasts weights)."""
+    return _state().group_ranks["dp_cp" if with_context_parallel else "dp"][0]
+
+
 def get_pipeline_model_parallel_next_rank() -> int:
     ranks = _state().group_ranks["pp"]
     return ranks[(ranks.index(dist.get_rank()) + 1) % len(ranks)]

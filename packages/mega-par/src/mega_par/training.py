@@ -80,7 +80,8 @@ class TrainingArgs:
             hidden_dropout=self.hidden_dropout, attention_dropout=self.attention_dropout,
             normalization=self.normalization, add_bias_linear=self.add_bias_linear,
             gated_linear_unit=self.swiglu, activation_func=torch.nn.functional.silu if self.swiglu
-            else torch.nn.functional.gelu, sequence_parallel=self.sequence_parallel)
+            else torch.nn.functional.gelu, sequence_parallel=self.sequence_parallel,
+            deallocate_pipeline_outputs=True)  # as Megatron's training always does
 
 
 def _check_args(args: TrainingArgs, world_size: int) -> None:
@@ -181,6 +182,9 @@ def pretrain(args: TrainingArgs, return_model: bool = False):
     if owns_mpu:
         ps.initialize_model_parallel(args.tp, args.pp, args.vpp)
     try:
+        # Megatron's _set_random_seed: the default generator (init draws, dropout outside TP regions) is seeded
+        # alike on every rank; the tracker adds the per-TP-rank state for dropout inside TP regions
+        torch.manual_seed(args.seed)
         model_parallel_cuda_manual_seed(args.seed)
         config = args.transformer_config()
         model = build_model(args, config)

@@ -50,8 +50,9 @@ class LanguageModelEmbedding(nn.Module):
                                                     dtype=config.params_dtype)
             with _seeded(seed + 1), torch.no_grad():
                 config.init_method(self.position_embeddings.weight)
-            # replicated over TP; with SP each rank sees only its tokens' gradient
-            self.position_embeddings.weight.sequence_parallel = config.sequence_parallel
+            # Replicated over TP but, unlike the norms, NOT marked sequence_parallel (as Megatron): it is added
+            # before the scatter to sequence shards, whose backward all-gathers, so every TP rank already holds
+            # the whole sequence's gradient; summing it over TP again would double it.
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, input_ids, position_ids):

@@ -35,11 +35,29 @@ class OptimizerConfig:
             raise ValueError(f"lr and clip_grad must be >= 0, got lr={self.lr}, clip_grad={self.clip_grad}")
 
 
-def build_torch_optimizer(config: OptimizerConfig, params):
+def default_no_weight_decay_cond(name: str, param) -> bool:
+    """Megatron's default: no weight decay for biases and every 1-D parameter (norm weights)."""
+    return name.endswith(".bias") or param.dim() == 1
+
+
+def weight_decay_param_groups(config: OptimizerConfig, named_params, no_weight_decay_cond=None) -> list[dict]:
+    """``[{params, weight_decay}]``: the decayed parameters, then those ``no_weight_decay_cond`` exempts."""
+    cond = no_weight_decay_cond or default_no_weight_decay_cond
+    decay, no_decay = [], []
+    for name, p in named_params:
+        (no_decay if cond(name, p) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_torch_optimizer(config: OptimizerConfig, param_groups):
+    """The torch optimizer over ``param_groups`` (None when this rank has nothing to update)."""
+    if not param_groups:
+        return None
     if config.optimizer == "adam":
-        return torch.optim.AdamW(params, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
-                                 eps=config.adam_eps, weight_decay=config.weight_decay)
-    return torch.optim.SGD(params, lr=config.lr, momentum=config.sgd_momentum, weight_decay=config.weight_decay)
+        return torch.optim.AdamW(param_groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
+                                 eps=config.adam_eps)
+    return torch.optim.SGD(param_groups, lr=config.lr, momentum=config.sgd_momentum)
 
 
 def param_is_not_shared(param) -> bool:
@@ -65,12 +83,18 @@ def clip_coefficient(total_norm: float, max_norm: float) -> float | None:
 
 
 class MegatronOptimizer:
-    """Non-sharded optimizer: steps ``torch.optim`` on the parameters using their ``main_grad`` buffers."""
+    """Non-sharded optimizer: steps ``torch.optim`` on the parameters using their ``main_grad`` buffers.
 
-    def __init__(self, config: OptimizerConfig, model_chunks):
+    ``no_weight_decay_cond(name, param)`` picks the parameters without weight decay (default: biases and
+    1-D parameters, as Megatron's ``get_megatron_optimizer``).
+    """
+
+    def __init__(self, config: OptimizerConfig, model_chunks, no_weight_decay_cond=None):
         self.config, self.model_chunks = config, list(model_chunks)
-        self.params = [p for m in self.model_chunks for p in m.parameters() if p.requires_grad]
-        self.optimizer = build_torch_optimizer(config, self.params)
+        named = [(n, p) for m in self.model_chunks for n, p in m.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        self.optimizer = build_torch_optimizer(config, weight_decay_param_groups(config, named,
+                                                                                  no_weight_decay_cond))
 
     def _grads(self):
         return [(p, p.main_grad if hasattr(p, "main_grad") else p.grad) for p in self.params]
@@ -92,7 +116,8 @@ class MegatronOptimizer:
                 if coeff is not None:
                     g.mul_(coeff)
                 p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
-        self.optimizer.step()
+        if self.optimizer is not None:
+            self.optimizer.step()
         for p in self.params:
             p.grad = None
         return True, grad_norm, None
@@ -105,7 +130,8 @@ class MegatronOptimizer:
             p.grad = None
 
     def state_dict(self):
-        return self.optimizer.state_dict()
+        return self.optimizer.state_dict() if self.optimizer is not None else {}
 
     def load_state_dict(self, state_dict) -> None:
-        self.optimizer.load_state_dict(state_dict)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state_dict)

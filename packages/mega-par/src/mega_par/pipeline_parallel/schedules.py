@@ -10,6 +10,11 @@
 ``forward_step_func(data_iterator, model) -> (output_tensor, loss_func)``; on the last stage
 ``loss_func(output_tensor) -> (loss, logged_dict)``. The loss is divided by the number of micro-batches;
 after the last backward, ``finalize_model_grads`` syncs data-parallel, sequence-parallel and embedding grads.
+
+With ``config.deallocate_pipeline_outputs`` a stage's output keeps only its autograd graph once it has been
+sent downstream (``deallocate_output_tensor``), and ``custom_backward`` runs its backward from that graph:
+what a stage holds for an in-flight micro-batch is then only what autograd saved. ``seq_length=None``
+(or ``config.variable_seq_lengths``) makes every message carry its shape, so micro-batches may differ in length.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch.autograd.variable import Variable
 
 from mega_par import parallel_state as ps
 from mega_par.distributed.finalize_model_grads import finalize_model_grads
@@ -40,6 +46,37 @@ def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+def deallocate_output_tensor(out, deallocate_pipeline_outputs: bool = False) -> None:
+    """Pseudo-free ``out.data`` (Megatron's): replace it by one element once it has been sent; the
+    tensor's ``grad_fn`` is all its backward needs. Freeing a view would free nothing, so that is an error."""
+    if out is None or not deallocate_pipeline_outputs:
+        return
+    if not torch.is_tensor(out):
+        raise TypeError(f"deallocate_output_tensor expects a tensor, got {type(out).__name__}")
+    if out._base is not None:
+        raise ValueError(f"deallocate_output_tensor: the stage output (shape {tuple(out.shape)}) is a view of "
+                         "another tensor, so freeing it frees nothing; return a fresh tensor from the stage")
+    out.data = torch.empty((1,), device=out.device, dtype=out.dtype)
+
+
+def custom_backward(output, grad_output) -> None:
+    """Backward through a deallocated output by calling the autograd engine directly (Megatron's):
+    ``torch.autograd.backward`` would reject a 1-element output with a full-size gradient."""
+    if grad_output is None:  # the last stage's loss
+        grad_output = torch.ones_like(output, memory_format=torch.preserve_format)
+    Variable._execution_engine.run_backward(tensors=(output,), grad_tensors=(grad_output,), keep_graph=False,
+                                            create_graph=False, inputs=(), allow_unreachable=True,
+                                            accumulate_grad=True)
+
+
+def _config(model):
+    return model.config if hasattr(model, "config") else model.module.config
+
+
+def _deallocate(model) -> bool:
+    return bool(getattr(_config(model), "deallocate_pipeline_outputs", False))
+
+
 def forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor, losses_reduced,
                  forward_only=False):
     model.set_input_tensor(input_tensor)
@@ -51,11 +88,14 @@ def forward_step(forward_step_func, data_iterator, model, num_microbatches, inpu
     return output_tensor
 
 
-def backward_step(input_tensor, output_tensor, output_tensor_grad):
+def backward_step(input_tensor, output_tensor, output_tensor_grad, deallocate_pipeline_outputs: bool = False):
     """Backprop through this stage; returns the gradient of its input (None on the first stage)."""
     if input_tensor is not None:
         input_tensor.retain_grad()
-    torch.autograd.backward(output_tensor, grad_tensors=output_tensor_grad)
+    if deallocate_pipeline_outputs:
+        custom_backward(output_tensor, output_tensor_grad)
+    else:
+        torch.autograd.backward(output_tensor, grad_tensors=output_tensor_grad)
     return None if input_tensor is None else input_tensor.grad
 
 
@@ -65,14 +105,20 @@ def _finish(model_chunks, forward_only):
 
 
 def _check(num_microbatches, seq_length, micro_batch_size):
-    for name, v in (("num_microbatches", num_microbatches), ("seq_length", seq_length),
-                    ("micro_batch_size", micro_batch_size)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    """``seq_length`` / ``micro_batch_size`` may be None: unused without pipelining, and with it the shapes
+    are then sent along with the tensors (as Megatron's ``variable_seq_lengths``)."""
+    if not isinstance(num_microbatches, int) or num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
+    for name, v in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} must be a positive int or None, got {v!r}")
 
 
 def _tensor_shape(model, seq_length, micro_batch_size):
-    config = model.config if hasattr(model, "config") else model.module.config
+    """``(s/tp with SP, b, h)`` of the activations between stages, or None: exchange shapes per message."""
+    config = _config(model)
+    if seq_length is None or micro_batch_size is None or getattr(config, "variable_seq_lengths", False):
+        return None
     tp = ps.get_tensor_model_parallel_world_size()
     if config.sequence_parallel and seq_length % tp:
         raise ValueError(f"seq_length ({seq_length}) must be divisible by the TP size ({tp}) with sequence_parallel")
@@ -114,6 +160,8 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
     num_warmup = min(pp - rank - 1, num_microbatches)
     num_remaining = num_microbatches - num_warmup
     input_tensors, output_tensors, losses = [], [], []
+    dealloc = _deallocate(model)
+    free_sent = dealloc and not ps.is_pipeline_last_stage()  # the last stage's output (the loss) is not sent
     sync = _no_sync(model)
     sync.__enter__()
 
@@ -121,7 +169,8 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
         input_tensor = p2p.recv_forward(shape)
         output_tensor = forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor, losses,
                                      forward_only)
-        p2p.send_forward(output_tensor)
+        p2p.send_forward(output_tensor, shape)
+        deallocate_output_tensor(output_tensor, free_sent)
         input_tensors.append(input_tensor)
         output_tensors.append(output_tensor)
 
@@ -131,19 +180,20 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
         output_tensor = forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor, losses,
                                      forward_only)
         if forward_only:
-            p2p.send_forward(output_tensor)
+            p2p.send_forward(output_tensor, shape)
             input_tensor = None if last_iteration else p2p.recv_forward(shape)
             continue
         output_tensor_grad = p2p.send_forward_recv_backward(output_tensor, shape)
+        deallocate_output_tensor(output_tensor, free_sent)
         input_tensors.append(input_tensor)
         output_tensors.append(output_tensor)
         input_tensor, output_tensor = input_tensors.pop(0), output_tensors.pop(0)
         if last_iteration and num_warmup == 0:
             sync.__exit__(None, None, None)  # the very last backward: let DDP mark grads ready
-        input_tensor_grad = backward_step(input_tensor, output_tensor, output_tensor_grad)
+        input_tensor_grad = backward_step(input_tensor, output_tensor, output_tensor_grad, dealloc)
         if last_iteration:
             input_tensor = None
-            p2p.send_backward(input_tensor_grad)
+            p2p.send_backward(input_tensor_grad, shape)
         else:
             input_tensor = p2p.send_backward_recv_forward(input_tensor_grad, shape)
 
@@ -153,8 +203,8 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
                 sync.__exit__(None, None, None)
             input_tensor, output_tensor = input_tensors.pop(0), output_tensors.pop(0)
             output_tensor_grad = p2p.recv_backward(shape)
-            input_tensor_grad = backward_step(input_tensor, output_tensor, output_tensor_grad)
-            p2p.send_backward(input_tensor_grad)
+            input_tensor_grad = backward_step(input_tensor, output_tensor, output_tensor_grad, dealloc)
+            p2p.send_backward(input_tensor_grad, shape)
     else:
         sync.__exit__(None, None, None)
     _finish(model_chunks, forward_only)
@@ -184,6 +234,7 @@ def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_ite
     output_tensors = [[] for _ in range(vpp)]
     output_tensor_grads = [[] for _ in range(vpp)]
     losses = []
+    dealloc = _deallocate(model_chunks[0])
 
     def chunk_id(k, forward):
         c = (k % (pp * vpp)) // pp
@@ -207,7 +258,8 @@ def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_ite
         ps.set_virtual_pipeline_model_parallel_rank(c)
         if ps.is_pipeline_last_stage() and not output_tensor_grads[c]:
             output_tensor_grads[c].append(None)
-        return backward_step(input_tensors[c].pop(0), output_tensors[c].pop(0), output_tensor_grads[c].pop(0))
+        return backward_step(input_tensors[c].pop(0), output_tensors[c].pop(0), output_tensor_grads[c].pop(0),
+                             dealloc)
 
     syncs = [_no_sync(m) for m in model_chunks]
     for s in syncs:
@@ -226,6 +278,7 @@ def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_ite
             output_tensor_grads[vpp - 1].append(grad)
         else:
             inp = p2p.send_forward_recv_forward(out, recv_prev, shape)
+        deallocate_output_tensor(out, dealloc and not forward_only)  # None on the last virtual stage
         input_tensors[next_c].append(inp)
 
     for k in range(num_remaining):
@@ -258,6 +311,7 @@ def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_ite
         if k == num_remaining - 1:
             recv_prev = False
         inp, grad = p2p.send_forward_backward_recv_forward_backward(out, in_grad, recv_prev, recv_next, shape)
+        deallocate_output_tensor(out, dealloc)
         if recv_prev:
             input_tensors[next_fc].append(inp)
         if recv_next:

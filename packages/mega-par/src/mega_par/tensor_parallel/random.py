@@ -16,6 +16,8 @@ from torch.utils.checkpoint import detach_variable
 from mega_par import parallel_state as ps
 
 _MODEL_PARALLEL_RNG_TRACKER_NAME = "model-parallel-rng"
+_DATA_PARALLEL_RNG_TRACKER_NAME = "data-parallel-rng"
+_DEFAULT_RNG_NAME = "default-rng"  # the default generator itself, never stored in the tracker
 # Megatron's offset between the data-parallel seed and the tensor-parallel seed.
 _TP_SEED_OFFSET = 2718
 
@@ -42,7 +44,13 @@ def _seeded_state(seed: int):
 
 
 class RNGStatesTracker:
-    """Named RNG states; ``fork(name)`` runs a block on that state and advances it."""
+    """Named RNG states; ``fork(name)`` runs a block on that state and advances it (Megatron's
+    ``CudaRNGStatesTracker``).
+
+    The tracker remembers which state is swapped in, so a nested ``fork`` (of another state, or of the same
+    one) first stores the outer state's progress: the inner block continues the outer stream instead of
+    replaying it from where the outer ``fork`` began.
+    """
 
     def __init__(self):
         self.reset()
@@ -50,6 +58,7 @@ class RNGStatesTracker:
     def reset(self) -> None:
         self.states_: dict[str, torch.Tensor] = {}
         self.seeds_: set[int] = set()
+        self._current_state_name = _DEFAULT_RNG_NAME
 
     def get_states(self) -> dict:
         return {k: v.clone() for k, v in self.states_.items()}
@@ -69,13 +78,18 @@ class RNGStatesTracker:
     def fork(self, name: str = _MODEL_PARALLEL_RNG_TRACKER_NAME):
         if name not in self.states_:
             raise KeyError(f"RNG state {name!r} is not added; call model_parallel_cuda_manual_seed first")
-        outside = _get_rng_state()
+        outer_name, outer_state = self._current_state_name, _get_rng_state()
+        if outer_name != _DEFAULT_RNG_NAME:
+            self.states_[outer_name] = outer_state  # the generator holds the outer fork's progress: keep it
         _set_rng_state(self.states_[name])
+        self._current_state_name = name
         try:
             yield
         finally:
             self.states_[name] = _get_rng_state()
-            _set_rng_state(outside)
+            # an inner fork of the outer state advanced it: resume from there, not from where we entered
+            _set_rng_state(self.states_[outer_name] if outer_name != _DEFAULT_RNG_NAME else outer_state)
+            self._current_state_name = outer_name
 
 
 _TRACKER = RNGStatesTracker()
@@ -90,10 +104,18 @@ get_rng_tracker = get_cuda_rng_tracker
 
 
 def model_parallel_cuda_manual_seed(seed: int) -> None:
-    """Seed the default generator identically on a TP group, and the tracker's TP state per TP rank."""
+    """Seed the tracker: a data-parallel state (``seed``, equal over the TP group) and the tensor-parallel
+    state (``seed + 2718 + tp_rank``, different per TP rank).
+
+    As Megatron, the only default generator touched is CUDA's (``torch.cuda.manual_seed``, when CUDA is in
+    use); the default CPU generator is the caller's (Megatron's ``_set_random_seed`` calls
+    ``torch.manual_seed`` itself), so seeding the tracker never changes what the CPU draws next.
+    """
     tp_seed = seed + _TP_SEED_OFFSET + ps.get_tensor_model_parallel_rank()
     _TRACKER.reset()
-    torch.manual_seed(seed)
+    if _use_cuda():
+        torch.cuda.manual_seed(seed)
+    _TRACKER.add(_DATA_PARALLEL_RNG_TRACKER_NAME, seed)
     _TRACKER.add(_MODEL_PARALLEL_RNG_TRACKER_NAME, tp_seed)
 
 

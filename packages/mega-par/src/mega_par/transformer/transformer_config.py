@@ -33,6 +33,9 @@ class TransformerConfig:
     sequence_parallel: bool = False
     params_dtype: torch.dtype = torch.float32
     recompute_granularity: str | None = None  # "full": checkpoint every layer (RNG-exact recompute)
+    # pipeline (Megatron's ModelParallelConfig): free a stage output's data once sent (Megatron's training sets it)
+    deallocate_pipeline_outputs: bool = False
+    variable_seq_lengths: bool = False  # exchange activation shapes before each p2p message
 
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "num_attention_heads"):
