@@ -41,8 +41,7 @@ def _api_cases_body(rank, world, config_path):
     for stage in (0, 1, 2, 3):
         # Positional arguments in deepspeed.initialize's order: (args, model, optimizer, model_parameters).
         model = lib.make_model()
-        engine, opt, _, _ = ds_zero.initialize(None, model, None, model.parameters(),
-                                               config=_sgd_config(stage, world))
+        engine, opt, _, _ = ds_zero.initialize(None, model, None, model.parameters(), config=_sgd_config(stage, world))
         norms, losses = [], []
         for s in range(STEPS):
             xb, yb = lib.rank_batches(x, y, s, rank, world, MICRO, 1)[0]
@@ -53,11 +52,29 @@ def _api_cases_body(rank, world, config_path):
             norms.append(engine.get_global_grad_norm())
         out[("sgd", stage)] = (losses, norms, lib.full_params(engine), opt is engine.optimizer)
         engine.destroy()
+    # No clipping: the norm is only reported, its all-reduce is not waited for in the step. Rank 1 never asks
+    # for it: asking must not be a collective (that would hang rank 0).
+    for stage in (0, 1):
+        engine, *_ = ds_zero.initialize(model=lib.make_model(), config=_sgd_config(stage, world, clip=0.0))
+        norms, losses = [], []
+        for s in range(STEPS):
+            xb, yb = lib.rank_batches(x, y, s, rank, world, MICRO, 1)[0]
+            loss = torch.nn.functional.mse_loss(engine(xb), yb)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+            if rank == 0:
+                norms.append(engine.get_global_grad_norm())
+        out[("unclipped", stage)] = (losses, norms)
+        engine.destroy()
 
     # args.deepspeed_config, DeepSpeed's oldest way in.
     model = lib.make_model()
-    engine, *_ = ds_zero.initialize(args=types.SimpleNamespace(deepspeed_config=config_path, local_rank=0),
-                                    model=model, model_parameters=model.parameters())
+    engine, *_ = ds_zero.initialize(
+        args=types.SimpleNamespace(deepspeed_config=config_path, local_rank=0),
+        model=model,
+        model_parameters=model.parameters(),
+    )
     out["args_config"] = engine.zero_optimization_stage()
     engine.destroy()
 
@@ -65,8 +82,11 @@ def _api_cases_body(rank, world, config_path):
     for stage in (0, 1, 2, 3):
         model = lib.make_model()
         model.head.bias.requires_grad_(False)
-        groups = [{"params": [p for n, p in model.named_parameters() if n != "head.bias"]},
-                  {"params": [], "lr": 0.5}, {"params": [model.head.bias], "lr": 0.5}]
+        groups = [
+            {"params": [p for n, p in model.named_parameters() if n != "head.bias"]},
+            {"params": [], "lr": 0.5},
+            {"params": [model.head.bias], "lr": 0.5},
+        ]
         cfg = lib.base_config(stage, world, micro=MICRO)
         engine, *_ = ds_zero.initialize(model=model, model_parameters=groups, config=cfg)
         losses = lib.train_ds(engine, x, y, rank, world, MICRO, 1)
@@ -106,8 +126,10 @@ def _api_cases_body(rank, world, config_path):
             events.append("comm")
             return real(*a, **k)
 
-        hooks = [p.register_post_accumulate_grad_hook(lambda p, events=events: events.append("grad"))
-                 for p in engine.module.parameters()]
+        hooks = [
+            p.register_post_accumulate_grad_hook(lambda p, events=events: events.append("grad"))
+            for p in engine.module.parameters()
+        ]
         dist.all_reduce = logging_all_reduce
         try:
             losses = lib.train_ds(engine, x[:1], y[:1], rank, world, MICRO, 1)
@@ -163,6 +185,14 @@ def _check_global_grad_norm_and_clipping_match_torch_at_every_stage(results):
         assert lib.mean_over_ranks([r[("sgd", stage)][0] for r in results]) == pytest.approx(ref_losses, rel=1e-5)
         for name, p in ref.named_parameters():
             torch.testing.assert_close(params[name], p.detach(), rtol=1e-4, atol=1e-6, msg=f"stage {stage} {name}")
+    unclipped_losses, unclipped_norms = _reference_sgd(lib.make_model(), x, y, clip=float("inf"))
+    assert unclipped_norms != pytest.approx(ref_norms, rel=1e-3)  # the unclipped run takes other steps
+    for stage in (0, 1):
+        losses, norms = results[0][("unclipped", stage)]
+        assert norms == pytest.approx(unclipped_norms, rel=1e-5), stage
+        assert lib.mean_over_ranks([r[("unclipped", stage)][0] for r in results]) == pytest.approx(
+            unclipped_losses, rel=1e-5
+        )
 
 
 def _check_empty_and_frozen_param_groups_are_accepted(results):
@@ -209,8 +239,7 @@ def _check_backward_scale_wrt_gas_and_torch_style_backward(results):
         sum(torch.nn.functional.mse_loss(ref(a), b) for a, b in zip(*halves)).backward()
         optim.step()
     for name, p in ref.named_parameters():
-        torch.testing.assert_close(results[0][("backward", 1, "unscaled")][0][name], p.detach(), rtol=1e-4,
-                                   atol=1e-6)
+        torch.testing.assert_close(results[0][("backward", 1, "unscaled")][0][name], p.detach(), rtol=1e-4, atol=1e-6)
 
 
 def _check_stage1_overlap_comm_reduces_during_backward(results):

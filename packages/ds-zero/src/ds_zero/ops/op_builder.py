@@ -34,7 +34,7 @@ class OpBuilder:
         return True, ""
 
     def cxx_args(self) -> list[str]:
-        return ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-std=c++20"]
+        return ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-std=c++20"]
 
     def load(self, verbose: bool = False):
         key = self.NAME
@@ -49,8 +49,14 @@ class OpBuilder:
         try:
             # A plain shared library whose TORCH_LIBRARY block registers torch.ops.ds_zero.*: no pybind, so the
             # first build takes seconds, not the minute torch/extension.h costs.
-            load(name=f"ds_zero_{self.NAME}", sources=sources, extra_cflags=self.cxx_args(),
-                 extra_ldflags=["-fopenmp"], is_python_module=False, verbose=verbose)
+            load(
+                name=f"ds_zero_{self.NAME}",
+                sources=sources,
+                extra_cflags=self.cxx_args(),
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=verbose,
+            )
         except Exception as e:  # compiler errors surface as RuntimeError / subprocess errors
             raise OpBuildError(f"{self.NAME} failed to build: {e}") from e
         import torch

@@ -34,13 +34,18 @@ class PipelineEngine(DeepSpeedEngine):
         # Validate before the engine communicates (its model broadcast is the first collective).
         cfg = DeepSpeedConfig.load(config, grid.get_data_parallel_world_size())
         if cfg.zero.stage >= 2:
-            raise DeepSpeedConfigError(f"config key 'zero_optimization.stage' has invalid value {cfg.zero.stage} for "
-                                       "pipeline parallelism; allowed: 0 or 1 (as in DeepSpeed)")
+            raise DeepSpeedConfigError(
+                f"config key 'zero_optimization.stage' has invalid value {cfg.zero.stage} for "
+                "pipeline parallelism; allowed: 0 or 1 (as in DeepSpeed)"
+            )
         if cfg.gradient_accumulation_steps < model.num_stages:
-            logger.warning("%d micro-batches for %d pipeline stages: each stage idles %.0f%% of the batch "
-                           "(bubble (p-1)/(m+p-1)); use gradient_accumulation_steps >= stages",
-                           cfg.gradient_accumulation_steps, model.num_stages,
-                           100 * (model.num_stages - 1) / (cfg.gradient_accumulation_steps + model.num_stages - 1))
+            logger.warning(
+                "%d micro-batches for %d pipeline stages: each stage idles %.0f%% of the batch "
+                "(bubble (p-1)/(m+p-1)); use gradient_accumulation_steps >= stages",
+                cfg.gradient_accumulation_steps,
+                model.num_stages,
+                100 * (model.num_stages - 1) / (cfg.gradient_accumulation_steps + model.num_stages - 1),
+            )
         kwargs["mpu"] = grid
         super().__init__(model=model, config_class=cfg, **kwargs)
         self.grid = grid
@@ -72,8 +77,15 @@ class PipelineEngine(DeepSpeedEngine):
         self.agg_train_loss = self._aggregate_total_loss()
         return self.agg_train_loss
 
-    def eval_batch(self, data_iter, return_logits: bool = False, compute_loss: bool = True,
-                   reduce_output: str = "avg", bcast_loss: bool = True, num_micro_batches=None):
+    def eval_batch(
+        self,
+        data_iter,
+        return_logits: bool = False,
+        compute_loss: bool = True,
+        reduce_output: str = "avg",
+        bcast_loss: bool = True,
+        num_micro_batches=None,
+    ):
         self.module.eval()
         self._set_data_iter(data_iter)
         micro = num_micro_batches or self.micro_batches
@@ -114,6 +126,11 @@ class PipelineEngine(DeepSpeedEngine):
         self._losses, self._logits = [], []
         self._meta_sent = self._meta_received = None  # descriptions travel with the batch's first micro-batch
         self._pending: list = []
+        # The next activation / gradient receive is posted as soon as the previous one arrived, so the
+        # neighbour's send finds it waiting (gloo otherwise first exchanges ready notices).
+        self._posted = {"act": None, "grad": None}
+        self._recvd = {"act": 0, "grad": 0}
+        self._sched_micro_batches = sched.micro_batches
         self._fwd_id = self._bwd_id = 0
         self.timeline = []
         self._t0 = time.perf_counter()
@@ -185,15 +202,18 @@ class PipelineEngine(DeepSpeedEngine):
             (loss.float() * (self.loss_scaler.loss_scale / self.micro_batches)).backward()
         else:
             outputs = _as_tuple(self.buffers["outputs"][buffer_id])
-            pairs = [(o, g) for o, g in zip([o for o in outputs if o.requires_grad], self.buffers["output_grads"]
-                                            [buffer_id])]
+            pairs = [
+                (o, g) for o, g in zip([o for o in outputs if o.requires_grad], self.buffers["output_grads"][buffer_id])
+            ]
             # The outputs were freed after sending: skip torch's shape check (Megatron's custom_backward).
             torch.autograd.Variable._execution_engine.run_backward(
-                tuple(o for o, _ in pairs), tuple(g for _, g in pairs), False, False, (), True, True)
+                tuple(o for o, _ in pairs), tuple(g for _, g in pairs), False, False, (), True, True
+            )
         if not self.is_first_stage:
             inputs = _as_tuple(self.buffers["inputs"][buffer_id])
             self.buffers["input_grads"][buffer_id] = tuple(
-                (i.grad if i.grad is not None else torch.zeros_like(i)) for i in inputs if i.requires_grad)
+                (i.grad if i.grad is not None else torch.zeros_like(i)) for i in inputs if i.requires_grad
+            )
         self.buffers["outputs"][buffer_id] = None
         self.buffers["output_grads"][buffer_id] = None
 
@@ -204,11 +224,24 @@ class PipelineEngine(DeepSpeedEngine):
             self._meta_sent = [(t.dtype, t.requires_grad, tuple(t.shape)) for t in outputs]
         self._pending.append((self.p2p.isend(outputs, self.next_rank), outputs, torch.is_grad_enabled()))
 
+    def _recv(self, kind: str, meta, src: int) -> tuple:
+        posted = self._posted[kind]
+        if posted is None:
+            bufs = self.p2p.buffers(meta)
+            self.p2p.recv_into(bufs, src)
+        else:
+            bufs, works = posted
+            for w in works:
+                w.wait()
+        self._recvd[kind] += 1
+        more = self._recvd[kind] < self._sched_micro_batches
+        self._posted[kind] = self.p2p.irecv(meta, src) if more else None
+        return bufs
+
     def _exec_recv_activations(self, buffer_id: int) -> None:
         if self._meta_received is None:
             self._meta_received = self.p2p.recv_meta(self.prev_rank)
-        bufs = self.p2p.buffers(self._meta_received)
-        self.p2p.recv_into(bufs, self.prev_rank)
+        bufs = self._recv("act", self._meta_received, self.prev_rank)
         for t, (dtype, grad, _) in zip(bufs, self._meta_received):
             t.requires_grad_(grad and dtype.is_floating_point and torch.is_grad_enabled())
         self.buffers["inputs"][buffer_id] = bufs[0] if len(bufs) == 1 else bufs
@@ -221,8 +254,7 @@ class PipelineEngine(DeepSpeedEngine):
 
     def _exec_recv_grads(self, buffer_id: int) -> None:
         meta = [(dtype, True, shape) for dtype, grad, shape in self._meta_sent if grad]
-        bufs = self.p2p.buffers(meta)
-        self.p2p.recv_into(bufs, self.next_rank)
+        bufs = self._recv("grad", meta, self.next_rank)
         self.buffers["output_grads"][buffer_id] = bufs
 
     def _exec_reduce_tied_grads(self) -> None:
@@ -262,6 +294,7 @@ class PipelineEngine(DeepSpeedEngine):
             dist.all_reduce(loss, group=self.dp_process_group)
             loss /= self.dp_world_size
         if bcast and self.num_stages > 1:
-            dist.broadcast(loss, src=self.grid.stage_to_global(self.num_stages - 1),
-                           group=self.grid.get_pipe_parallel_group())
+            dist.broadcast(
+                loss, src=self.grid.stage_to_global(self.num_stages - 1), group=self.grid.get_pipe_parallel_group()
+            )
         return loss

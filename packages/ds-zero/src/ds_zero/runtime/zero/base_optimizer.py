@@ -33,9 +33,16 @@ class ZeroOptimizerBase(abc.ABC):
     so must be summed for the norm; at stage 0 every rank holds the same full gradients.
     """
 
-    def __init__(self, init_optimizer: torch.optim.Optimizer, loss_scaler: LossScaler, clip_grad: float,
-                 groups: ParallelGroups | None = None, partitioned: bool = True, offload_optimizer=None,
-                 device: torch.device | None = None):
+    def __init__(
+        self,
+        init_optimizer: torch.optim.Optimizer,
+        loss_scaler: LossScaler,
+        clip_grad: float,
+        groups: ParallelGroups | None = None,
+        partitioned: bool = True,
+        offload_optimizer=None,
+        device: torch.device | None = None,
+    ):
         groups = groups or ParallelGroups()
         self.groups = groups
         self.dp_process_group = groups.dp_group
@@ -138,20 +145,34 @@ class ZeroOptimizerBase(abc.ABC):
         groups = [self.dp_process_group] if self.partitioned and self.world_size > 1 else []
         return groups + ([self.mp_group] if self.mp_group is not None else [])
 
-    def get_global_norm(self, grads: list[torch.Tensor]) -> float:
+    def _local_norm_sq(self, grads: list[torch.Tensor]) -> torch.Tensor:
         sq = torch.zeros(1, dtype=torch.float32, device=grads[0].device if grads else self.device)
         for g, runs in zip(grads, self._norm_runs):
             # fp32 accumulation without materialising an fp32 copy of the partition
             for lo, hi in [(0, g.numel())] if runs is None else runs:
                 if hi > lo:
                     sq += torch.linalg.vector_norm(g[lo:hi], dtype=torch.float32).pow(2)
-        sq = sq.to(self.comm_device)
+        return sq.to(self.comm_device)
+
+    def get_global_norm(self, grads: list[torch.Tensor]) -> float:
+        sq = self._local_norm_sq(grads)
         for group in self._reduce_groups():
             dist.all_reduce(sq, group=group)
         return math.sqrt(sq.item())
 
+    def _start_global_norm(self, grads: list[torch.Tensor], scale: float) -> None:
+        """Without clipping the norm is only reported: its last all-reduce runs while the step goes on, and
+        ``get_global_grad_norm`` waits for it (every rank still issues it at the same point)."""
+        sq = self._local_norm_sq(grads)
+        groups = self._reduce_groups()
+        for group in groups[:-1]:
+            dist.all_reduce(sq, group=group)
+        work = dist.all_reduce(sq, group=groups[-1], async_op=True) if groups else None
+        self._global_grad_norm = (sq, work, scale)
+
     def step(self) -> bool:
         """One optimizer step; returns False when fp16 overflow made it skip."""
+        self.get_global_grad_norm()  # the previous step's deferred norm, so its all-reduce is done
         if self.grad_offloader is not None:
             self.grad_offloader.synchronize()
         grads = self.reduced_grad_partitions()
@@ -162,14 +183,16 @@ class ZeroOptimizerBase(abc.ABC):
                 self.loss_scaler.update_scale(True)
                 return False
         scale = self.loss_scaler.loss_scale
-        norm = self.get_global_norm(grads) / scale
-        self._global_grad_norm = norm
         combined = scale
         if self.clip_grad > 0:
+            norm = self.get_global_norm(grads) / scale
+            self._global_grad_norm = norm
             # DeepSpeed's unscale_and_clip_grads: one multiply by 1 / (scale * clip factor).
             clip = (norm + 1e-6) / self.clip_grad
             if clip > 1:
                 combined = scale * clip
+        else:
+            self._start_global_norm(grads, scale)
         if self.offload:
             # the host fp32 gradients are the masters' gradients: unscale and clip them in place
             for g in grads:
@@ -193,8 +216,9 @@ class ZeroOptimizerBase(abc.ABC):
     def _run_optimizer(self) -> None:
         """Update the masters and write them into the low-precision partitions."""
         lowp = self.lowp_partitions()
-        fused = self.offload and isinstance(self.optimizer, DeepSpeedCPUAdam) and all(t.device.type == "cpu"
-                                                                                        for t in lowp)
+        fused = (
+            self.offload and isinstance(self.optimizer, DeepSpeedCPUAdam) and all(t.device.type == "cpu" for t in lowp)
+        )
         if fused:
             # CPUAdam rounds straight into the (host-resident) low-precision params: one pass, no extra copy.
             self.optimizer.step(fp16_param_groups=lowp)
@@ -204,6 +228,11 @@ class ZeroOptimizerBase(abc.ABC):
             t.copy_(master, non_blocking=True)
 
     def get_global_grad_norm(self) -> float | None:
+        if isinstance(self._global_grad_norm, tuple):
+            sq, work, scale = self._global_grad_norm
+            if work is not None:
+                work.wait()
+            self._global_grad_norm = math.sqrt(sq.item()) / scale
         return self._global_grad_norm
 
     def state_dict(self) -> dict:
@@ -217,8 +246,10 @@ class ZeroOptimizerBase(abc.ABC):
 
     def load_state_dict(self, sd: dict) -> None:
         if sd["world_size"] != self.world_size:
-            raise ValueError(f"checkpoint was saved with data-parallel world size {sd['world_size']}, "
-                             f"this run has {self.world_size}; consolidate it with zero_to_fp32 instead")
+            raise ValueError(
+                f"checkpoint was saved with data-parallel world size {sd['world_size']}, "
+                f"this run has {self.world_size}; consolidate it with zero_to_fp32 instead"
+            )
         self._load_masters(sd["master_partitions"])
         self._load_optimizer_state(sd["optimizer_state_dict"])
         self.loss_scaler.load_state_dict(sd["loss_scaler"])
@@ -256,5 +287,6 @@ class ZeroOptimizerBase(abc.ABC):
         return {"optimizer_states": states}, {}
 
     def close(self) -> None:
+        self.get_global_grad_norm()
         if self.grad_offloader is not None:
             self.grad_offloader.close()
