@@ -38,7 +38,7 @@ def _greedy(checkpoint: Path, prompts: list[str], n: int) -> tuple[list, list]:
     return [o.outputs[0].token_ids for o in ours], theirs
 
 
-@pytest.mark.parametrize("trainer", ["pt-dist-ddp"])
+@pytest.mark.parametrize("trainer", ["pt-dist-ddp", "pt-dist-fsdp"])
 def test_pt_dist_training_serves_like_transformers(corpus, tmp_path, capsys, trainer):
     argv = ["--corpus", str(corpus), "--out", str(tmp_path), "--steps", "6", "--max-new-tokens", "8", "--lr", "1e-2",
             "--trainer", trainer, "--device", "cpu"]

@@ -49,15 +49,11 @@ def _state_bytes(params, optimizer, extra=()) -> int:
     """Parameter, gradient and optimizer-state bytes held by this rank (plus ``extra`` tensors, DDP's buckets)."""
     import torch
 
-    seen, total = set(), 0
     tensors = [*params, *(p.grad for p in params if p.grad is not None), *extra,
                *(v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))]
-    for t in tensors:
-        local = t.to_local() if hasattr(t, "to_local") else t
-        if id(local) not in seen:
-            seen.add(id(local))
-            total += local.numel() * local.element_size()
-    return total
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]  # FSDP2's DTensors: this rank's part
+    distinct = {(t.data_ptr(), t.numel(), t.dtype): t.numel() * t.element_size() for t in local}
+    return sum(distinct.values())
 
 
 def _variants(names, rank, world, width, blocks):

@@ -1,4 +1,4 @@
-"""DDP test helpers (imported by path): toy models and the side-by-side trainer the DDP and hook tests share.
+"""DDP and FSDP test helpers (imported by path): toy models and the side-by-side trainers the tests share.
 
 ``train_side_by_side`` trains three copies of one model for a few steps: a single process on the whole batch,
 pt_dist's DistributedDataParallel and torch's on each rank's slice, and checks after every step that the
@@ -86,3 +86,81 @@ def train_side_by_side(rank, world, torch_pg, checks, label, make_model, loss_fn
         for (name, b), tb in zip(models["pt_dist"].named_buffers(), models["torch"].buffers()):
             checks(f"{label} step {step} buffer {name} vs torch DDP", b, tb)
     return ddps["pt_dist"]
+
+
+class Block(nn.Module):
+    """A residual MLP block (an FSDP unit in the tests); ``checkpointed``: its inside runs under non-reentrant
+    activation checkpointing."""
+
+    def __init__(self, width: int = 12, hidden: int = 20, checkpointed: bool = False):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, hidden), nn.Linear(hidden, width)
+        self.checkpointed = checkpointed
+
+    def _inner(self, x):
+        return self.down(torch.tanh(self.up(self.norm(x))))
+
+    def forward(self, x):
+        if self.checkpointed:
+            return x + torch.utils.checkpoint.checkpoint(self._inner, x, use_reentrant=False)
+        return x + self._inner(x)
+
+
+def stack(blocks: int = 3, checkpointed: bool = False, width: int = 12):
+    """In-projection, blocks of growing hidden sizes (so their flat parameters differ: 20, 24, ...), head; 3 outputs."""
+    return nn.Sequential(nn.Linear(6, width), *[Block(width, 20 + 4 * k, checkpointed) for k in range(blocks)],
+                         nn.Linear(width, 3))
+
+
+def mse(model, x, y, rank):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def fully_shard_blocks(model, world):
+    """torch's FSDP2 on the same units: each Block, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    for m in model:
+        if isinstance(m, Block):
+            fully_shard(m, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def train_fsdp_side_by_side(rank, world, checks, label, make_model=stack, steps=4, lr=1e-2, torch_fsdp2=True,
+                            reference=None, atol=None, group=None, **fsdp_kwargs):
+    """pt_dist's FSDP (each Block a unit) vs one process on the whole batch (``reference(model, xs, ys)`` its step's
+    loss, default: the mean of the slices' losses) vs torch's fully_shard, AdamW; parameters compared after every
+    step through the gathered full state dict. Returns pt_dist's FSDP."""
+    from pt_dist.fsdp import FullyShardedDataParallel, ModuleWrapPolicy
+
+    torch.manual_seed(0)
+    base = make_model()
+    single, ours = copy.deepcopy(base), copy.deepcopy(base)
+    fsdp = FullyShardedDataParallel(ours, process_group=group, auto_wrap_policy=ModuleWrapPolicy({Block}),
+                                    **fsdp_kwargs)
+    models = {"single": single, "pt_dist": fsdp}
+    if torch_fsdp2:
+        models["torch"] = fully_shard_blocks(copy.deepcopy(base), world)
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=lr) for k, m in models.items()}
+    for step in range(steps):
+        xs, ys = batches(world, step)
+        if reference is None:
+            (sum(mse(single, xs[r], ys[r], r) for r in range(world)) / world).backward()
+        else:
+            reference(single, xs, ys)
+        for name in models:
+            if name != "single":
+                mse(models[name], xs[rank], ys[rank], rank).backward()
+        for opt in opts.values():
+            opt.step()
+            opt.zero_grad()
+        full = fsdp.full_state_dict()
+        theirs = {k: v.full_tensor() for k, v in models["torch"].state_dict().items()} if torch_fsdp2 else {}
+        for name, p in single.state_dict().items():
+            close = (lambda a, b: torch.allclose(a, b, atol=atol, rtol=0)) if atol else None
+            checks(f"{label} step {step} {name} vs one process", full[name], p, close)
+            if torch_fsdp2:
+                checks(f"{label} step {step} {name} vs torch fully_shard", full[name], theirs[name])
+    return fsdp

@@ -41,6 +41,7 @@ from pt_dist.distributed_c10d import (
 )
 from pt_dist.errors import DistBackendError, DistError, DistNetworkError, DistStoreError
 from pt_dist.file_store import FileStore
+from pt_dist.fsdp import FullyShardedDataParallel
 from pt_dist.hash_store import HashStore
 from pt_dist.list_collectives import (
     _broadcast_coalesced as _broadcast_coalesced,  # torch.distributed._broadcast_coalesced (private there too)
@@ -73,18 +74,17 @@ from pt_dist.work import Work
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError", "FileStore", "GroupMember",
-    "DistributedDataParallel", "GradBucket", "HashStore", "P2POp", "PrefixStore", "ProcessGroup", "ReduceOp", "Store",
-    "TCPStore", "Work", "all_gather",
-    "all_gather_coalesced", "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce",
-    "all_reduce_coalesced", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast",
-    "broadcast_object_list", "default_pg_timeout", "destroy_process_group", "gather", "gather_into_tensor",
-    "gather_object", "gather_single", "get_backend", "get_backend_config", "get_default_backend_for_device",
-    "get_global_rank", "get_group_rank", "get_node_local_rank", "get_pg_count", "get_process_group_ranks",
-    "get_rank", "get_world_size", "group", "init_process_group", "irecv", "is_available", "is_backend_available",
-    "is_gloo_available", "is_initialized", "is_mpi_available", "is_nccl_available", "is_torchelastic_launched",
-    "isend", "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv",
-    "recv_object_list", "reduce", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "scatter",
-    "scatter_object_list", "send", "send_object_list", "set_timeout", "split_group", "supports_complex",
-    "symmetric_empty",
+    "Backend", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError", "DistributedDataParallel",
+    "FileStore", "FullyShardedDataParallel", "GradBucket", "GroupMember", "HashStore", "P2POp", "PrefixStore",
+    "ProcessGroup", "ReduceOp", "Store", "TCPStore", "Work", "all_gather", "all_gather_coalesced",
+    "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce", "all_reduce_coalesced",
+    "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
+    "default_pg_timeout", "destroy_process_group", "gather", "gather_into_tensor", "gather_object", "gather_single",
+    "get_backend", "get_backend_config", "get_default_backend_for_device", "get_global_rank", "get_group_rank",
+    "get_node_local_rank", "get_pg_count", "get_process_group_ranks", "get_rank", "get_world_size", "group",
+    "init_process_group", "irecv", "is_available", "is_backend_available", "is_gloo_available", "is_initialized",
+    "is_mpi_available", "is_nccl_available", "is_torchelastic_launched", "isend", "monitored_barrier", "new_group",
+    "new_subgroups", "new_subgroups_by_enumeration", "recv", "recv_object_list", "reduce", "reduce_scatter",
+    "reduce_scatter_single", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "send_object_list",
+    "set_timeout", "split_group", "supports_complex", "symmetric_empty",
 ]

@@ -55,6 +55,13 @@ class _WorkFuture(torch.futures.Future):
 
 
 _transport = threading.local()
+_worker = threading.local()
+
+
+def on_group_thread() -> bool:
+    """Whether this thread is a group's worker, running collectives issued with ``async_op=True``: the caller
+    computes meanwhile and needs the GIL between its kernels, so waits here should sleep rather than spin."""
+    return getattr(_worker, "active", False)
 
 
 def callbacks_elsewhere() -> None:
@@ -250,6 +257,7 @@ class OpQueue:
                 self._pending -= 1
 
     def _loop(self) -> None:
+        _worker.active = True
         while True:
             item = self._queue.get()
             if not isinstance(item, tuple):  # a stop sign

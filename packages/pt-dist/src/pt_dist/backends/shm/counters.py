@@ -4,7 +4,8 @@ segment, one per cache line (no false sharing between spinning ranks).
 A barrier bumps this rank's counter and waits until every peer's has reached the same value: spinning first
 (barrier skew between ranks is tens to hundreds of microseconds, about what a futex sleep and wake cost, so
 spinning through it keeps small messages fast; with more ranks than cores the spinner yields its core between
-polls), then sleeping in ``FUTEX_WAIT`` on the late peer's counter (``futex.py``). A sleeper checks every 5 ms
+polls; a collective running on the group's thread, async, does not spin), then sleeping in ``FUTEX_WAIT`` on the
+late peer's counter (``futex.py``). A sleeper checks every 5 ms
 the abort word (control word 0: rank+1 of a rank that gave up), whether this rank is shutting the group down
 (from another thread), whether the ranks it waits for are still alive and still in the group (a rank's
 shutdown clears its pid word), and the timeout, so a failure anywhere becomes a ``DistBackendError`` in
@@ -18,6 +19,7 @@ import time
 
 from pt_dist.backends.shm.futex import pid_dead
 from pt_dist.errors import DistBackendError, missing_text
+from pt_dist.work import on_group_thread
 
 LINE = 64
 SPIN_S = float(os.environ.get("PT_DIST_SHM_SPIN_US", 2000)) / 1e6  # spin this long before sleeping on a futex
@@ -44,7 +46,10 @@ class CounterBarrier:
 
     def _wait_for(self, op: str, idx: int, target: int) -> None:
         ctl = self._ctl
-        spin_end, yield_ = time.monotonic() + SPIN_S, self._oversubscribed
+        # an async collective (the group's thread) overlaps its caller's compute: spinning would hold the GIL that
+        # thread needs between kernels (and its core), so it goes to the futex at once
+        spin_end = time.monotonic() + (0.0 if on_group_thread() else SPIN_S)
+        yield_ = self._oversubscribed
         while True:
             for _ in range(64):
                 if ctl[idx] >= target:

@@ -1,0 +1,87 @@
+"""The arguments of ``FullyShardedDataParallel`` (torch/distributed/fsdp/api.py, the same names and fields)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, auto
+
+import torch
+
+__all__ = [
+    "BackwardPrefetch",
+    "CPUOffload",
+    "FullStateDictConfig",
+    "LocalStateDictConfig",
+    "MixedPrecision",
+    "ShardedStateDictConfig",
+    "ShardingStrategy",
+    "StateDictConfig",
+    "StateDictType",
+]
+
+
+class ShardingStrategy(Enum):
+    """FULL_SHARD: parameters, gradients, optimizer state sharded; parameters gathered for each unit's forward and
+    backward and freed after each. SHARD_GRAD_OP: parameters kept gathered from forward to the end of backward.
+    NO_SHARD: replicated, gradients all-reduced (DDP). HYBRID_SHARD: FULL_SHARD inside a shard group (a node),
+    replicated across the groups."""
+
+    FULL_SHARD = auto()
+    SHARD_GRAD_OP = auto()
+    NO_SHARD = auto()
+    HYBRID_SHARD = auto()
+
+
+class BackwardPrefetch(Enum):
+    """When backward starts the previous unit's all-gather: before this unit's gradient computation (BACKWARD_PRE,
+    ahead of this unit's reduce-scatter on the group's queue) or after it (BACKWARD_POST, behind it)."""
+
+    BACKWARD_PRE = auto()
+    BACKWARD_POST = auto()
+
+
+@dataclass
+class MixedPrecision:
+    """Compute in ``param_dtype`` (the all-gathered parameters), reduce gradients in ``reduce_dtype`` (default:
+    ``param_dtype``), keep buffers in ``buffer_dtype``; the sharded parameters and the optimizer stay in their own
+    dtype (fp32)."""
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+    buffer_dtype: torch.dtype | None = None
+    keep_low_precision_grads: bool = False
+    cast_forward_inputs: bool = False
+    cast_root_forward_inputs: bool = True
+
+
+@dataclass
+class CPUOffload:
+    offload_params: bool = False
+
+
+class StateDictType(Enum):
+    FULL_STATE_DICT = auto()
+    LOCAL_STATE_DICT = auto()
+    SHARDED_STATE_DICT = auto()
+
+
+@dataclass
+class StateDictConfig:
+    offload_to_cpu: bool = False
+
+
+@dataclass
+class FullStateDictConfig(StateDictConfig):
+    """``rank0_only``: only rank 0 gets the gathered tensors (the others an empty dict), as torch's."""
+
+    rank0_only: bool = False
+
+
+@dataclass
+class LocalStateDictConfig(StateDictConfig):
+    pass
+
+
+@dataclass
+class ShardedStateDictConfig(StateDictConfig):
+    pass

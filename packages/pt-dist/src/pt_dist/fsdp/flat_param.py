@@ -1,0 +1,202 @@
+"""``FlatParamHandle``: one FSDP unit's parameters as one flat, padded, sharded parameter (torch's _flat_param.py).
+
+The unit's parameters (each shared one once) are concatenated, padded with zeros to a multiple of the shard
+group's size N, and cut into N equal shards; this rank keeps shard r as ``flat_param``, the ``nn.Parameter`` the
+optimizer steps. To run the unit, ``unshard`` all-gathers the shards into a full buffer (in ``param_dtype``)
+and the module's parameters become views of it; ``reshard`` frees that buffer's storage. After backward,
+``reduce_grad`` reduce-scatters the full gradient so this rank keeps only its shard's (NO_SHARD: all-reduce).
+
+The views autograd saves in forward point into the buffer through a leaf tensor (``_unsharded``) that shares
+the buffer's storage but not its version counter, so refilling the storage for backward (FULL_SHARD's second
+all-gather) does not count as modifying what the graph saved.
+"""
+
+from __future__ import annotations
+
+import enum
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class HandleTrainingState(enum.Enum):
+    IDLE = enum.auto()
+    FORWARD = enum.auto()
+    BACKWARD_PRE = enum.auto()  # gathered for this unit's backward
+    BACKWARD_POST = enum.auto()  # gradient reduced
+
+
+@dataclass
+class ParamInfo:
+    """One place a flattened parameter lives: ``module.<name>``, its clean name, and its range of the flat param."""
+
+    module: nn.Module
+    name: str
+    fqn: str
+    offset: int
+    numel: int
+    shape: torch.Size
+
+
+class FlatParamHandle:
+    def __init__(self, named_params, shard_group, replicate_group, sharded: bool, param_dtype, reduce_dtype):
+        """``named_params``: ``(module, attr, clean fqn, parameter)`` for every place a parameter of the unit is
+        registered, in module order (a tied parameter appears twice, stored once)."""
+        uniques, self.infos, offsets, self._piece_of = [], [], {}, []
+        for module, name, fqn, p in named_params:
+            if id(p) not in offsets:
+                offsets[id(p)] = sum(q.numel() for q in uniques)
+                uniques.append(p)
+            self.infos.append(ParamInfo(module, name, fqn, offsets[id(p)], p.numel(), p.shape))
+            self._piece_of.append(next(i for i, q in enumerate(uniques) if q is p))
+        self._numels = [p.numel() for p in uniques]
+        dtypes = {p.dtype for p in uniques}
+        if len(dtypes) != 1:
+            names = [f"{i.fqn} ({i.module._parameters[i.name].dtype})" for i in self.infos][:6]
+            raise ValueError(
+                f"FullyShardedDataParallel: one unit's parameters must share a dtype to be flattened, "
+                f"got {sorted(map(str, dtypes))}: {names}; wrap them in separate units"
+            )
+        trainable = {p.requires_grad for p in uniques}
+        if len(trainable) != 1:
+            frozen = [i.fqn for i in self.infos if not i.module._parameters[i.name].requires_grad][:6]
+            raise ValueError(
+                f"FullyShardedDataParallel: a unit mixes frozen parameters ({frozen}) with trainable "
+                f"ones; wrap the frozen ones in a unit of their own, or pass them in ignored_modules"
+            )
+        self.requires_grad = trainable.pop()
+        self.shard_group, self.replicate_group, self.sharded = shard_group, replicate_group, sharded
+        world = shard_group.size() if sharded else 1
+        self.numel = sum(p.numel() for p in uniques)
+        self.padded_numel = -(-self.numel // world) * world
+        self.shard_numel = self.padded_numel // world
+        dtype = uniques[0].dtype
+        self.param_dtype, self.reduce_dtype = param_dtype or dtype, reduce_dtype or param_dtype or dtype
+        flat = torch.zeros(self.padded_numel, dtype=dtype)
+        with torch.no_grad():
+            for p in uniques:
+                flat.narrow(0, offsets[id(p)], p.numel()).copy_(p.reshape(-1))
+        start = (shard_group.rank() if sharded else 0) * self.shard_numel
+        self.flat_param = nn.Parameter(
+            flat.narrow(0, start, self.shard_numel).clone(), requires_grad=self.requires_grad
+        )
+        for info in self.infos:  # the module's parameters are views of the gathered buffer from now on
+            info.module._parameters.pop(info.name, None)
+        self._full = torch.empty(0, dtype=self.param_dtype)  # the gathered buffer (storage freed when resharded)
+        self._unsharded: torch.Tensor | None = None  # the leaf the module's views come from
+        self._gather: tuple | None = None  # (work, the shard it reads) while an all-gather is in flight
+        self._reduce: tuple | None = None  # (work, output, input) while a reduction is in flight
+        self.is_unsharded = False
+        self.state = HandleTrainingState.IDLE
+        self.post_backward_calls = 0
+
+    # -- parameters ----------------------------------------------------------------------------------------------
+
+    def _full_bytes(self) -> int:
+        return self.padded_numel * self.param_dtype.itemsize
+
+    def unshard(self, async_op: bool = False) -> None:
+        """Start the all-gather (``async_op``: return at once, a prefetch) or finish it."""
+        if self.is_unsharded:
+            return
+        if self._gather is None:
+            storage = self._full.untyped_storage()
+            if storage.nbytes() != self._full_bytes():
+                storage.resize_(self._full_bytes())
+                self._full.set_(storage, 0, (self.padded_numel,), (1,))
+            shard = self.flat_param.detach().to(self.param_dtype)  # (a copy only under mixed precision)
+            if self.sharded and self.shard_group.size() > 1:  # (blocking: on this thread when nothing is queued)
+                work = self.shard_group.all_gather_into_tensor(self._full, shard, async_op=async_op)
+            else:
+                self._full.copy_(shard)
+                work = None
+            self._gather = (work, shard)
+        if not async_op:
+            work, _ = self._gather
+            if work is not None:
+                work.wait()
+            self._gather, self.is_unsharded = None, True
+
+    def use_unsharded_views(self, new_leaf: bool) -> None:
+        """Point the module's parameter attributes at views of the gathered buffer. ``new_leaf`` (each forward that
+        builds a graph): a fresh leaf whose gradient hook reduces this unit's gradient."""
+        if new_leaf or self._unsharded is None:
+            leaf = torch.empty(0, dtype=self.param_dtype).set_(self._full.untyped_storage(), 0, (self.numel,), (1,))
+            self._unsharded = leaf.requires_grad_(self.requires_grad and torch.is_grad_enabled())
+            self.post_backward_calls = 0
+            if leaf.requires_grad:
+                # weakly: a tensor's hooks are not seen by the garbage collector while views share the tensor, so a
+                # strong reference back would keep the unit, its groups and their shared memory alive for good
+                handle = weakref.ref(self)
+                leaf.register_post_accumulate_grad_hook(lambda t: handle().on_post_backward())
+        # one split for all: its backward concatenates the gradients into one buffer (a narrow per parameter would
+        # make a zero-filled full-size gradient per parameter for autograd to sum)
+        pieces = self._unsharded.split(self._numels)
+        for info, piece in zip(self.infos, self._piece_of):
+            setattr(info.module, info.name, pieces[piece].view(info.shape))
+
+    def on_post_backward(self) -> None:  # set by the unit (fully_sharded_data_parallel.py)
+        """Called once the whole unsharded gradient is accumulated."""
+
+    def reshard(self) -> None:
+        """Free the gathered buffer (the views and the leaf keep their shapes, not their data)."""
+        if self._gather is not None:  # a prefetch nobody used: finish it before freeing what it writes
+            self.unshard()
+        self._full.untyped_storage().resize_(0)
+        self.is_unsharded = False
+
+    # -- gradients -----------------------------------------------------------------------------------------------
+
+    def reduce_grad(self, world: int) -> None:
+        """Start averaging this unit's gradient over ``world`` data-parallel ranks: reduce-scatter within the shard
+        group (each rank its shard), or all-reduce when not sharded."""
+        grad, self._unsharded.grad = self._unsharded.grad, None
+        flat = grad.reshape(-1)
+        if self.padded_numel == self.numel and grad.dtype == self.reduce_dtype:
+            padded = flat.div_(world)  # divide first: no overflow in fp16 (the gradient is ours to change)
+        else:
+            padded = torch.empty(self.padded_numel, dtype=self.reduce_dtype)
+            padded.narrow(0, self.numel, self.padded_numel - self.numel).zero_()  # the padding's gradient
+            torch.div(flat, world, out=padded.narrow(0, 0, self.numel))
+        if self.sharded and self.shard_group.size() > 1:
+            out = torch.empty(self.shard_numel, dtype=self.reduce_dtype)
+            work = self.shard_group.reduce_scatter_tensor(out, padded, async_op=True)
+        else:
+            out = padded
+            work = self.shard_group.all_reduce(out, async_op=True) if self.shard_group.size() > 1 else None
+        self._reduce = (work, out, padded)
+
+    def finish_reduce(self) -> None:
+        """Wait for the reduction, sum over the replicas (HYBRID_SHARD), accumulate into ``flat_param.grad``."""
+        if self._reduce is None:
+            return
+        work, out, _ = self._reduce
+        self._reduce = None
+        if work is not None:
+            work.wait()
+        if self.replicate_group is not None and self.replicate_group.size() > 1:
+            self.replicate_group.all_reduce(out).wait()
+        grad = out.to(self.flat_param.dtype)
+        if self.flat_param.grad is None:
+            self.flat_param.grad = grad
+        else:
+            self.flat_param.grad += grad
+
+    # -- state dicts ---------------------------------------------------------------------------------------------
+
+    def full_flat(self) -> torch.Tensor:
+        """The whole flat parameter in its own dtype (collective within the shard group)."""
+        if not (self.sharded and self.shard_group.size() > 1):
+            return self.flat_param.detach().clone()
+        full = torch.empty(self.padded_numel, dtype=self.flat_param.dtype)
+        self.shard_group.all_gather_into_tensor(full, self.flat_param.detach()).wait()
+        return full
+
+    def load_full_flat(self, flat: torch.Tensor) -> None:
+        start = (self.shard_group.rank() if self.sharded else 0) * self.shard_numel
+        padded = torch.zeros(self.padded_numel, dtype=self.flat_param.dtype)
+        padded.narrow(0, 0, self.numel).copy_(flat.narrow(0, 0, self.numel))
+        with torch.no_grad():
+            self.flat_param.copy_(padded.narrow(0, start, self.shard_numel))

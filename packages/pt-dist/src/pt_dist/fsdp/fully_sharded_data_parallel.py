@@ -1,0 +1,384 @@
+"""``FullyShardedDataParallel``: each unit's parameters sharded across ranks, gathered only while the unit runs.
+
+torch's FSDP (torch/distributed/fsdp/fully_sharded_data_parallel.py, with _runtime_utils.py's hooks), one unit's
+life per iteration:
+
+1. forward: ``unshard`` (all-gather the flat parameter; the module's parameters become views of it), run,
+   ``reshard`` (FULL_SHARD frees the gathered buffer; the root keeps it, backward needs it first); with
+   ``forward_prefetch`` the next unit's all-gather starts before this unit computes.
+2. backward, ``_pre_backward`` (a gradient hook on the unit's outputs): gather again, and with
+   ``BACKWARD_PRE`` start the previous unit's all-gather now, ahead of this unit's reduce-scatter on the queue.
+3. ``_post_backward`` (the unsharded parameter's post-accumulate-grad hook): reduce-scatter the gradient, free
+   the gathered buffer; the root's end-of-backward callback waits and leaves ``flat_param.grad`` a shard.
+
+The optimizer is built over ``model.parameters()``: the flat shards only. Units refer to each other (the root, the
+execution order) and are called back by their handles only weakly, so a dropped model is freed at once, and with
+it the gathered buffers and any shm group it kept referenced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+from torch import nn
+
+from pt_dist import distributed_c10d as c10d
+from pt_dist.fsdp import state_dict as _sd
+from pt_dist.fsdp._init_utils import _check_arguments, _init_process_groups
+from pt_dist.fsdp.api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy, StateDictType
+from pt_dist.fsdp.flat_param import FlatParamHandle, HandleTrainingState
+from pt_dist.fsdp.wrap import _as_policy, _recursive_wrap
+from pt_dist.list_collectives import _broadcast_coalesced
+from pt_dist.nn.parallel.distributed import _find_tensors
+
+FSDP_WRAPPED_MODULE = "_fsdp_wrapped_module"
+FLAT_PARAM = "_flat_param"
+
+
+class FullyShardedDataParallel(nn.Module):
+    """Shard ``module``'s parameters, gradients and optimizer state over the ranks of ``process_group``."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        process_group=None,
+        sharding_strategy: ShardingStrategy | None = None,
+        cpu_offload: CPUOffload | None = None,
+        auto_wrap_policy=None,
+        backward_prefetch: BackwardPrefetch | None = BackwardPrefetch.BACKWARD_PRE,
+        mixed_precision: MixedPrecision | None = None,
+        ignored_modules=None,
+        param_init_fn=None,
+        device_id=None,
+        sync_module_states: bool = False,
+        forward_prefetch: bool = False,
+        limit_all_gathers: bool = True,
+        use_orig_params: bool = False,
+        ignored_states=None,
+        device_mesh=None,
+    ):
+        super().__init__()
+        _check_arguments(
+            sharding_strategy,
+            backward_prefetch,
+            mixed_precision,
+            cpu_offload,
+            param_init_fn,
+            device_id,
+            use_orig_params,
+            ignored_states,
+            device_mesh,
+        )
+        strategy = sharding_strategy or ShardingStrategy.FULL_SHARD
+        shard, replicate = _init_process_groups(process_group, strategy)
+        ignored = {m for root in (ignored_modules or []) for m in root.modules()}
+        ignored_params = {p for m in ignored for p in m.parameters()}
+        if sync_module_states:  # rank 0's values everywhere, before anything is sharded
+            states = [t.detach() for t in (*module.parameters(), *module.buffers())]
+            for group in (shard, replicate):
+                if group is not None:
+                    _broadcast_coalesced(group, states, 250 * 1024 * 1024, 0)
+        kwargs = dict(
+            process_group=(shard, replicate) if replicate is not None else shard,
+            sharding_strategy=strategy,
+            backward_prefetch=backward_prefetch,
+            mixed_precision=mixed_precision,
+            forward_prefetch=forward_prefetch,
+            limit_all_gathers=limit_all_gathers,
+            ignored_modules=ignored_modules,
+        )
+        if auto_wrap_policy is not None:
+            nested = [n for n, m in module.named_modules() if isinstance(m, FullyShardedDataParallel)]
+            if nested:
+                raise ValueError(
+                    f"FullyShardedDataParallel: auto wrapping requires modules to not already have FSDP "
+                    f"applied, but found {nested[0] or 'the module itself'}; wrap by hand or by policy"
+                )
+            _recursive_wrap(
+                module,
+                _as_policy(auto_wrap_policy),
+                FullyShardedDataParallel,
+                ignored,
+                ignored_params,
+                only_wrap_children=True,
+                **kwargs,
+            )
+        self._fsdp_wrapped_module = module
+        self.sharding_strategy, self.backward_prefetch, self.forward_prefetch = (
+            strategy,
+            backward_prefetch,
+            forward_prefetch,
+        )
+        self.mixed_precision, self.limit_all_gathers = mixed_precision or MixedPrecision(), limit_all_gathers
+        self.process_group, self._replicate_group = shard, replicate
+        self._dp_world = shard.size() * (replicate.size() if replicate is not None else 1)
+        owned = list(_owned_parameters(module, ignored))
+        self._handle = None
+        if owned:
+            mp = self.mixed_precision
+            self._handle = FlatParamHandle(
+                owned, shard, replicate, strategy is not ShardingStrategy.NO_SHARD, mp.param_dtype, mp.reduce_dtype
+            )
+            self._handle.on_post_backward = _weak_method(self, "_post_backward")
+            module.register_parameter(FLAT_PARAM, self._handle.flat_param)
+        self._is_root: bool | None = None
+        self._root_ref: weakref.ref | None = None
+        self._state_dict_type, self._state_dict_config = StateDictType.FULL_STATE_DICT, None
+
+    # -- the root ------------------------------------------------------------------------------------------------
+
+    def _lazy_init(self) -> None:
+        """The first unit to run (or to be asked for a state dict) is the root: it knows every unit below it."""
+        if self._is_root is not None:
+            return
+        for _, m in self._named_units():
+            m._is_root, m._root_ref = m is self, weakref.ref(self)
+        self._exec_order: list[weakref.ref] = []  # the units in their first forward's order
+        self._order_frozen, self._final_queued = False, False
+        self._reduce_order: list[FlatParamHandle] = []
+        buffer_dtype = self.mixed_precision.buffer_dtype
+        if buffer_dtype is not None:
+            for b in self.buffers():
+                if b.is_floating_point():
+                    b.data = b.data.to(buffer_dtype)
+
+    @property
+    def _root(self):
+        return None if self._root_ref is None else self._root_ref()
+
+    @property
+    def _units(self) -> list:
+        return [m for m in self.modules() if isinstance(m, FullyShardedDataParallel)]
+
+    def _named_units(self):
+        """``(prefix of the unit's parameters in the plain module's state dict, unit)`` for every unit."""
+        for name, m in self.named_modules():
+            if isinstance(m, FullyShardedDataParallel):
+                clean = name.replace(f"{FSDP_WRAPPED_MODULE}.", "").replace(FSDP_WRAPPED_MODULE, "").rstrip(".")
+                yield (f"{clean}." if clean else ""), m
+
+    def _neighbour(self, unit, step: int):
+        order, me = self._exec_order, weakref.ref(unit)  # (weak references compare by their referents)
+        if not self._order_frozen or me not in order:
+            return None
+        i = order.index(me) + step
+        other = order[i]() if 0 <= i < len(order) else None
+        return other if other is not None and other._handle is not None else None
+
+    # -- forward -------------------------------------------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        self._lazy_init()
+        root, handle = self._root, self._handle
+        if (
+            self._is_root
+            and self.mixed_precision.param_dtype is not None
+            and self.mixed_precision.cast_root_forward_inputs
+        ):
+            args, kwargs = _cast_floats((args, kwargs), self.mixed_precision.param_dtype)
+        if handle is None:
+            out = self._fsdp_wrapped_module(*args, **kwargs)
+            if self._is_root:  # (a root of wrapped units alone: the order is known after its first forward too)
+                self._order_frozen = True
+            return out
+        if torch._C._current_graph_task_id() != -1:  # a checkpoint re-running this unit inside backward
+            handle.unshard()
+            handle.use_unsharded_views(new_leaf=False)
+            return self._fsdp_wrapped_module(*args, **kwargs)
+        grad = torch.is_grad_enabled()
+        handle.state = HandleTrainingState.FORWARD
+        handle.unshard()
+        handle.use_unsharded_views(new_leaf=grad)
+        if not root._order_frozen and weakref.ref(self) not in root._exec_order:
+            root._exec_order.append(weakref.ref(self))
+        nxt = root._neighbour(self, +1) if self.forward_prefetch else None
+        if nxt is not None:
+            nxt._handle.unshard(async_op=True)  # overlaps this unit's compute
+        out = self._fsdp_wrapped_module(*args, **kwargs)
+        if grad and handle.requires_grad:
+            for t in _find_tensors(out):
+                if t.requires_grad:
+                    t.register_hook(self._pre_backward_hook)
+        keep = self.sharding_strategy in (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.NO_SHARD) or (
+            self._is_root and grad
+        )  # the root's backward starts at once
+        if not keep or not grad:
+            handle.reshard()
+        handle.state = HandleTrainingState.IDLE
+        if self._is_root:
+            self._order_frozen = True
+        return out
+
+    # -- backward ------------------------------------------------------------------------------------------------
+
+    def _pre_backward_hook(self, grad):
+        self._pre_backward()
+
+    def _pre_backward(self) -> None:
+        handle, root = self._handle, self._root
+        if handle.state in (HandleTrainingState.BACKWARD_PRE, HandleTrainingState.BACKWARD_POST):
+            return
+        if not root._final_queued:
+            root._final_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(root._post_backward_final_callback)
+        handle.state = HandleTrainingState.BACKWARD_PRE
+        handle.unshard()
+        if self.backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
+            self._prefetch_previous()
+
+    def _prefetch_previous(self) -> None:
+        prev = self._root._neighbour(self, -1)
+        if prev is not None and prev._handle.state is not HandleTrainingState.BACKWARD_POST:
+            prev._handle.unshard(async_op=True)
+
+    def _post_backward(self) -> None:
+        handle = self._handle
+        handle.post_backward_calls += 1
+        if handle.post_backward_calls > 1:
+            raise RuntimeError(
+                "FullyShardedDataParallel: a unit's gradient arrived in two parts (a reentrant "
+                "activation checkpoint inside it); use torch.utils.checkpoint with use_reentrant=False"
+            )
+        handle.reduce_grad(self._dp_world)
+        self._root._reduce_order.append(handle)
+        if self.sharding_strategy is not ShardingStrategy.NO_SHARD:
+            handle.reshard()
+        handle.state = HandleTrainingState.BACKWARD_POST
+        if self.backward_prefetch is BackwardPrefetch.BACKWARD_POST:
+            self._prefetch_previous()
+
+    def _post_backward_final_callback(self) -> None:
+        """End of the whole backward: every unit's gradient shard in ``.grad``, every unit resharded."""
+        for handle in self._reduce_order:
+            handle.finish_reduce()
+        self._reduce_order.clear()
+        for unit in self._units:
+            h = unit._handle
+            if h is not None:
+                if h.is_unsharded or h._gather is not None:
+                    h.reshard()
+                h.state = HandleTrainingState.IDLE
+        self._final_queued = False
+
+    # -- the rest of torch's FSDP API ----------------------------------------------------------------------------
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the gradient norm of the whole model (the shards' norms combined over the shard group)."""
+        self._lazy_init()
+        grads = [u._handle.flat_param.grad for u in self._units if u._handle and u._handle.flat_param.grad is not None]
+        norm_type = float(norm_type)
+        if norm_type == float("inf"):
+            local = torch.stack([g.abs().max() for g in grads]).max() if grads else torch.zeros(())
+            total = local.double().reshape(1)
+            op = "max"
+        else:
+            total = sum((g.double().abs().pow(norm_type).sum() for g in grads), torch.zeros((), dtype=torch.float64))
+            total, op = total.reshape(1), "sum"
+        if self.sharding_strategy is not ShardingStrategy.NO_SHARD and self.process_group.size() > 1:
+            c10d.all_reduce(total, op=op, group=self.process_group)
+        total = total[0] if norm_type == float("inf") else total[0] ** (1.0 / norm_type)
+        coef = max_norm / (float(total) + 1e-6)
+        if coef < 1:
+            for g in grads:
+                g.mul_(coef)
+        return total.to(torch.float32)
+
+    def state_dict(self, *args, **kwargs):
+        self._lazy_init()
+        if self._state_dict_type is StateDictType.FULL_STATE_DICT:
+            return _sd.full_state_dict(self, rank0_only=getattr(self._state_dict_config, "rank0_only", False))
+        return _sd.sharded_state_dict(self)
+
+    def load_state_dict(self, state_dict, strict: bool = True):
+        self._lazy_init()
+        if self._state_dict_type is StateDictType.FULL_STATE_DICT:
+            return _sd.load_full_state_dict(self, state_dict, strict)
+        return _sd.load_sharded_state_dict(self, state_dict, strict)
+
+    def full_state_dict(self, rank0_only: bool = False) -> dict:
+        """The whole model's state under the plain module's names (collective); ``{}`` off rank 0 if rank0_only."""
+        self._lazy_init()
+        return _sd.full_state_dict(self, rank0_only)
+
+    def sharded_state_dict(self) -> dict:
+        """This rank's shards (``<unit>._flat_param``) and buffers: what a sharded checkpoint saves per rank."""
+        self._lazy_init()
+        return _sd.sharded_state_dict(self)
+
+    def load_sharded_state_dict(self, state_dict, strict: bool = True):
+        self._lazy_init()
+        return _sd.load_sharded_state_dict(self, state_dict, strict)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def state_dict_type(module, state_dict_type: StateDictType, state_dict_config=None, optim_state_dict_config=None):
+        """torch's spelling: inside, ``module.state_dict()`` / ``load_state_dict`` are full or sharded."""
+        if not isinstance(state_dict_type, StateDictType):
+            raise TypeError(f"state_dict_type must be a StateDictType, got {state_dict_type!r}")
+        units = [m for m in module.modules() if isinstance(m, FullyShardedDataParallel)]
+        saved = [(u._state_dict_type, u._state_dict_config) for u in units]
+        for u in units:
+            u._state_dict_type, u._state_dict_config = state_dict_type, state_dict_config
+        try:
+            yield
+        finally:
+            for u, (t, c) in zip(units, saved):
+                u._state_dict_type, u._state_dict_config = t, c
+
+    @property
+    def module(self) -> nn.Module:
+        """The wrapped module (torch's ``FSDP.module``)."""
+        return self._fsdp_wrapped_module
+
+    @property
+    def _flat_param(self):
+        """This unit's flat parameter (this rank's shard), or None for a unit without parameters of its own."""
+        return None if self._handle is None else self._handle.flat_param
+
+    @property
+    def rank(self) -> int:
+        return self.process_group.rank()
+
+    @property
+    def world_size(self) -> int:
+        return self.process_group.size()
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == FSDP_WRAPPED_MODULE:
+                raise
+            return getattr(self._fsdp_wrapped_module, name)
+
+    def __getitem__(self, key):
+        return self._fsdp_wrapped_module.__getitem__(key)
+
+
+def _owned_parameters(module: nn.Module, ignored: set, prefix: str = ""):
+    """``(module, attr, name within the unit, parameter)`` for each parameter this unit flattens, in
+    ``named_parameters`` order: not in a nested unit, not ignored; a parameter two modules share appears twice."""
+    for name, p in list(module._parameters.items()):
+        if p is not None:
+            yield module, name, f"{prefix}{name}", p
+    for child_name, child in module.named_children():
+        if not isinstance(child, FullyShardedDataParallel) and child not in ignored:
+            yield from _owned_parameters(child, ignored, f"{prefix}{child_name}.")
+
+
+def _weak_method(obj, name: str):
+    """``obj.<name>()`` without holding ``obj``."""
+    ref = weakref.ref(obj)
+    return lambda: getattr(ref(), name)()
+
+
+def _cast_floats(obj, dtype):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cast_floats(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
+    return obj

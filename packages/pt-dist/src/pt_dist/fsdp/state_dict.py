@@ -1,0 +1,108 @@
+"""FSDP state dicts (torch's fsdp/_state_dict_utils.py): *full*, every unit's flat parameter gathered and cut back
+into the plain module's parameters under their plain names (so ``plain_model.load_state_dict`` takes it); and
+*sharded*, each rank's own flat shards (``<unit>._flat_param``), which is what a sharded checkpoint saves
+(``pt_dist.checkpoint.save``: one file per rank, written atomically)."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.modules.module import _IncompatibleKeys
+
+from pt_dist import distributed_c10d as c10d
+
+FLAT_PARAM = "_flat_param"
+
+
+def _clean(name: str) -> str:
+    return name.replace("_fsdp_wrapped_module.", "")
+
+
+def _other_states(root):
+    """Persistent buffers and the parameters FSDP does not flatten (ignored modules'), under the plain module's
+    names (non-persistent buffers, such as rotary embeddings' ``inv_freq``, stay out, as in ``nn.Module``'s)."""
+    for prefix, module in root.named_modules():
+        for name, b in module._buffers.items():
+            if b is not None and name not in module._non_persistent_buffers_set:
+                yield _clean(f"{prefix}.{name}" if prefix else name), b
+    for name, p in root.named_parameters():
+        if not name.endswith(FLAT_PARAM):
+            yield _clean(name), p
+
+
+def _units(root):
+    return [(prefix, u._handle) for prefix, u in root._named_units() if u._handle is not None]
+
+
+def full_state_dict(root, rank0_only: bool = False) -> dict:
+    """Collective over each unit's shard group: every rank gathers; with ``rank0_only`` only global rank 0 keeps."""
+    keep = not rank0_only or c10d.get_rank() == 0
+    out = {}
+    for prefix, handle in _units(root):
+        flat = handle.full_flat()
+        if keep:
+            for info in handle.infos:
+                out[prefix + info.fqn] = flat.narrow(0, info.offset, info.numel).view(info.shape).clone()
+    if keep:
+        out.update({name: t.detach().clone() for name, t in _other_states(root)})
+    return out
+
+
+def load_full_state_dict(root, state_dict: dict, strict: bool = True):
+    """A full state dict (every rank holds it all) cut into this rank's shards; no communication."""
+    expected = {prefix + info.fqn for prefix, h in _units(root) for info in h.infos}
+    expected |= {name for name, _ in _other_states(root)}
+    keys = _check_keys(state_dict, expected, strict)
+    with torch.no_grad():
+        for prefix, handle in _units(root):
+            flat = handle.flat_param.new_zeros(handle.numel)
+            for info in handle.infos:
+                if prefix + info.fqn in state_dict:
+                    _check_shape(prefix + info.fqn, state_dict[prefix + info.fqn], info.shape)
+                    flat.narrow(0, info.offset, info.numel).copy_(state_dict[prefix + info.fqn].reshape(-1))
+            handle.load_full_flat(flat)
+        for name, t in _other_states(root):
+            if name in state_dict:
+                _check_shape(name, state_dict[name], t.shape)
+                t.copy_(state_dict[name])
+    return keys
+
+
+def sharded_state_dict(root) -> dict:
+    out = {prefix + FLAT_PARAM: handle.flat_param.detach().clone() for prefix, handle in _units(root)}
+    out.update({name: t.detach().clone() for name, t in _other_states(root)})
+    return out
+
+
+def load_sharded_state_dict(root, state_dict: dict, strict: bool = True):
+    targets = {prefix + FLAT_PARAM: handle.flat_param for prefix, handle in _units(root)}
+    targets.update(dict(_other_states(root)))
+    keys = _check_keys(state_dict, set(targets), strict)
+    with torch.no_grad():
+        for name, target in targets.items():
+            if name in state_dict:
+                _check_shape(
+                    name,
+                    state_dict[name],
+                    target.shape,
+                    "(saved by a different number of ranks?)" if name.endswith(FLAT_PARAM) else "",
+                )
+                target.copy_(state_dict[name])
+    return keys
+
+
+def _check_keys(state_dict: dict, expected: set, strict: bool):
+    missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+    if strict and (missing or unexpected):
+        raise RuntimeError(
+            f"FullyShardedDataParallel.load_state_dict: missing keys {missing[:8]}, unexpected keys {unexpected[:8]}"
+        )
+    return _IncompatibleKeys(missing, unexpected)
+
+
+def _check_shape(name: str, tensor, shape, hint: str = "") -> None:
+    if not isinstance(tensor, torch.Tensor) or tensor.shape != shape:
+        got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise ValueError(
+            f"FullyShardedDataParallel.load_state_dict: {name!r} has shape {got}, this model's is "
+            f"{tuple(shape)} {hint}".rstrip()
+        )
