@@ -2,7 +2,8 @@
 
 World size 2, one run: both ranks build every variant of one model (a stack of MLP blocks, ~12M parameters) on
 the same data, and the variants take turns rep by rep (a rep: our shm barrier, then ``--steps`` timed training
-steps on rank 0), so the shared machine's load hits them alike; we report the median rep per step. Variants:
+steps on rank 0), so the shared machine's load hits them alike; we report the median rep per step, and each ratio
+as the median over reps of the two variants' times in that rep. Variants:
 
 * ``torch DDP gloo`` / ``pt DDP gloo``: torch's DDP and ours on torch's gloo group (ours through the adapter);
 * ``pt DDP shm``: ours on pt_dist's shared-memory backend;
@@ -10,7 +11,9 @@ steps on rank 0), so the shared machine's load hits them alike; we report the me
   backward (no buckets, no overlap): what bucketing and overlap are measured against;
 * ``torch FSDP2 gloo`` / ``pt FSDP gloo`` / ``pt FSDP shm``: torch's ``fully_shard`` per block and ours.
 
-Per-rank bytes (parameters + gradients + optimizer state, DDP's buckets included) are sums of tensor sizes.
+Per-rank bytes are sums of tensor sizes at the step's peak (gradients still held): parameters + gradients +
+AdamW's state, and apart from them our DDP's buckets (torch's DDP holds buckets of the same size in C++, out of
+Python's sight; FSDP has none: its gradient shards are the reduce-scatter's outputs).
 
     uv run python packages/pt-dist/benchmarks/bench_data_parallel.py
     uv run python packages/pt-dist/benchmarks/bench_data_parallel.py --reps 5 --steps 2 --only ddp
@@ -45,11 +48,12 @@ def _model(width: int, blocks: int):
     return nn.Sequential(*[Block() for _ in range(blocks)])
 
 
-def _state_bytes(params, optimizer, extra=()) -> int:
-    """Parameter, gradient and optimizer-state bytes held by this rank (plus ``extra`` tensors, DDP's buckets)."""
+def _state_bytes(params, optimizer) -> int:
+    """Parameter, gradient and optimizer-state bytes held by this rank (a gradient that is a bucket's view counts
+    once, with the bucket, not here)."""
     import torch
 
-    tensors = [*params, *(p.grad for p in params if p.grad is not None), *extra,
+    tensors = [*params, *(p.grad for p in params if p.grad is not None),
                *(v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))]
     local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]  # FSDP2's DTensors: this rank's part
     distinct = {(t.data_ptr(), t.numel(), t.dtype): t.numel() * t.element_size() for t in local}
@@ -128,7 +132,7 @@ def _rank(rank, world, port, args, out) -> None:
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, args.width, generator=g)
 
-    memory = {}
+    memory, buckets = {}, {}
 
     def step(name):
         run, params, opt, after, extra = variants[name]
@@ -136,7 +140,8 @@ def _rank(rank, world, port, args, out) -> None:
         if after is not None:
             after()
         opt.step()
-        memory[name] = max(memory.get(name, 0), _state_bytes(params, opt, extra))  # the peak: gradients still held
+        memory[name] = max(memory.get(name, 0), _state_bytes(params, opt))  # the peak: gradients still held
+        buckets[name] = sum(t.numel() * t.element_size() for t in extra)
         opt.zero_grad()
 
     for name in variants:  # warm up: first-touch pages, bucket rebuild, FSDP's lazy init
@@ -154,7 +159,7 @@ def _rank(rank, world, port, args, out) -> None:
     pt_dist.barrier()
     pt_dist.destroy_process_group()
     if rank == 0:
-        out.put(({n: statistics.median(t) for n, t in times.items()}, memory, numel))
+        out.put((times, memory, buckets, numel))
 
 
 def main() -> None:
@@ -162,8 +167,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--blocks", type=int, default=5)
     ap.add_argument("--batch", type=int, default=8, help="rows per rank and step")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per rep")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per rep")
     ap.add_argument("--only", choices=["all", "ddp", "fsdp"], default="all")
     args = ap.parse_args()
     world, port = 2, 20000 + os.getpid() % 10000
@@ -172,28 +177,36 @@ def main() -> None:
     procs = [ctx.Process(target=_rank, args=(r, world, port, args, q)) for r in range(world)]
     for p in procs:
         p.start()
-    times, memory, numel = q.get(timeout=3600)
+    times, memory, buckets, numel = q.get(timeout=3600)
     for p in procs:
         p.join(60)
     print(f"model: {args.blocks} MLP blocks of width {args.width}, {numel / 1e6:.1f}M parameters; world {world}, "
           f"batch {args.batch} rows per rank; medians of {args.reps} interleaved reps of {args.steps} steps\n")
-    print("| variant | step ms | per-rank param+grad+optim MiB |")
-    print("|---|---|---|")
+    print("| variant | step ms (median) | fastest rep | per-rank param+grad+optim MiB | + DDP buckets MiB |")
+    print("|---|---|---|---|---|")
     for name, t in times.items():
-        print(f"| {name} | {t * 1e3:.1f} | {memory[name] / 2 ** 20:.0f} |")
+        bucket = f"{buckets[name] / 2**20:.0f}" if buckets[name] else ("(in C++)" if "DDP" in name else "-")
+        print(f"| {name} | {statistics.median(t) * 1e3:.1f} | {min(t) * 1e3:.1f} | {memory[name] / 2**20:.0f} | "
+              f"{bucket} |")
     ratios = [("pt DDP gloo / torch DDP gloo", "pt DDP gloo", "torch DDP gloo", "<= 1.05"),
               ("pt DDP shm / torch DDP gloo", "pt DDP shm", "torch DDP gloo", "<= 0.8"),
               ("pt DDP shm / after backward shm (overlap)", "pt DDP shm", "after backward shm", "< 1"),
               ("pt DDP gloo / after backward gloo (overlap)", "pt DDP gloo", "after backward gloo", "< 1"),
               ("pt FSDP gloo / torch FSDP2 gloo", "pt FSDP gloo", "torch FSDP2 gloo", "<= 1.2"),
               ("pt FSDP shm / torch FSDP2 gloo", "pt FSDP shm", "torch FSDP2 gloo", "")]
-    print("\n| ratio | measured | target |")
-    print("|---|---|---|")
+    # each rep's ratio of two variants measured back to back, then the median: the shared machine's load drifts
+    # over seconds, so a ratio within a rep is steadier than a ratio of the two medians
+    print("\n| ratio (median of per-rep ratios) | measured | reps' middle half | target |")
+    print("|---|---|---|---|")
     for label, a, b, target in ratios:
         if a in times and b in times:
-            print(f"| {label} | {times[a] / times[b]:.2f}x | {target} |")
+            per_rep = sorted(x / y for x, y in zip(times[a], times[b]))
+            q1, q3 = per_rep[len(per_rep) // 4], per_rep[(3 * len(per_rep)) // 4]
+            print(f"| {label} | {statistics.median(per_rep):.2f}x | {q1:.2f}-{q3:.2f}x | {target} |")
     if "pt DDP gloo" in memory and "pt FSDP gloo" in memory:
-        print(f"\nper-rank bytes, FSDP / DDP: {memory['pt FSDP gloo'] / memory['pt DDP gloo']:.2f}")
+        ddp, fsdp = memory["pt DDP gloo"], memory["pt FSDP gloo"]
+        print(f"\nper-rank param+grad+optim bytes, FSDP / DDP: {fsdp / ddp:.2f} (1/world = {1 / world:.2f}); "
+              f"with DDP's buckets: {fsdp / (ddp + buckets['pt DDP gloo']):.2f}")
 
 
 if __name__ == "__main__":
