@@ -83,8 +83,9 @@ def _load_sibling(stem):
     return mod
 
 
+# test modules whose multi-rank cases run in the "megatron" job (Megatron's ports, and test_optimizer.py)
 MEGATRON_PORTS = ("test_parallel_state", "test_mappings", "test_random", "test_cross_entropy", "test_initialization",
-                  "test_schedules")
+                  "test_schedules", "test_optimizer")
 
 
 def _rank_jobs(rank, world_size, save_dir):
