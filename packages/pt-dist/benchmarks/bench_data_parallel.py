@@ -69,7 +69,7 @@ def _variants(names, rank, world, width, blocks):
     shm = pt_dist.new_group(backend="shm")
     groups = {"gloo": pt_dist.group.WORLD, "shm": shm}
     out = {}
-    for name in names:
+    for name in names:  # (groups: each pt_dist variant's group by name, to count what it communicates)
         model = _model(width, blocks)
         after, extra = None, ()
         if name == "torch DDP gloo":
@@ -98,16 +98,19 @@ def _variants(names, rank, world, width, blocks):
             raise ValueError(f"unknown variant {name!r}")
         params = list(run.parameters())
         out[name] = (run, params, torch.optim.AdamW(params, lr=1e-4, fused=True), after, extra)
-    return out
+    return out, groups
 
 
 def _flat_all_reduce(model, group, world):
-    """All gradients averaged in one all-reduce once backward is over: no buckets, nothing overlapped."""
+    """All gradients averaged in one all-reduce once backward is over: no buckets, nothing overlapped. The flat
+    buffer is kept from step to step, as DDP keeps its buckets (a fresh 45 MB one each step costs its page faults)."""
     import torch
+
+    flat = torch.empty(sum(p.numel() for p in model.parameters()))
 
     def after():
         grads = [p.grad for p in model.parameters()]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        torch.cat([g.reshape(-1) for g in grads], out=flat)
         group.all_reduce(flat).wait()
         flat.div_(world)
         offset = 0
@@ -115,6 +118,32 @@ def _flat_all_reduce(model, group, world):
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
     return after
+
+
+COLLECTIVES = (("all_reduce", 0), ("all_gather_into_tensor", 0), ("reduce_scatter_tensor", 1))
+
+
+def _payload(step, name, group) -> dict:
+    """Bytes handed to each kind of collective on ``group`` during one step of ``name``: the whole tensor (an
+    all-reduce's, an all-gather's output, a reduce-scatter's input), counted by wrapping the group's methods."""
+    sizes = {}
+
+    def counting(kind, method, which):
+        def call(*args, **kwargs):
+            t = args[which]
+            sizes[kind] = sizes.get(kind, 0) + t.numel() * t.element_size()
+            return method(*args, **kwargs)
+
+        return call
+
+    for kind, which in COLLECTIVES:
+        setattr(group, kind, counting(kind, getattr(group, kind), which))
+    try:
+        step(name)
+    finally:
+        for kind, _ in COLLECTIVES:
+            delattr(group, kind)
+    return sizes
 
 
 def _rank(rank, world, port, args, out) -> None:
@@ -127,7 +156,7 @@ def _rank(rank, world, port, args, out) -> None:
     pt_dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=600)
     names = (DDP_VARIANTS if args.only in ("all", "ddp") else []) + (FSDP_VARIANTS if args.only in ("all", "fsdp")
                                                                      else [])
-    variants = _variants(names, rank, world, args.width, args.blocks)
+    variants, groups = _variants(names, rank, world, args.width, args.blocks)
     sync = pt_dist.new_group(backend="shm").barrier  # ranks leave it within microseconds
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, args.width, generator=g)
@@ -155,11 +184,12 @@ def _rank(rank, world, port, args, out) -> None:
             for _ in range(args.steps):
                 step(name)
             times[name].append((time.perf_counter() - t0) / args.steps)
+    payload = {name: _payload(step, name, groups["shm"]) for name in variants if name.endswith(" shm")}
     numel = sum(p.numel() for p in _model(args.width, args.blocks).parameters())
     pt_dist.barrier()
     pt_dist.destroy_process_group()
     if rank == 0:
-        out.put((times, memory, buckets, numel))
+        out.put((times, memory, buckets, payload, numel))
 
 
 def main() -> None:
@@ -177,7 +207,7 @@ def main() -> None:
     procs = [ctx.Process(target=_rank, args=(r, world, port, args, q)) for r in range(world)]
     for p in procs:
         p.start()
-    times, memory, buckets, numel = q.get(timeout=3600)
+    times, memory, buckets, payload, numel = q.get(timeout=3600)
     for p in procs:
         p.join(60)
     print(f"model: {args.blocks} MLP blocks of width {args.width}, {numel / 1e6:.1f}M parameters; world {world}, "
@@ -207,6 +237,13 @@ def main() -> None:
         ddp, fsdp = memory["pt DDP gloo"], memory["pt FSDP gloo"]
         print(f"\nper-rank param+grad+optim bytes, FSDP / DDP: {fsdp / ddp:.2f} (1/world = {1 / world:.2f}); "
               f"with DDP's buckets: {fsdp / (ddp + buckets['pt DDP gloo']):.2f}")
+    # a ring sends (N-1)/N of an all-gather's or a reduce-scatter's whole tensor per rank, twice that of an all-reduce
+    print("\n| one step, per rank (MiB) | all-reduce | all-gather (outputs) | reduce-scatter (inputs) | ring sends |")
+    print("|---|---|---|---|---|")
+    for name, sizes in payload.items():
+        ar, ag, rs = (sizes.get(kind, 0) / 2**20 for kind, _ in COLLECTIVES)
+        sent = (2 * ar + ag + rs) * (world - 1) / world
+        print(f"| {name} | {ar:.1f} | {ag:.1f} | {rs:.1f} | {sent:.1f} |")
 
 
 if __name__ == "__main__":
