@@ -64,10 +64,12 @@ def _overlap(rank, world, backend):
         ddp = pt_dist.DistributedDataParallel(model, bucket_cap_mb=0.2)  # one bucket per layer
         seen = []
 
-        def probe():  # runs between the two layers' gradients
+        def probe():  # runs between the two layers' gradients; backward waits here until the bucket is done
             bucket = ddp.reducer._buckets[0]
             launched = bucket.future is not None
-            time.sleep(0.3)
+            deadline = time.monotonic() + 10  # (a loaded machine can hold the peer back for seconds)
+            while launched and not bucket.future.done() and time.monotonic() < deadline:
+                time.sleep(0.01)
             seen.append((launched, bucket.future is not None and bucket.future.done(),
                          first.weight.grad is None))
 

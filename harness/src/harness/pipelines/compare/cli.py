@@ -103,9 +103,9 @@ def annotate(name: str, r: dict, spec: CompareSpec, n: int, devices: list[int], 
     shape = {"layers": spec.num_hidden_layers, "batch": spec.global_batch(n), "seq": spec.seq_length,
              "hidden": spec.hidden_size}
     stage = {"torch-ddp": 0, "pt-dist-ddp": 0, "zero-1": 1, "zero-2": 2, "zero-2-offload": 2, "zero-3": 3,
-             "pt-dist-fsdp": 3, "torch-fsdp2": 3}.get(name)
+             "pt-dist-fsdp": 3, "torch-fsdp2": 3, "deepspeed-zero-2": 2, "deepspeed-zero-3": 3}.get(name)
     if stage is not None:
-        k = 12 if name.startswith("zero") else 8
+        k = 12 if "zero" in name else 8
         f = formulas.zero_memory(psi, n, stage, p=4, g=4, k=k)
         r["memory_formula"] = f"{sum(f.values()) / 1e6:.2f} ((4+4+{k})Ψ, ZeRO-{stage} split)"
         r["paper_volume"] = f"{formulas.PAPER_VOLUME_PSI[name]}Ψ"

@@ -22,13 +22,15 @@ SHARDED = {
     "zero-1": ("optimizer_states",), "zero-2": ("gradients", "optimizer_states"),
     "zero-2-offload": ("gradients", "optimizer_states"),
     "zero-3": ("parameters", "gradients", "optimizer_states"),
+    "deepspeed-zero-2": ("gradients", "optimizer_states"),
+    "deepspeed-zero-3": ("parameters", "gradients", "optimizer_states"),
     "pt-dist-fsdp": ("parameters", "gradients", "optimizer_states"),
     "torch-fsdp2": ("parameters", "gradients", "optimizer_states"),
     "tp": ("parameters", "gradients", "optimizer_states"), "tp-sp": ("parameters", "gradients", "optimizer_states"),
     "pp": ("parameters", "gradients", "optimizer_states"),
 }
 PAPER_VOLUME_PSI = {"torch-ddp": 2, "pt-dist-ddp": 2, "zero-1": 2, "zero-2": 2, "zero-2-offload": 2, "zero-3": 3,
-                    "pt-dist-fsdp": 3, "torch-fsdp2": 3}
+                    "pt-dist-fsdp": 3, "torch-fsdp2": 3, "deepspeed-zero-2": 2, "deepspeed-zero-3": 3}
 
 
 def zero_memory(psi: int, n: int, stage: int, p: int = 2, g: int = 2, k: int = 12) -> dict:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 from pt_dist import distributed_c10d as c10d
 from pt_dist.fsdp.api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 
@@ -85,11 +83,6 @@ def _check_arguments(
     ):
         if value is not None:
             raise ValueError(f"FullyShardedDataParallel: {name} is not supported, got {value!r}")
-    if device_id is not None and torch.device(device_id).type != "cpu":
-        raise ValueError(
-            f"FullyShardedDataParallel: the native backends shard CPU tensors; device_id must be None or "
-            f"the CPU, got {device_id!r}"
-        )
     if use_orig_params:
         raise ValueError(
             "FullyShardedDataParallel: use_orig_params=True is not supported; the optimizer steps the flat parameters"

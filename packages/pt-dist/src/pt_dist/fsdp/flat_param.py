@@ -52,6 +52,13 @@ class FlatParamHandle:
             self.infos.append(ParamInfo(module, name, fqn, offsets[id(p)], p.numel(), p.shape))
             self._piece_of.append(next(i for i, q in enumerate(uniques) if q is p))
         self._numels = [p.numel() for p in uniques]
+        devices = {p.device for p in uniques}
+        if len(devices) != 1:
+            raise ValueError(
+                f"FullyShardedDataParallel: one unit's parameters must be on one device, got "
+                f"{sorted(map(str, devices))}; move the module first (or pass device_id)"
+            )
+        self.device = devices.pop()  # CPU on the native backends, a GPU through the nccl adapter
         dtypes = {p.dtype for p in uniques}
         if len(dtypes) != 1:
             names = [f"{i.fqn} ({i.module._parameters[i.name].dtype})" for i in self.infos][:6]
@@ -74,7 +81,7 @@ class FlatParamHandle:
         self.shard_numel = self.padded_numel // world
         dtype = uniques[0].dtype
         self.param_dtype, self.reduce_dtype = param_dtype or dtype, reduce_dtype or param_dtype or dtype
-        flat = torch.zeros(self.padded_numel, dtype=dtype)
+        flat = torch.zeros(self.padded_numel, dtype=dtype, device=self.device)
         with torch.no_grad():
             for p in uniques:
                 flat.narrow(0, offsets[id(p)], p.numel()).copy_(p.reshape(-1))
@@ -84,7 +91,9 @@ class FlatParamHandle:
         )
         for info in self.infos:  # the module's parameters are views of the gathered buffer from now on
             info.module._parameters.pop(info.name, None)
-        self._full = torch.empty(0, dtype=self.param_dtype)  # the gathered buffer (storage freed when resharded)
+        self._full = torch.empty(
+            0, dtype=self.param_dtype, device=self.device
+        )  # the gathered buffer (storage freed when resharded)
         self._unsharded: torch.Tensor | None = None  # the leaf the module's views come from
         self._gather: tuple | None = None  # (work, the shard it reads) while an all-gather is in flight
         self._reduce: tuple | None = None  # (work, output, input) while a reduction is in flight
@@ -123,7 +132,9 @@ class FlatParamHandle:
         """Point the module's parameter attributes at views of the gathered buffer. ``new_leaf`` (each forward that
         builds a graph): a fresh leaf whose gradient hook reduces this unit's gradient."""
         if new_leaf or self._unsharded is None:
-            leaf = torch.empty(0, dtype=self.param_dtype).set_(self._full.untyped_storage(), 0, (self.numel,), (1,))
+            leaf = torch.empty(0, dtype=self.param_dtype, device=self.device).set_(
+                self._full.untyped_storage(), 0, (self.numel,), (1,)
+            )
             self._unsharded = leaf.requires_grad_(self.requires_grad and torch.is_grad_enabled())
             self.post_backward_calls = 0
             if leaf.requires_grad:
@@ -157,11 +168,11 @@ class FlatParamHandle:
         if self.padded_numel == self.numel and grad.dtype == self.reduce_dtype:
             padded = flat.div_(world)  # divide first: no overflow in fp16 (the gradient is ours to change)
         else:
-            padded = torch.empty(self.padded_numel, dtype=self.reduce_dtype)
+            padded = torch.empty(self.padded_numel, dtype=self.reduce_dtype, device=self.device)
             padded.narrow(0, self.numel, self.padded_numel - self.numel).zero_()  # the padding's gradient
             torch.div(flat, world, out=padded.narrow(0, 0, self.numel))
         if self.sharded and self.shard_group.size() > 1:
-            out = torch.empty(self.shard_numel, dtype=self.reduce_dtype)
+            out = torch.empty(self.shard_numel, dtype=self.reduce_dtype, device=self.device)
             work = self.shard_group.reduce_scatter_tensor(out, padded, async_op=True)
         else:
             out = padded
@@ -190,13 +201,13 @@ class FlatParamHandle:
         """The whole flat parameter in its own dtype (collective within the shard group)."""
         if not (self.sharded and self.shard_group.size() > 1):
             return self.flat_param.detach().clone()
-        full = torch.empty(self.padded_numel, dtype=self.flat_param.dtype)
+        full = torch.empty(self.padded_numel, dtype=self.flat_param.dtype, device=self.device)
         self.shard_group.all_gather_into_tensor(full, self.flat_param.detach()).wait()
         return full
 
     def load_full_flat(self, flat: torch.Tensor) -> None:
         start = (self.shard_group.rank() if self.sharded else 0) * self.shard_numel
-        padded = torch.zeros(self.padded_numel, dtype=self.flat_param.dtype)
+        padded = torch.zeros(self.padded_numel, dtype=self.flat_param.dtype, device=self.device)
         padded.narrow(0, 0, self.numel).copy_(flat.narrow(0, 0, self.numel))
         with torch.no_grad():
             self.flat_param.copy_(padded.narrow(0, start, self.shard_numel))

@@ -75,6 +75,8 @@ class FullyShardedDataParallel(nn.Module):
         shard, replicate = _init_process_groups(process_group, strategy)
         ignored = {m for root in (ignored_modules or []) for m in root.modules()}
         ignored_params = {p for m in ignored for p in m.parameters()}
+        if device_id is not None:  # as torch's: the module moves there first (an int is that CUDA device)
+            module.to(torch.device("cuda", device_id) if isinstance(device_id, int) else torch.device(device_id))
         if sync_module_states:  # rank 0's values everywhere, before anything is sharded
             states = [t.detach() for t in (*module.parameters(), *module.buffers())]
             for group in (shard, replicate):
@@ -274,7 +276,8 @@ class FullyShardedDataParallel(nn.Module):
             total = local.double().reshape(1)
             op = "max"
         else:
-            total = sum((g.double().abs().pow(norm_type).sum() for g in grads), torch.zeros((), dtype=torch.float64))
+            zero = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else None)
+            total = sum((g.double().abs().pow(norm_type).sum() for g in grads), zero)
             total, op = total.reshape(1), "sum"
         if self.sharding_strategy is not ShardingStrategy.NO_SHARD and self.process_group.size() > 1:
             c10d.all_reduce(total, op=op, group=self.process_group)
