@@ -1,4 +1,8 @@
-"""GPU runs (``pytest -m gpu``): the model on CUDA under NCCL matches its CPU run, and TP=2 matches TP=1."""
+"""GPU runs (``pytest -m gpu``): the model on CUDA under NCCL matches its CPU run, and TP=2 matches TP=1; the
+untagged pipeline p2p pairs activations and gradients by order under NCCL, which ignores tags."""
+
+import importlib.util
+import pathlib
 
 import pytest
 import torch
@@ -45,3 +49,17 @@ def test_tp2_gpt_on_cuda_matches_tp1():
     (ref, _), = run_ranks(_cuda_loss, 1, False, backend="nccl")
     for loss, _ in run_ranks(_cuda_loss, 2, False, backend="nccl"):
         torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-4)
+
+
+def _p2p_wraparound(rank, world_size):
+    spec = importlib.util.spec_from_file_location("mega_par_gpu_schedules", pathlib.Path(__file__).with_name(
+        "test_schedules.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod._p2p_wraparound_untagged(rank, world_size)
+
+
+@pytest.mark.gpu(2)
+def test_untagged_p2p_wraparound_on_nccl():
+    """pp=2 wrap-around (both neighbours one rank) on NCCL: test_schedules' case, on device tensors."""
+    run_ranks(_p2p_wraparound, 2, backend="nccl")

@@ -242,17 +242,19 @@ def _record_batches():
 
 
 def _p2p_wraparound_untagged(rank, world):
-    """pp=2: a stage's previous and next rank are one process; act and grad must land in the right buffers."""
+    """pp=2: a stage's previous and next rank are one process; act and grad must land in the right buffers.
+    Also run under NCCL, which ignores tags (test_gpu.py::test_untagged_p2p_wraparound_on_nccl)."""
     ps.initialize_model_parallel(1, 2)
     calls, restore = _record_batches()
+    dev = "cuda" if dist.get_backend() == "nccl" else "cpu"
     try:
         peer = ps.get_pipeline_model_parallel_next_rank()
         assert peer == ps.get_pipeline_model_parallel_prev_rank()
         for shape in ((2, 1, 3), None):  # fixed, then shapes exchanged first
-            act, grad = torch.full((2, 1, 3), 100.0 + rank), torch.full((2, 1, 3), 200.0 + rank)
+            act, grad = (torch.full((2, 1, 3), v + rank, device=dev) for v in (100.0, 200.0))
             from_prev, from_next = p2p.send_forward_backward_recv_forward_backward(act, grad, True, True, shape)
-            assert torch.equal(from_prev, torch.full((2, 1, 3), 100.0 + peer)), "activation from prev"
-            assert torch.equal(from_next, torch.full((2, 1, 3), 200.0 + peer)), "gradient from next"
+            assert torch.equal(from_prev, torch.full((2, 1, 3), 100.0 + peer, device=dev)), "activation from prev"
+            assert torch.equal(from_next, torch.full((2, 1, 3), 200.0 + peer, device=dev)), "gradient from next"
     finally:
         restore()
         ps.destroy_model_parallel()
