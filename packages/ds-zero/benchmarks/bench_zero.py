@@ -4,6 +4,7 @@ Prints, per stage, the median step time of each (and the ratio ours/DeepSpeed) a
 memory (summed tensor bytes) next to the ZeRO formula. Run from the repo root:
 
     uv run python packages/ds-zero/benchmarks/bench_zero.py            # ~1-2 minutes
+    uv run python packages/ds-zero/benchmarks/bench_zero.py --dtype fp32
     uv run python packages/ds-zero/benchmarks/bench_zero.py --quick    # smoke run
 """
 
@@ -11,19 +12,31 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import os
 import statistics
 import sys
 import time
 
+logger = logging.getLogger("bench_zero")
 
-def _config(stage: int, micro: int) -> dict:
-    return {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1,
-            "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
-            "bf16": {"enabled": True}, "gradient_clipping": 1.0,
-            "zero_optimization": {"stage": stage, "overlap_comm": True, "reduce_bucket_size": 2_000_000,
-                                  "allgather_bucket_size": 2_000_000, "stage3_prefetch_bucket_size": 2_000_000,
-                                  "stage3_param_persistence_threshold": 10_000}}
+
+def _config(stage: int, micro: int, dtype: str = "bf16") -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+        "bf16": {"enabled": dtype == "bf16"},
+        "gradient_clipping": 1.0,
+        "zero_optimization": {
+            "stage": stage,
+            "overlap_comm": True,
+            "reduce_bucket_size": 2_000_000,
+            "allgather_bucket_size": 2_000_000,
+            "stage3_prefetch_bucket_size": 2_000_000,
+            "stage3_param_persistence_threshold": 10_000,
+        },
+    }
 
 
 def _model(hidden: int, layers: int):
@@ -49,30 +62,35 @@ def bench_rank(rank, world, args):
     torch.set_num_threads(1)
     hidden, layers, micro, steps, warmup = args["hidden"], args["layers"], args["micro"], args["steps"], 2
     g = torch.Generator().manual_seed(rank)
-    x = torch.randn(micro, hidden, generator=g).bfloat16()
-    y = torch.randn(micro, 16, generator=g).bfloat16()
+    dtype = torch.bfloat16 if args["dtype"] == "bf16" else torch.float32
+    x = torch.randn(micro, hidden, generator=g).to(dtype)
+    y = torch.randn(micro, 16, generator=g).to(dtype)
     rows = []
     for stage in (1, 2, 3):
         row = {"stage": stage}
+        engines = {}
         for impl, init in (("deepspeed", deepspeed.initialize), ("ds_zero", ds_zero.initialize)):
             model = _model(hidden, layers)
-            numel = sum(p.numel() for p in model.parameters())
-            engine, *_ = init(model=model, model_parameters=model.parameters(), config=_config(stage, micro))
-            times = []
-            for _ in range(warmup + steps):
+            row["numel"] = sum(p.numel() for p in model.parameters())
+            cfg = _config(stage, micro, args["dtype"])
+            engines[impl], *_ = init(model=model, model_parameters=model.parameters(), config=cfg)
+        times = {impl: [] for impl in engines}
+        for i in range(warmup + steps):  # interleaved, so both see the same machine load
+            for impl, engine in engines.items():
                 dist.barrier()
                 t0 = time.perf_counter()
                 loss = torch.nn.functional.mse_loss(engine(x).float(), y.float())
                 engine.backward(loss)
                 engine.step()
-                times.append(time.perf_counter() - t0)
-            row[impl] = statistics.median(times[warmup:])
-            if impl == "ds_zero":
-                row["memory"] = engine.memory_breakdown()["total"]
-                row["formula"] = zero_memory_formula(numel, world, stage)["total"]
-                row["numel"] = numel
-                engine.destroy()
-            del engine
+                if i >= warmup:
+                    times[impl].append(time.perf_counter() - t0)
+        row.update({impl: statistics.median(t) for impl, t in times.items()})
+        row["memory"] = engines["ds_zero"].memory_breakdown()["total"]
+        # fp32: 4-byte params and grads (the fp32 master copy and Adam's moments are K = 12 either way)
+        b = 2 if args["dtype"] == "bf16" else 4
+        row["formula"] = zero_memory_formula(row["numel"], world, stage, param_bytes=b)["total"]
+        engines["ds_zero"].destroy()
+        del engines
         rows.append(row)
     return rows
 
@@ -83,8 +101,10 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--micro", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--quick", action="store_true", help="tiny model, 3 steps")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.quick:
         args.hidden, args.layers, args.steps = 128, 2, 3
     root = os.path.dirname(os.path.abspath(__file__))
@@ -95,19 +115,31 @@ def main(argv=None) -> int:
     spec.loader.exec_module(mod)
     from harness import run_ranks
 
-    params = {"hidden": args.hidden, "layers": args.layers, "micro": args.micro, "steps": args.steps}
+    params = {
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "micro": args.micro,
+        "steps": args.steps,
+        "dtype": args.dtype,
+    }
     results = run_ranks(mod.bench_rank, 2, params, timeout=900, fresh=True)
     rows = results[0]
     numel = rows[0]["numel"]
-    print(f"ZeRO world_size=2, CPU/gloo, bf16, Adam; MLP {args.layers}x{args.hidden} ({numel / 1e6:.2f} M params), "
-          f"micro batch {args.micro}; median of {args.steps} steps (rank 0)")
-    print("| stage | DeepSpeed step (ms) | ds_zero step (ms) | ratio ds_zero/DS | ds_zero memory/rank (MB) "
-          "| ZeRO formula (MB) | measured/formula |")
-    print("|---|---|---|---|---|---|---|")
+    logger.info(
+        f"ZeRO world_size=2, CPU/gloo, {args.dtype}, Adam; MLP {args.layers}x{args.hidden} "
+        f"({numel / 1e6:.2f} M params), micro batch {args.micro}; median of {args.steps} interleaved steps (rank 0)"
+    )
+    logger.info(
+        "| stage | DeepSpeed step (ms) | ds_zero step (ms) | ratio ds_zero/DS | ds_zero memory/rank (MB) "
+        "| ZeRO formula (MB) | measured/formula |"
+    )
+    logger.info("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['stage']} | {r['deepspeed'] * 1e3:.1f} | {r['ds_zero'] * 1e3:.1f} | "
-              f"{r['ds_zero'] / r['deepspeed']:.2f}x | {r['memory'] / 1e6:.2f} | {r['formula'] / 1e6:.2f} | "
-              f"{r['memory'] / r['formula']:.3f} |")
+        logger.info(
+            f"| {r['stage']} | {r['deepspeed'] * 1e3:.1f} | {r['ds_zero'] * 1e3:.1f} | "
+            f"{r['ds_zero'] / r['deepspeed']:.2f}x | {r['memory'] / 1e6:.2f} | {r['formula'] / 1e6:.2f} | "
+            f"{r['memory'] / r['formula']:.3f} |"
+        )
     return 0
 
 

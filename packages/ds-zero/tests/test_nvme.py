@@ -1,4 +1,4 @@
-"""ZeRO-Infinity (NVMe offload): DeepSpeed's tests/unit/v1/nvme/test_aio.py read/write/queue/offset cases ported to
+"""ZeRO-Infinity (NVMe offload): DeepSpeed's tests/unit/ops/aio/test_aio.py read/write/queue/offset cases ported to
 our AsyncIOHandle (O_DIRECT on this filesystem), then the engine at stage 3 with optimizer states, and parameters,
 swapped to ``nvme_path``: the loss curve is the non-offloaded engine's, the swap files exist during training
 and hold the states (read straight from disk they equal the baseline's fp32 master and Adam moments), the next
@@ -41,11 +41,17 @@ def _ref_file(tmp_path, name, nbytes=IO_SIZE):
 @pytest.mark.parametrize("aligned", [True, False], ids=["locked", "unpinned"])
 def test_parallel_and_async_read(tmp_path, aligned):
     h = _handle()
-    assert (h.get_block_size(), h.get_queue_depth(), h.get_intra_op_parallelism()) == (BLOCK_SIZE, QUEUE_DEPTH,
-                                                                                      IO_PARALLEL)
+    assert (h.get_block_size(), h.get_queue_depth(), h.get_intra_op_parallelism()) == (
+        BLOCK_SIZE,
+        QUEUE_DEPTH,
+        IO_PARALLEL,
+    )
     path, data = _ref_file(tmp_path, "ref")
-    buf = h.new_cpu_locked_tensor(IO_SIZE, torch.empty(0, dtype=torch.uint8)) if aligned else \
-        torch.empty(IO_SIZE, dtype=torch.uint8)
+    buf = (
+        h.new_cpu_locked_tensor(IO_SIZE, torch.empty(0, dtype=torch.uint8))
+        if aligned
+        else torch.empty(IO_SIZE, dtype=torch.uint8)
+    )
     assert h.sync_pread(buf, path) == 1 and bytes(buf.tolist()) == data
     buf.zero_()
     assert h.async_pread(buf, path) == 0 and h.wait() == 1 and bytes(buf.tolist()) == data
@@ -58,8 +64,11 @@ def test_parallel_and_async_read(tmp_path, aligned):
 def test_parallel_and_async_write(tmp_path, aligned):
     h = _handle()
     ref, data = _ref_file(tmp_path, "ref")
-    buf = h.new_cpu_locked_tensor(IO_SIZE, torch.empty(0, dtype=torch.uint8)) if aligned else \
-        torch.empty(IO_SIZE, dtype=torch.uint8)
+    buf = (
+        h.new_cpu_locked_tensor(IO_SIZE, torch.empty(0, dtype=torch.uint8))
+        if aligned
+        else torch.empty(IO_SIZE, dtype=torch.uint8)
+    )
     buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     out = str(tmp_path / "sync")
     assert h.sync_pwrite(buf, out) == 1 and filecmp.cmp(ref, out, shallow=False)
@@ -96,7 +105,7 @@ def test_offset_write_and_read(tmp_path, file_partitions):
     ref, out = tmp_path / "ref", str(tmp_path / "aio")
     with open(ref, "wb") as f:
         for off, n in zip(offsets, file_partitions):
-            chunk = data[off:off + n * unit]
+            chunk = data[off : off + n * unit]
             f.write(bytes(chunk.tolist()))
             f.flush()
             assert h.async_pwrite(chunk, out, off) == 0 and h.wait() == 1
@@ -104,8 +113,8 @@ def test_offset_write_and_read(tmp_path, file_partitions):
             assert filecmp.cmp(ref, out, shallow=False)
     dst = aligned_empty(size, torch.uint8)
     for off, n in zip(offsets, file_partitions):
-        assert h.sync_pread(dst[:n * unit], out, off) == 1
-        assert torch.equal(dst[:n * unit], data[off:off + n * unit])
+        assert h.sync_pread(dst[: n * unit], out, off) == 1
+        assert torch.equal(dst[: n * unit], data[off : off + n * unit])
     h.close()
 
 
@@ -120,8 +129,13 @@ def _config(world, root, optimizer: str, param: str):
     z = cfg["zero_optimization"]
     z.update(stage3_param_persistence_threshold=0, sub_group_size=SUB_GROUP)
     if optimizer != "none":
-        z["offload_optimizer"] = {"device": optimizer, "nvme_path": str(root), "buffer_count": 2,
-                                  "pipeline_read": True, "pipeline_write": True}
+        z["offload_optimizer"] = {
+            "device": optimizer,
+            "nvme_path": str(root),
+            "buffer_count": 2,
+            "pipeline_read": True,
+            "pipeline_write": True,
+        }
     if param != "none":
         z["offload_param"] = {"device": param, "nvme_path": str(root), "buffer_count": 6, "buffer_size": 2048}
     cfg["aio"] = {"block_size": 1 << 16, "queue_depth": 4, "intra_op_parallelism": 2}
@@ -178,8 +192,13 @@ def _nvme_cases_body(rank, world, root):
 
             inf.param_swapper.swap_in = swap_in
         losses = lib.train_ds(engine, x, y, rank, world, MICRO, 1)
-        res = {"losses": losses, "memory": engine.memory_breakdown(), "prefetched": sum(prefetched),
-               "events": events[:12], "params": lib.full_params(engine)}
+        res = {
+            "losses": losses,
+            "memory": engine.memory_breakdown(),
+            "prefetched": sum(prefetched),
+            "events": events[:12],
+            "params": lib.full_params(engine),
+        }
         folder = sorted(f for f in inf.folders)
         res["files"] = sorted(os.path.relpath(p, root) for f in folder for p in glob.glob(os.path.join(f, "*")))
         if inf.optimizer_swapper is not None:
@@ -188,7 +207,7 @@ def _nvme_cases_body(rank, world, root):
             for k, path in enumerate(sw.paths):
                 raw = torch.frombuffer(bytearray(open(path, "rb").read()), dtype=torch.float32)
                 n, seg = sw.sizes[k], sw.segment[k]
-                disk.append((raw[:n].clone(), raw[seg:seg + n].clone(), raw[2 * seg:2 * seg + n].clone()))
+                disk.append((raw[:n].clone(), raw[seg : seg + n].clone(), raw[2 * seg : 2 * seg + n].clone()))
             res["disk"] = disk
             res["sub_groups"] = [(gi, lo, hi) for gi, lo, hi, _ in inf.sub_groups]
         # Checkpoint after the run, resume, continue: bitwise equal to continuing directly.

@@ -291,8 +291,9 @@ class PipelineEngine(DeepSpeedEngine):
         loss = torch.zeros((), dtype=torch.float32, device=self.device)
         if self.is_last_stage and self._losses:
             loss = torch.stack(self._losses).mean() if reduce == "avg" else torch.stack(self._losses).sum()
-            dist.all_reduce(loss, group=self.dp_process_group)
-            loss /= self.dp_world_size
+            if self.dp_world_size > 1:
+                dist.all_reduce(loss, group=self.dp_process_group)
+                loss /= self.dp_world_size
         if bcast and self.num_stages > 1:
             dist.broadcast(
                 loss, src=self.grid.stage_to_global(self.num_stages - 1), group=self.grid.get_pipe_parallel_group()
