@@ -1,0 +1,86 @@
+"""Backward across workers: torch's ``DistEngine`` in FAST mode (torch/csrc/distributed/autograd/engine/).
+
+``backward(context_id, roots)`` runs one local pass: find every leaf the roots reach (parameters, and the
+anchors of recv functions: functions.py), ``torch.autograd.grad`` to all of them, and accumulate the
+parameters' gradients in the context instead of ``.grad``. Each recv function reached sends its gradients to
+the worker that sent those tensors, which runs the same pass from the tensors it sent (the ``"grad"``
+handler) and answers once its own pass, and every pass it started in turn, is done. So the caller's
+``backward`` returns when the whole distributed graph has run. Passes that start from a send keep the graph
+(``retain_graph``): several sends may share it; the context's release frees it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pt_dist.autograd import container as _context
+from pt_dist.autograd.functions import _pass
+
+
+def _reachable_leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
+    leaves, seen, stack = [], set(), []
+    for r in roots:
+        if r.grad_fn is None:
+            if r.requires_grad and id(r) not in seen:
+                seen.add(id(r))
+                leaves.append(r)
+        else:
+            stack.append(r.grad_fn)
+    visited = set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in visited:
+            continue
+        visited.add(fn)
+        var = getattr(fn, "variable", None)  # AccumulateGrad
+        if var is not None:
+            if id(var) not in seen:
+                seen.add(id(var))
+                leaves.append(var)
+            continue
+        stack.extend(f for f, _ in fn.next_functions)
+    return leaves
+
+
+def _run_pass(ctx, roots, grads, retain_graph: bool) -> None:
+    leaves = _reachable_leaves(roots)
+    if not leaves:
+        return
+    outer = getattr(_pass, "futures", None)
+    _pass.futures = []
+    try:
+        with _context.current(ctx):
+            found = torch.autograd.grad(roots, leaves, grads, retain_graph=retain_graph, allow_unused=True)
+        futures = _pass.futures
+    finally:
+        _pass.futures = outer
+    anchors = ctx.recv_anchors
+    for leaf, g in zip(leaves, found):
+        if g is not None and id(leaf) not in anchors:
+            ctx.accumulate(leaf, g)
+    for f in futures:
+        f.wait()
+
+
+def backward(context_id: int, roots: list[torch.Tensor], retain_graph: bool = False) -> None:
+    """torch.distributed.autograd.backward: run backward from scalar ``roots`` across every worker involved."""
+    ctx = _context.retrieve(context_id)
+    for r in roots:
+        if r.numel() != 1 or not r.requires_grad:
+            raise RuntimeError("backward roots must be scalar tensors that require grad")
+    _run_pass(ctx, list(roots), [torch.ones_like(r) for r in roots], retain_graph)
+
+
+def on_grad(src: int, context_id: int, send_id: int, grads: list) -> None:
+    """The ``"grad"`` handler: run backward from the tensors of send ``send_id`` with the gradients received."""
+    ctx = _context.retrieve(context_id)
+    sent = ctx.sends.get(send_id)
+    if sent is None:
+        raise RuntimeError(f"no send {send_id} in autograd context {context_id} on this worker")
+    pairs = [(t, g) for t, g in zip(sent, grads) if g is not None]
+    if pairs:
+        _run_pass(ctx, [t for t, _ in pairs], [g for _, g in pairs], retain_graph=True)
+
+
+def on_cleanup(src: int, context_id: int) -> None:
+    _context.release(context_id, skip=src)

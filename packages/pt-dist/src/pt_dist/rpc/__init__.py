@@ -1,0 +1,32 @@
+"""``torch.distributed.rpc`` rebuilt: run functions on other workers, RRefs, futures; see docs/rpc.md.
+
+Read in this order: ``api.py`` (the calls), ``agent.py`` (requests, responses, timeouts), ``transport.py``
+(the bytes), ``mesh.py`` (connections and the secret), ``serialize.py`` (pickle without tensors), ``handlers.py``
+(what the callee runs), ``rref.py`` and ``rref_context.py`` (the RRef protocol), ``join.py`` (graceful shutdown).
+"""
+
+from torch.futures import Future, collect_all, wait_all
+
+from pt_dist.rpc import functions
+from pt_dist.rpc.api import (
+    _rref_context_get_debug_info,
+    get_worker_info,
+    init_rpc,
+    remote,
+    rpc_async,
+    rpc_sync,
+    shutdown,
+)
+from pt_dist.rpc.options import (
+    DEFAULT_RPC_TIMEOUT_SEC,
+    RpcBackendOptions,
+    TensorPipeRpcBackendOptions,
+    WorkerInfo,
+)
+from pt_dist.rpc.rref import RRef
+
+__all__ = [
+    "DEFAULT_RPC_TIMEOUT_SEC", "Future", "RRef", "RpcBackendOptions", "TensorPipeRpcBackendOptions", "WorkerInfo",
+    "_rref_context_get_debug_info", "collect_all", "functions", "get_worker_info", "init_rpc", "remote",
+    "rpc_async", "rpc_sync", "shutdown", "wait_all",
+]

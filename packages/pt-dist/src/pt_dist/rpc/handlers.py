@@ -1,0 +1,85 @@
+"""What a worker does with each request: torch's ``RequestCallbackImpl`` (torch/csrc/distributed/rpc/).
+
+Every request is ``(op, *arguments)``; the agent runs ``HANDLERS[op](agent, src, *arguments)`` on its pool and
+answers with the return value, or, when it is a ``torch.futures.Future``, with what it completes to. ``call``
+runs a user function (``PythonCall``), ``remote`` makes the owner's RRef and runs the function into it
+(``PythonRemoteCall``), ``to_here`` answers with the value once ready (``PythonRRefFetchCall``); the rest are
+the RRef protocol's messages and distributed autograd's.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import torch
+
+from pt_dist.autograd import engine
+from pt_dist.rpc import serialize
+from pt_dist.rpc.functions import is_async
+
+
+def _call(agent, src, fn, args, kwargs):
+    out = fn(*args, **(kwargs or {}))
+    if is_async(fn):
+        if not isinstance(out, torch.futures.Future):
+            raise TypeError(f"@async_execution function {fn.__name__} returned {type(out).__name__}, not a Future")
+        return out
+    if isinstance(out, torch.futures.Future):
+        raise TypeError(f"{fn.__name__} returned a Future: decorate it with @rpc.functions.async_execution")
+    return out
+
+
+def _remote(agent, src, fn, args, kwargs, rref_id, fork_id):
+    rref = agent.rrefs.owner_rref(rref_id)
+    agent.rrefs.add_fork(rref_id, fork_id)
+    try:
+        out = fn(*args, **(kwargs or {}))
+    except Exception as e:
+        rref._value.set_exception(serialize.rebuild_error(
+            serialize.error_payload(e, str(agent.info), traceback.format_exc())))
+        return None
+    if is_async(fn):
+        out.add_done_callback(lambda f: _settle(rref._value, f))
+    else:
+        rref._value.set_result(out)
+    return None
+
+
+def _settle(target, fut) -> None:
+    try:
+        target.set_result(fut.wait())
+    except Exception as e:
+        target.set_exception(e)
+
+
+def _to_here(agent, src, rref_id):
+    return agent.rrefs.owner_rref(rref_id)._value
+
+
+def _fork(agent, src, rref_id, fork_id):
+    agent.rrefs.add_fork(rref_id, fork_id)
+
+
+def _accept(agent, src, fork_id):
+    agent.rrefs.accept(fork_id)
+
+
+def _delete(agent, src, rref_id, fork_id):
+    agent.rrefs.del_fork(rref_id, fork_id)
+
+
+def _ping(agent, src):
+    return None
+
+
+HANDLERS = {
+    "call": _call, "remote": _remote, "to_here": _to_here, "rref_fork": _fork, "rref_accept": _accept,
+    "rref_delete": _delete, "ping": _ping,
+    "grad": lambda agent, src, *a: engine.on_grad(src, *a),
+    "cleanup": lambda agent, src, *a: engine.on_cleanup(src, *a),
+}
+
+
+def install(agent) -> None:
+    for op, fn in HANDLERS.items():
+        agent.handlers[op] = (lambda f: lambda src, *a: f(agent, src, *a))(fn)

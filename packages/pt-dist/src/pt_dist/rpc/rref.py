@@ -1,0 +1,128 @@
+"""``RRef``: a reference to a value that lives on one worker (its owner), as ``torch.distributed.rpc.RRef``.
+
+torch/csrc/distributed/rpc/rref_impl.h (``OwnerRRef``, ``UserRRef``) and torch/distributed/rpc/rref_proxy.py.
+The owner's RRef holds the value in a ``torch.futures.Future`` (set when the ``remote`` call finishes); a
+user's holds the owner, the RRef id and its own fork id. ``to_here`` fetches a copy, ``local_value`` is the
+owner's, and ``rref.rpc_sync().method(...)`` (``rpc_async``, ``remote``) runs ``method`` on the owner's value.
+An RRef is pickled only inside an RPC (serialize.py), where rref_context.py does the fork protocol; a user's
+``__del__`` tells the owner.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pt_dist.rpc.functions import async_execution
+from pt_dist.rpc.options import UNSET_RPC_TIMEOUT
+
+
+class RRef:
+    """``RRef(value)`` makes an owner RRef here; ``rpc.remote`` returns user RRefs to remote values."""
+
+    def __init__(self, value=None, type_hint=None):
+        from pt_dist.rpc import api
+
+        agent = api._require_agent()
+        self._init(agent, agent.rank, agent.rrefs.new_id(), None)
+        self._value.set_result(value)
+
+    @classmethod
+    def _make(cls, agent, owner: int, rref_id: tuple, fork_id):
+        r = cls.__new__(cls)
+        r._init(agent, owner, rref_id, fork_id)
+        return r
+
+    def _init(self, agent, owner, rref_id, fork_id):
+        self._agent, self._owner, self._rref_id, self._fork_id = agent, owner, rref_id, fork_id
+        self._value = torch.futures.Future() if owner == agent.rank else None
+        self._creation = None  # the remote() call's Future (users made by remote)
+        self._confirmed = owner == agent.rank
+        self._deleted = False
+
+    def is_owner(self) -> bool:
+        return self._owner == self._agent.rank
+
+    def owner(self):
+        return self._agent.workers[self._owner]
+
+    def owner_name(self) -> str:
+        return self.owner().name
+
+    def confirmed_by_owner(self) -> bool:
+        return self._confirmed
+
+    def local_value(self):
+        """The value, on the owner only (waits for the ``remote`` call that makes it to finish)."""
+        if not self.is_owner():
+            raise RuntimeError(f"Cannot call localValue() on a non-local reference. Call it on {self.owner()}")
+        return self._value.wait()
+
+    def to_here(self, timeout: float = UNSET_RPC_TIMEOUT):
+        """A copy of the value, fetched from the owner (blocking, within ``timeout`` seconds)."""
+        if self.is_owner():
+            return self.local_value()
+        return self._agent.request(self._owner, ("to_here", self._rref_id), timeout).wait()
+
+    def _get_future(self) -> torch.futures.Future:
+        """The Future of the ``remote`` call that created this RRef (its value, on the owner)."""
+        if self.is_owner():
+            return self._value
+        if self._creation is None:
+            done = torch.futures.Future()
+            done.set_result(None)
+            return done
+        return self._creation
+
+    def rpc_sync(self, timeout: float = UNSET_RPC_TIMEOUT):
+        return _Proxy(self, "sync", timeout)
+
+    def rpc_async(self, timeout: float = UNSET_RPC_TIMEOUT):
+        return _Proxy(self, "async", timeout)
+
+    def remote(self, timeout: float = UNSET_RPC_TIMEOUT):
+        return _Proxy(self, "remote", timeout)
+
+    def __reduce__(self):
+        raise RuntimeError("RRef is only picklable inside an RPC call (pt_dist.rpc), not with plain pickle")
+
+    def __repr__(self) -> str:
+        kind = "OwnerRRef" if self.is_owner() else "UserRRef"
+        return f"{kind}(RRefId = {self._rref_id}, ForkId = {self._fork_id}, owner = {self._owner})"
+
+    def __del__(self):
+        try:
+            if not self.is_owner() and self._confirmed and not self._deleted:
+                self._deleted = True
+                self._agent.rrefs.user_deleted(self._owner, self._rref_id, self._fork_id)
+        except Exception:
+            pass  # interpreter teardown
+
+
+@async_execution
+def _invoke(rref: RRef, name: str, args, kwargs):
+    """On the owner: ``getattr(value, name)(*args, **kwargs)``; an ``@async_execution`` method's Future as is."""
+    method = getattr(rref.local_value(), name)
+    out = method(*args, **kwargs)
+    if getattr(method, "_wrapped_async_rpc_function", None) is not None:
+        return out
+    fut = torch.futures.Future()
+    fut.set_result(out)
+    return fut
+
+
+class _Proxy:
+    """``rref.rpc_sync()`` / ``rpc_async()`` / ``remote()``: attribute access names a method of the value."""
+
+    def __init__(self, rref: RRef, mode: str, timeout: float):
+        self._rref, self._mode, self._timeout = rref, mode, timeout
+
+    def __getattr__(self, name: str):
+        from pt_dist.rpc import api
+
+        call = {"sync": api.rpc_sync, "async": api.rpc_async, "remote": api.remote}[self._mode]
+
+        def method(*args, **kwargs):
+            return call(self._rref.owner(), _invoke, args=(self._rref, name, args, kwargs), timeout=self._timeout)
+
+        method.__name__ = name
+        return method

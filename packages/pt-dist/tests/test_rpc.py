@@ -1,0 +1,228 @@
+"""rpc_sync / rpc_async on 2 and 3 workers: builtins, user functions, tensors, exceptions, timeouts, nesting.
+
+Ported from torch/testing/_internal/distributed/rpc/rpc_test.py (``RpcTest``: test_self_add, test_add,
+test_add_with_id, test_scalar_add, test_async_add, test_nonzero, test_multi_rpc, test_py_built_in,
+test_py_user_defined, test_py_class_constructor, test_py_class_instance_method, test_py_class_static_method,
+test_py_tensors, test_py_nested_pickle, test_py_raise_in_user_func, test_nested_rpc, test_rpc_timeouts,
+test_wait_all, test_future_then / collect_all, test_worker_id, test_get_worker_infos) against pt_dist.rpc.
+Each ``run_ranks`` call runs one group of checks on worker 0; the others serve until shutdown.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pt_dist.rpc as rpc
+import pytest
+import torch
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import rpc_testutil as util  # noqa: E402
+
+
+def my_function(a, b, c):
+    return a + b + c
+
+
+def my_tensor_function(a, b):
+    return a + b
+
+
+def my_complex_tensor_function(list_input, tensor_class_input, dict_input):
+    res = list_input[0]
+    for t in list_input:
+        res += t
+    for v in dict_input.values():
+        res += v
+    complex_tensors = tensor_class_input.tensors
+    return (res, complex_tensors[0], complex_tensors[1], complex_tensors[2])
+
+
+class TensorClass:
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+
+class MyClass:
+    def __init__(self, a):
+        self.a = a
+
+    def my_instance_method(self, b):
+        return self.a + b
+
+    @staticmethod
+    def my_static_method(f):
+        return f > 10
+
+
+def raise_func():
+    raise ValueError("Expected error")
+
+
+def raise_func_escape():
+    raise ValueError("Expected error\nwith a newline")
+
+
+def my_sleep_func(seconds=1.0):
+    time.sleep(seconds)
+    return torch.mul(torch.tensor(1), torch.tensor(1))
+
+
+def nested_rpc(dst):
+    return rpc.rpc_sync(dst, torch.add, args=(torch.ones(2, 2), 1))
+
+
+def nested_rpc_to_third(third):
+    """On worker1: call worker ``third`` (a nested call to a third worker) and add our own id."""
+    return rpc.rpc_sync(third, torch.mul, args=(torch.ones(3), 3)) + rpc.get_worker_info().id
+
+
+def who_am_i():
+    return rpc.get_worker_info().name
+
+
+def _basics(rank, world_size):
+    store = util.start(rank, world_size)
+    try:
+        if rank != 0:
+            return None
+        n = world_size
+        dst = f"worker{1 % n}"
+        checks = {}
+        checks["self_add"] = rpc.rpc_sync("worker0", torch.add, args=(torch.ones(2, 2), 1))
+        checks["add"] = rpc.rpc_sync(dst, torch.add, args=(torch.ones(n, n), torch.ones(n, n)))
+        checks["add_with_id"] = rpc.rpc_sync(rpc.get_worker_info(dst), torch.add, args=(torch.ones(2), 1))
+        checks["add_by_rank"] = rpc.rpc_sync(1, torch.add, args=(torch.ones(2), 3))
+        checks["scalar_add"] = rpc.rpc_sync(dst, torch.add, args=(torch.ones(n, n), n))
+        checks["async_add"] = rpc.rpc_async(dst, torch.add, args=(torch.ones(n, n), torch.ones(n, n))).wait()
+        x = torch.ones(4, 4)
+        x[1][1] = 0
+        checks["nonzero"] = rpc.rpc_sync(dst, torch.nonzero, args=(x,))
+        checks["multi_rpc"] = [rpc.rpc_sync(dst, torch.add, args=(torch.ones(n, n), torch.ones(n, n) * i))
+                               for i in range(10)]
+        checks["py_built_in"] = rpc.rpc_sync(dst, min, args=(n, n + 1, n + 2))
+        checks["py_user_defined"] = rpc.rpc_sync(dst, my_function, kwargs={"a": n, "b": n + 1, "c": n + 2})
+        checks["py_class_constructor"] = rpc.rpc_sync(dst, MyClass, args=(n,)).a
+        checks["py_class_instance_method"] = rpc.rpc_sync(dst, MyClass(2).my_instance_method, args=(n,))
+        checks["py_class_static_method"] = rpc.rpc_sync(dst, MyClass.my_static_method, args=(n + 10,))
+        checks["py_tensors"] = rpc.rpc_sync(dst, my_tensor_function, args=(torch.ones(n, n), torch.ones(n, n)))
+        a, b = torch.ones(n, n), torch.ones(n, n)
+        checks["py_nested_pickle"] = rpc.rpc_sync(
+            dst, my_complex_tensor_function,
+            args=([a, b], TensorClass([a, b, torch.ones(3, dtype=torch.bfloat16)]), {"k": a}))
+        odd = torch.arange(30, dtype=torch.float64).view(5, 6).t()  # non-contiguous
+        checks["noncontiguous"] = rpc.rpc_sync(dst, torch.clone, args=(odd,))
+        checks["dtypes"] = [rpc.rpc_sync(dst, torch.clone, args=(torch.arange(5).to(d),))
+                            for d in (torch.bool, torch.int8, torch.float16, torch.complex64, torch.int64)]
+        checks["empty"] = rpc.rpc_sync(dst, torch.clone, args=(torch.empty(0, 3),))
+        big = torch.randn(3 << 20)  # 12 MiB: streamed in the transport's 4 MiB chunks
+        checks["big"] = (big, rpc.rpc_sync(dst, torch.clone, args=(big,)))
+        futs = [rpc.rpc_async(f"worker{(i % (n - 1)) + 1}", torch.add, args=(torch.ones(2), i)) for i in range(20)]
+        checks["wait_all"] = torch.futures.wait_all(futs)
+        checks["then"] = rpc.rpc_async(dst, torch.add, args=(torch.ones(2), 1)).then(lambda f: f.wait() * 10).wait()
+        checks["collect_all"] = [f.wait() for f in torch.futures.collect_all(
+            [rpc.rpc_async(dst, torch.add, args=(torch.ones(1), i)) for i in range(3)]).wait()]
+        checks["names"] = [rpc.rpc_sync(f"worker{i}", who_am_i) for i in range(n)]
+        checks["nested"] = rpc.rpc_sync(dst, nested_rpc, args=("worker0",))
+        if n >= 3:
+            checks["nested_third"] = rpc.rpc_sync("worker1", nested_rpc_to_third, args=("worker2",))
+        return checks
+    finally:
+        util.stop(store)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_calls_builtins_user_functions_and_tensors(world_size):
+    c = run_ranks(_basics, world_size, backend=None, timeout=60)[0]
+    n = world_size
+    assert torch.equal(c["self_add"], torch.ones(2, 2) + 1)
+    assert torch.equal(c["add"], torch.full((n, n), 2.0))
+    assert torch.equal(c["add_with_id"], torch.full((2,), 2.0))
+    assert torch.equal(c["add_by_rank"], torch.full((2,), 4.0))
+    assert torch.equal(c["scalar_add"], torch.full((n, n), 1.0 + n))
+    assert torch.equal(c["async_add"], torch.full((n, n), 2.0))
+    x = torch.ones(4, 4)
+    x[1][1] = 0
+    assert torch.equal(c["nonzero"], torch.nonzero(x))
+    assert all(torch.equal(r, torch.ones(n, n) * (1 + i)) for i, r in enumerate(c["multi_rpc"]))
+    assert c["py_built_in"] == n
+    assert c["py_user_defined"] == 3 * n + 3
+    assert c["py_class_constructor"] == n
+    assert c["py_class_instance_method"] == 2 + n
+    assert c["py_class_static_method"] is True
+    assert torch.equal(c["py_tensors"], torch.full((n, n), 2.0))
+    res, t0, t1, t2 = c["py_nested_pickle"]
+    a, b = torch.ones(n, n), torch.ones(n, n)  # the same aliasing as sent: ``a`` three times, one tensor there too
+    want = my_complex_tensor_function([a, b], TensorClass([a, b, torch.ones(3, dtype=torch.bfloat16)]), {"k": a})
+    assert torch.equal(res, want[0]) and torch.equal(res, torch.full((n, n), 6.0)) and torch.equal(t0, res)
+    assert t2.dtype == torch.bfloat16 and torch.equal(t2, torch.ones(3, dtype=torch.bfloat16))
+    assert torch.equal(c["noncontiguous"], torch.arange(30, dtype=torch.float64).view(5, 6).t())
+    for d, got in zip((torch.bool, torch.int8, torch.float16, torch.complex64, torch.int64), c["dtypes"]):
+        assert got.dtype == d and torch.equal(got, torch.arange(5).to(d))
+    assert c["empty"].shape == (0, 3)
+    sent, back = c["big"]
+    assert torch.equal(sent, back)
+    assert all(torch.equal(r, torch.ones(2) + i) for i, r in enumerate(c["wait_all"]))
+    assert torch.equal(c["then"], torch.full((2,), 20.0))
+    assert [r.item() for r in c["collect_all"]] == [1.0, 2.0, 3.0]
+    assert c["names"] == [f"worker{i}" for i in range(n)]
+    assert torch.equal(c["nested"], torch.ones(2, 2) + 1)
+    if n >= 3:
+        assert torch.equal(c["nested_third"], torch.full((3,), 4.0))
+
+
+def _errors(rank, world_size):
+    store = util.start(rank, world_size)
+    try:
+        if rank != 0:
+            return None
+        out = {}
+        try:
+            rpc.rpc_sync("worker1", raise_func)
+        except ValueError as e:
+            out["raise"] = str(e)
+        fut = rpc.rpc_async("worker1", raise_func_escape)
+        try:
+            fut.wait()
+        except ValueError as e:
+            out["escape"] = str(e)
+        try:
+            rpc.rpc_sync("worker1", my_sleep_func, args=(1.0,), timeout=0.3)
+        except RuntimeError as e:
+            out["timeout"] = str(e)
+        t0 = time.monotonic()
+        try:
+            rpc.rpc_async("worker1", my_sleep_func, args=(1.0,), timeout=0.3).wait()
+        except RuntimeError:
+            out["timeout_elapsed"] = time.monotonic() - t0
+        out["no_timeout"] = rpc.rpc_sync("worker1", my_sleep_func, args=(0.1,), timeout=0).item()
+        out["after"] = rpc.rpc_sync("worker1", torch.add, args=(torch.ones(1), 1)).item()
+        for bad in ("nope", 7):
+            try:
+                rpc.rpc_sync(bad, torch.add, args=(1, 1))
+            except ValueError as e:
+                out[f"bad_{bad}"] = str(e)
+        try:
+            rpc.rpc_sync("worker1", lambda: 1)
+        except Exception as e:  # a lambda cannot be pickled by reference: refused before anything is sent
+            out["lambda"] = type(e).__name__
+        return out
+    finally:
+        util.stop(store)
+
+
+def test_exceptions_carry_the_remote_traceback_and_timeouts_fire():
+    out = run_ranks(_errors, 2, backend=None, timeout=60)[0]
+    assert "Expected error" in out["raise"]
+    assert "On WorkerInfo(id=1, name=worker1)" in out["raise"] and "raise_func" in out["raise"]
+    assert "Traceback" in out["raise"]
+    assert "with a newline" in out["escape"]
+    assert "RPC ran for more than set timeout (300 ms)" in out["timeout"]
+    assert out["timeout_elapsed"] < 1.5, out["timeout_elapsed"]
+    assert out["no_timeout"] == 1 and out["after"] == 2.0
+    assert "Unknown destination worker nope" in out["bad_nope"] and "no worker with id 7" in out["bad_7"]
+    assert out["lambda"] in ("PicklingError", "AttributeError")
