@@ -89,6 +89,8 @@ def _memory(rank, world, checks):
             units = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
             out["padding"] = sum(u._handle.padded_numel - u._handle.numel for u in units) * 4 * 4
             out["units"] = len(units)
+            offset = getattr(pt_dist.group.WORLD, "_symmetric_offset", lambda t: None)
+            out["symmetric"] = [offset(u._handle.flat_param) is not None for u in units]  # shm: shards on the heap
         if name == "ddp":
             out["ddp buckets"] = _state_bytes(b.buffer for b in model.reducer._buckets)
             out[name] += out["ddp buckets"]
@@ -221,6 +223,7 @@ def test_fsdp_matches_one_process_and_torch_fully_shard(backend):
         # FSDP: 1/N of the plain model's bytes, plus this rank's share of the padding; DDP: all of it + buckets
         assert mem["fsdp"] * 2 <= mem["plain"] + mem["padding"] and mem["fsdp"] * 2 >= mem["plain"], mem
         assert mem["ddp"] == mem["plain"] + mem["ddp buckets"], mem
+        assert mem["symmetric"] == [backend == "shm"] * mem["units"], mem
         freed = info["freed"]
         # FULL_SHARD: only the running block's parameters gathered (two with the next one prefetched, but for the
         # last block); SHARD_GRAD_OP keeps every block gathered until backward is over; none are left after it

@@ -86,8 +86,9 @@ class FlatParamHandle:
             for p in uniques:
                 flat.narrow(0, offsets[id(p)], p.numel()).copy_(p.reshape(-1))
         start = (shard_group.rank() if sharded else 0) * self.shard_numel
+        shard = _shard_storage(shard_group if sharded else None, self.shard_numel, dtype, self.device)
         self.flat_param = nn.Parameter(
-            flat.narrow(0, start, self.shard_numel).clone(), requires_grad=self.requires_grad
+            shard.copy_(flat.narrow(0, start, self.shard_numel)), requires_grad=self.requires_grad
         )
         for info in self.infos:  # the module's parameters are views of the gathered buffer from now on
             info.module._parameters.pop(info.name, None)
@@ -211,3 +212,14 @@ class FlatParamHandle:
         padded.narrow(0, 0, self.numel).copy_(flat.narrow(0, 0, self.numel))
         with torch.no_grad():
             self.flat_param.copy_(padded.narrow(0, start, self.shard_numel))
+
+
+def _shard_storage(group, numel: int, dtype, device) -> torch.Tensor:
+    """Where this rank's shard lives: on an shm group whose symmetric heap has room, in the heap, so each
+    all-gather reads the peers' shards where they lie instead of copying them through the kernel (every rank
+    decides alike: ranks building the same model allocate alike); a plain tensor otherwise."""
+    free = getattr(group, "symmetric_free_bytes", None)
+    nbytes = numel * dtype.itemsize + 4096  # (page-aligned)
+    if free is None or group.size() == 1 or device.type != "cpu" or free() < nbytes:
+        return torch.empty(numel, dtype=dtype, device=device)
+    return group.symmetric_empty(numel, dtype=dtype)
