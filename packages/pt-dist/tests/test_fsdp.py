@@ -271,7 +271,7 @@ def _hybrid(rank, world, backend):
     return checks.fails, checks.count, *sizes, util.open_segments()
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
 def test_hybrid_shard_shards_within_pairs_and_replicates_across(backend):
     for fails, count, shard, numel, left in run_ranks(_hybrid, 4, backend, backend=None, timeout=240):
         assert not fails, fails[:5]
