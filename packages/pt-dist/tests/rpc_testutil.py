@@ -27,7 +27,7 @@ def stop(store: TCPStore, graceful: bool = True) -> None:
     store.close()
 
 
-def wait_for(pred, timeout: float = 10.0, what: str = "condition") -> None:
+def wait_for(pred, timeout: float = 30.0, what: str = "condition") -> None:
     """Poll ``pred`` until true; fail naming ``what`` (RRef deletes and cleanups are asynchronous)."""
     deadline = time.monotonic() + timeout
     while not pred():

@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 class RpcAgent:
     """One worker's endpoint: ``request(dst, payload, timeout) -> Future``; handlers serve peers' requests."""
 
-    def __init__(self, name: str, rank: int, world_size: int, store, options: TensorPipeRpcBackendOptions):
+    def __init__(self, name: str, rank: int, world_size: int, store, options: TensorPipeRpcBackendOptions,
+                 register=lambda agent: None):
         self.info, self.world_size, self.store, self.options = WorkerInfo(name, rank), world_size, store, options
         self.rank = rank
         self.workers = [WorkerInfo(f"rank {r}", r) for r in range(world_size)]  # until the store has the names
@@ -54,7 +55,8 @@ class RpcAgent:
         self.rrefs = RRefContext(self)
         from pt_dist.rpc import handlers
 
-        handlers.install(self)  # before any peer can reach us
+        handlers.install(self)
+        register(self)  # the process's agent (api._agent) before any peer can reach us: handlers call rpc
         secret = mesh.job_secret(store, rank)
         self.listener = mesh.Listener(options.host, secret, rank, world_size, self._adopt)
         mesh.publish(store, rank, name, options.host, self.listener.port)
@@ -214,7 +216,7 @@ class RpcAgent:
         except BaseException as e:
             self._respond(src, msg, e, ctx, traceback.format_exc())
             return
-        if isinstance(result, torch.futures.Future):
+        if isinstance(result, torch._C.Future):
             result.add_done_callback(lambda f: self._respond_future(src, msg, f, ctx))
         else:
             self._respond(src, msg, result, ctx)

@@ -24,6 +24,11 @@ _owned_store = None
 _lock = threading.Lock()
 
 
+def _register(agent: RpcAgent) -> None:
+    global _agent
+    _agent = agent
+
+
 def _require_agent() -> RpcAgent:
     if _agent is None:
         raise RuntimeError("RPC has not been initialized. Call pt_dist.rpc.init_rpc first.")
@@ -49,7 +54,11 @@ def init_rpc(name: str, backend=None, rank: int = -1, world_size: int | None = N
             _owned_store = store
         if rank < 0 or world_size is None or not 0 <= rank < world_size:
             raise ValueError(f"init_rpc needs 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        _agent = RpcAgent(name, rank, world_size, store, options)
+        try:
+            RpcAgent(name, rank, world_size, store, options, register=_register)
+        except BaseException:
+            _agent = None
+            raise
 
 
 def shutdown(graceful: bool = True, timeout: float = 0) -> None:

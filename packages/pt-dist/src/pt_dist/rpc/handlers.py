@@ -21,10 +21,10 @@ from pt_dist.rpc.functions import is_async
 def _call(agent, src, fn, args, kwargs):
     out = fn(*args, **(kwargs or {}))
     if is_async(fn):
-        if not isinstance(out, torch.futures.Future):
+        if not isinstance(out, torch._C.Future):
             raise TypeError(f"@async_execution function {fn.__name__} returned {type(out).__name__}, not a Future")
         return out
-    if isinstance(out, torch.futures.Future):
+    if isinstance(out, torch._C.Future):
         raise TypeError(f"{fn.__name__} returned a Future: decorate it with @rpc.functions.async_execution")
     return out
 

@@ -61,7 +61,11 @@ class RRef:
         """A copy of the value, fetched from the owner (blocking, within ``timeout`` seconds)."""
         if self.is_owner():
             return self.local_value()
-        return self._agent.request(self._owner, ("to_here", self._rref_id), timeout).wait()
+        value = self._agent.request(self._owner, ("to_here", self._rref_id), timeout).wait()
+        if not self._confirmed and self._fork_id == self._rref_id:  # made by remote(): the owner registers it
+            # before computing the value, so an answer means we are known there
+            self._agent.rrefs.confirm_pending(self._fork_id)
+        return value
 
     def _get_future(self) -> torch.futures.Future:
         """The Future of the ``remote`` call that created this RRef (its value, on the owner)."""

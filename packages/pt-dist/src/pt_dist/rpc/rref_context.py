@@ -94,7 +94,13 @@ class RRefContext:
     def _forked(self, fut, fork_id: tuple, parent: int) -> None:
         with self._lock:
             user = self.pending_users.pop(fork_id, None)
-        if fut.exception() is None and user is not None:
+        try:
+            fut.wait()
+            ok = True
+        except Exception as e:
+            ok = False
+            log.warning("rref fork %s: the owner did not confirm it: %s", fork_id, e)
+        if ok and user is not None:
             self.confirm(fork_id, user)
         try:
             self.agent.request(parent, ("rref_accept", fork_id))
@@ -111,13 +117,13 @@ class RRefContext:
         with self._lock:
             self.pending_users[fork_id] = user
 
-        def done(f):
-            with self._lock:
-                u = self.pending_users.pop(fork_id, None)
-            if u is not None:
-                self.confirm(fork_id, u)
+        fut.add_done_callback(lambda f: self.confirm_pending(fork_id))
 
-        fut.add_done_callback(done)
+    def confirm_pending(self, fork_id: tuple) -> None:
+        with self._lock:
+            u = self.pending_users.pop(fork_id, None)
+        if u is not None:
+            self.confirm(fork_id, u)
 
     # --- deleting ----------------------------------------------------------------------------------------
     def accept(self, fork_id: tuple) -> None:
