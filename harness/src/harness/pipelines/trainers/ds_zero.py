@@ -90,6 +90,7 @@ def train(rank: int, world_size: int, spec: dict) -> dict:
         full.load_state_dict(state, strict=True)
         full.save_pretrained(spec.checkpoint_dir)
         finish_checkpoint(spec)
+    engine.destroy()  # releases the engine's hooks and its swap files
     dist.barrier()
     if rank == 0:
         shutil.rmtree(_nvme_dir(spec), ignore_errors=True)  # the swap files are scratch
