@@ -4,7 +4,8 @@
 anchors of recv functions: functions.py), ``torch.autograd.grad`` to all of them, and accumulate the
 parameters' gradients in the context instead of ``.grad``. Each recv function reached sends its gradients to
 the worker that sent those tensors, which runs the same pass from the tensors it sent (the ``"grad"``
-handler) and answers once its own pass, and every pass it started in turn, is done. So the caller's
+handler) and answers once its own pass, and every pass it started in turn, is done (the handler returns a
+Future, so no pool thread is held while the passes it started run elsewhere). So the caller's
 ``backward`` returns when the whole distributed graph has run. Passes that start from a send keep the graph
 (``retain_graph``): several sends may share it; the context's release frees it.
 """
@@ -42,10 +43,11 @@ def _reachable_leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
     return leaves
 
 
-def _run_pass(ctx, roots, grads, retain_graph: bool) -> None:
+def _run_pass(ctx, roots, grads, retain_graph: bool) -> list:
+    """One local backward; returns the Futures of the gradients it sent on (none is waited for here)."""
     leaves = _reachable_leaves(roots)
     if not leaves:
-        return
+        return []
     outer = getattr(_pass, "futures", None)
     _pass.futures = []
     try:
@@ -58,8 +60,12 @@ def _run_pass(ctx, roots, grads, retain_graph: bool) -> None:
     for leaf, g in zip(leaves, found):
         if g is not None and id(leaf) not in anchors:
             ctx.accumulate(leaf, g)
-    for f in futures:
-        f.wait()
+    return futures
+
+
+def _all(futures: list):
+    """A Future done when every one of ``futures`` is, failing with the first failure."""
+    return torch.futures.collect_all(futures).then(lambda f: [x.wait() for x in f.wait()] and None)
 
 
 def backward(context_id: int, roots: list[torch.Tensor], retain_graph: bool = False) -> None:
@@ -68,18 +74,21 @@ def backward(context_id: int, roots: list[torch.Tensor], retain_graph: bool = Fa
     for r in roots:
         if r.numel() != 1 or not r.requires_grad:
             raise RuntimeError("backward roots must be scalar tensors that require grad")
-    _run_pass(ctx, list(roots), [torch.ones_like(r) for r in roots], retain_graph)
+    futures = _run_pass(ctx, list(roots), [torch.ones_like(r) for r in roots], retain_graph)
+    if futures:
+        _all(futures).wait()
 
 
-def on_grad(src: int, context_id: int, send_id: int, grads: list) -> None:
-    """The ``"grad"`` handler: run backward from the tensors of send ``send_id`` with the gradients received."""
+def on_grad(src: int, context_id: int, send_id: int, grads: list):
+    """The ``"grad"`` handler: run backward from the tensors of send ``send_id`` with the gradients received;
+    answered (a Future: no pool thread waits) once the passes it started elsewhere are done."""
     ctx = _context.retrieve(context_id)
     sent = ctx.sends.get(send_id)
     if sent is None:
         raise RuntimeError(f"no send {send_id} in autograd context {context_id} on this worker")
     pairs = [(t, g) for t, g in zip(sent, grads) if g is not None]
-    if pairs:
-        _run_pass(ctx, [t for t, _ in pairs], [g for _, g in pairs], retain_graph=True)
+    futures = _run_pass(ctx, [t for t, _ in pairs], [g for _, g in pairs], retain_graph=True) if pairs else []
+    return _all(futures) if futures else None
 
 
 def on_cleanup(src: int, context_id: int) -> None:
