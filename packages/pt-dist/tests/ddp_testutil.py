@@ -116,12 +116,14 @@ def mse(model, x, y, rank):
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-def fully_shard_blocks(model, world):
-    """torch's FSDP2 on the same units: each Block, then the root."""
+def fully_shard_blocks(model, world, mesh_shape=None):
+    """torch's FSDP2 on the same units: each Block, then the root. ``mesh_shape`` (replicas, shard size): HSDP, the
+    shard groups consecutive ranks (rank // shard size), the replicate groups every shard size-th."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (world,))
+    shape = mesh_shape or (world,)
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard")[-len(shape):])
     for m in model:
         if isinstance(m, Block):
             fully_shard(m, mesh=mesh)
@@ -129,10 +131,10 @@ def fully_shard_blocks(model, world):
 
 
 def train_fsdp_side_by_side(rank, world, checks, label, make_model=stack, steps=4, lr=1e-2, torch_fsdp2=True,
-                            reference=None, atol=None, group=None, **fsdp_kwargs):
+                            mesh_shape=None, reference=None, atol=None, group=None, **fsdp_kwargs):
     """pt_dist's FSDP (each Block a unit) vs one process on the whole batch (``reference(model, xs, ys)`` its step's
     loss, default: the mean of the slices' losses) vs torch's fully_shard, AdamW; parameters compared after every
-    step through the gathered full state dict. Returns pt_dist's FSDP."""
+    step through the gathered full state dict (``mesh_shape``: torch's on that mesh). Returns pt_dist's FSDP."""
     from pt_dist.fsdp import FullyShardedDataParallel, ModuleWrapPolicy
 
     torch.manual_seed(0)
@@ -142,7 +144,7 @@ def train_fsdp_side_by_side(rank, world, checks, label, make_model=stack, steps=
                                     **fsdp_kwargs)
     models = {"single": single, "pt_dist": fsdp}
     if torch_fsdp2:
-        models["torch"] = fully_shard_blocks(copy.deepcopy(base), world)
+        models["torch"] = fully_shard_blocks(copy.deepcopy(base), world, mesh_shape)
     opts = {k: torch.optim.AdamW(m.parameters(), lr=lr) for k, m in models.items()}
     for step in range(steps):
         xs, ys = batches(world, step)

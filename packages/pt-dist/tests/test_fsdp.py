@@ -1,8 +1,9 @@
 """FullyShardedDataParallel on tcp, shm and gloo: after every step the parameters equal one process trained on the
 whole batch and torch's fully_shard (FSDP2) trained alongside in the same ranks, for FULL_SHARD, SHARD_GRAD_OP,
-NO_SHARD, HYBRID_SHARD (world 4), bf16 mixed precision and activation checkpointing inside the units; each
-rank holds 1/N of the parameter + gradient + optimizer bytes (tensor sizes summed); a unit's gathered parameters
-are freed after it (live full-size storages counted); the prefetches are issued where they should be."""
+NO_SHARD, HYBRID_SHARD (world 4; against torch's HSDP, fully_shard on a 2x2 mesh, on tcp and shm), bf16 mixed
+precision and activation checkpointing inside the units; each rank holds 1/N of the parameter + gradient +
+optimizer bytes (tensor sizes summed); a unit's gathered parameters are freed after it (live full-size storages
+counted); the prefetches are issued where they should be."""
 
 from __future__ import annotations
 
@@ -259,7 +260,8 @@ def _hybrid(rank, world, backend):
             world,
             checks,
             "HYBRID_SHARD",
-            torch_fsdp2=False,
+            torch_fsdp2=backend != "gloo",  # (a mesh over the adapter's groups met torch's stale mesh state)
+            mesh_shape=(2, 2),  # torch's HSDP: fully_shard on a (replicate, shard) mesh
             sharding_strategy=ShardingStrategy.HYBRID_SHARD,
             group=(shard, replicate),
         )
@@ -273,8 +275,10 @@ def _hybrid(rank, world, backend):
 
 @pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
 def test_hybrid_shard_shards_within_pairs_and_replicates_across(backend):
-    for fails, count, shard, numel, left in run_ranks(_hybrid, 4, backend, backend=None, timeout=240):
+    torch_backend = None if backend == "gloo" else "gloo"  # torch's own group, for its HSDP alongside
+    for fails, count, shard, numel, left in run_ranks(_hybrid, 4, backend, backend=torch_backend, timeout=240):
+        compared = 1 if backend == "gloo" else 2  # vs one process, and vs torch's HSDP
         assert not fails, fails[:5]
         assert left == [], left  # the four sub-groups' shared memory went with them
-        assert count == 4 * len(dutil.stack().state_dict())
+        assert count == 4 * len(dutil.stack().state_dict()) * compared
         assert shard == -(-numel // 2)  # half a unit per rank: sharded in pairs, not over all four
