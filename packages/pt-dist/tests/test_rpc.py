@@ -121,6 +121,8 @@ def _basics(rank, world_size):
         checks["empty"] = rpc.rpc_sync(dst, torch.clone, args=(torch.empty(0, 3),))
         big = torch.randn(3 << 20)  # 12 MiB: streamed in the transport's 4 MiB chunks
         checks["big"] = (big, rpc.rpc_sync(dst, torch.clone, args=(big,)))
+        conn = rpc.api._require_agent()._peers[1]
+        checks["cross_memory"] = (conn.read_pid, conn.lend, len(conn._lent))
         futs = [rpc.rpc_async(f"worker{(i % (n - 1)) + 1}", torch.add, args=(torch.ones(2), i)) for i in range(20)]
         checks["wait_all"] = torch.futures.wait_all(futs)
         checks["then"] = rpc.rpc_async(dst, torch.add, args=(torch.ones(2), 1)).then(lambda f: f.wait() * 10).wait()
@@ -166,6 +168,8 @@ def test_calls_builtins_user_functions_and_tensors(world_size):
     assert c["empty"].shape == (0, 3)
     sent, back = c["big"]
     assert torch.equal(sent, back)
+    read_pid, lend, still_lent = c["cross_memory"]
+    assert still_lent == 0 and (read_pid != 0) == lend  # siblings on one host: both ways or neither
     assert all(torch.equal(r, torch.ones(2) + i) for i, r in enumerate(c["wait_all"]))
     assert torch.equal(c["then"], torch.full((2,), 20.0))
     assert [r.item() for r in c["collect_all"]] == [1.0, 2.0, 3.0]

@@ -19,7 +19,7 @@ import pytest
 import torch
 from pt_dist import wire
 from pt_dist.rpc import api
-from pt_dist.rpc.transport import HEADER, REQUEST, Connection, Limits, Message
+from pt_dist.rpc.transport import HEADER, REQUEST, RESPONSE, Connection, Limits, Message
 
 from harness import run_ranks
 
@@ -145,4 +145,31 @@ def test_a_well_formed_frame_round_trips_through_the_same_checks():
     assert (got.kind, got.rid, got.meta, got.ctx_id) == (REQUEST, 7, b"meta", 5)
     assert torch.equal(got.tensors[0], t) and got.tensors[1].dtype == torch.bool
     other.close()
+    conn.close()
+
+
+def test_tensors_lent_by_address_are_copied_and_released_on_ack():
+    """The cross-memory path of one connection (reading our own process, which the probe itself refuses)."""
+    raw, conn = _pair()
+    sender = Connection(raw, 0, conn.limits, read_pid=os.getpid(), lend=True)
+    receiver = Connection(conn.sock, 1, conn.limits, read_pid=os.getpid(), lend=True)
+    big, small = torch.arange(1 << 17, dtype=torch.float32), torch.ones(3)  # 512 KiB goes by address
+    sender.send(Message(REQUEST, 1, b"m", [big, small]))
+    assert len(sender._lent) == 1 and sender._lent[0][0].data_ptr() == big.data_ptr()
+    got = receiver.recv()
+    assert torch.equal(got.tensors[0], big) and got.tensors[0].data_ptr() != big.data_ptr()
+    assert torch.equal(got.tensors[1], small)
+    receiver.send(Message(RESPONSE, 1, b"r", []))
+    assert sender.recv().kind == RESPONSE and len(sender._lent) == 0  # the ACK came first and released it
+    sender.close()
+    receiver.close()
+
+
+def test_a_connection_without_cross_memory_refuses_an_address():
+    raw, conn = _pair()
+    with raw:
+        raw.sendall(HEADER.pack(REQUEST, 0, 0, 1, 1, 0, -1, -1) + struct.pack("<BBB", 0, 1, 2)
+                    + struct.pack("<q", 4) + struct.pack("<Q", 4096))
+        with pytest.raises(wire.ProtocolError, match="by address"):
+            conn.recv()
     conn.close()

@@ -64,7 +64,7 @@ class RpcAgent:
         self.workers = [w for w, _, _ in workers]
         deadline = time.monotonic() + (options.rpc_timeout or 300.0)
         for info, host, port in workers[:rank]:
-            self._adopt(info.id, mesh.connect(host, port, secret, rank, deadline))
+            self._adopt(info.id, *mesh.connect(host, port, secret, rank, deadline))
         with self._lock:
             ok = self._lock.wait_for(lambda: len(self._peers) == world_size - 1, deadline - time.monotonic())
         if not ok:
@@ -74,11 +74,11 @@ class RpcAgent:
         threading.Thread(target=self._watch, name=f"rpc-watchdog-{rank}", daemon=True).start()
 
     # --- connections -------------------------------------------------------------------------------------
-    def _adopt(self, peer: int, sock) -> bool:
+    def _adopt(self, peer: int, sock, cma=(0, False)) -> bool:
         with self._lock:
             if peer in self._peers or peer in self._gone or self.closing:
                 return False
-            conn = self._peers[peer] = Connection(sock, peer, self.limits)
+            conn = self._peers[peer] = Connection(sock, peer, self.limits, *cma)
             self._lock.notify_all()
         threading.Thread(target=self._read, args=(conn,), name=f"rpc-read-{self.rank}<-{peer}", daemon=True).start()
         return True
@@ -110,7 +110,9 @@ class RpcAgent:
             msg.tensors = [t.detach().clone() for t in msg.tensors]  # a copy, as a remote call would see
             (self._on_request if msg.kind == REQUEST else self._on_response)(dst, msg)
             return
-        with self._lock:
+        with self._lock:  # a peer still in init_rpc may not have connected yet: wait for it, not fail
+            self._lock.wait_for(lambda: dst in self._peers or dst in self._gone or self.closing,
+                                self.options.rpc_timeout or None)
             conn = self._peers.get(dst)
             why = self._gone.get(dst, "agent shut down" if self.closing else "not connected")
         if conn is None:

@@ -19,6 +19,7 @@ import threading
 import time
 
 from pt_dist import wire
+from pt_dist.rpc import cma_channel
 from pt_dist.rpc.options import WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def gather(store, world_size: int) -> list[tuple[WorkerInfo, str, int]]:
 
 
 class Listener:
-    """Accepts peers for the job's lifetime; hands each proven connection to ``on_peer(rank, sock)``."""
+    """Accepts peers for the job's lifetime; hands each proven connection to ``on_peer(rank, sock, cma)``."""
 
     def __init__(self, host: str, secret: bytes, rank: int, world_size: int, on_peer):
         self.sock = wire.listen(host, 0, backlog=max(16, world_size))
@@ -84,7 +85,8 @@ class Listener:
             (peer,) = struct.unpack_from("<I", hello)
             if not self.rank < peer < self.world_size:
                 raise wire.ProtocolError(f"hello names rank {peer}, not a higher rank of {self.world_size}")
-            if not self.on_peer(peer, conn):
+            cma = cma_channel.exchange(conn, first=False)
+            if not self.on_peer(peer, conn, cma):
                 raise wire.ProtocolError(f"rank {peer} is already connected")
         except (OSError, wire.ProtocolError, struct.error) as e:
             self.refused += 1
@@ -100,14 +102,15 @@ class Listener:
         self.sock.close()
 
 
-def connect(host: str, port: int, secret: bytes, rank: int, deadline: float) -> socket.socket:
-    """A proven connection to a lower rank's listener, retried until ``deadline`` while it is not up."""
+def connect(host: str, port: int, secret: bytes, rank: int, deadline: float) -> tuple[socket.socket, tuple]:
+    """A proven connection to a lower rank's listener (retried until ``deadline`` while it is not up), and what
+    the cross-memory probe found (cma_channel.py)."""
     while True:
         try:
             sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
             wire.client_handshake(sock, secret)
             wire.send_frame(sock, struct.pack("<I", rank))
-            return sock
+            return sock, cma_channel.exchange(sock, first=True)
         except wire.ProtocolError:
             raise
         except OSError:

@@ -12,6 +12,7 @@ may send (a lock keeps messages whole), so many requests can be in flight on it 
 
 from __future__ import annotations
 
+import collections
 import socket
 import struct
 import threading
@@ -20,14 +21,17 @@ from dataclasses import dataclass, field
 import torch
 
 from pt_dist import wire
+from pt_dist.backends.shm.cma import CrossMemory
+from pt_dist.rpc import cma_channel
 
-REQUEST, RESPONSE = 1, 2
+REQUEST, RESPONSE, ACK = 1, 2, 3  # ACK: the receiver copied the tensors a message lent by address
 FLAG_ERROR = 1
 HEADER = struct.Struct("<BBHIQQqq")  # kind, flags, pad, n_tensors, request id, meta bytes, autograd ctx, ag msg
-DESC = struct.Struct("<BBB")  # dtype code, ndim, requires_grad
+DESC = struct.Struct("<BBB")  # dtype code, ndim, flags (requires_grad, by address)
+RG, BY_ADDRESS = 1, 2
+ADDR = struct.Struct("<Q")
 MAX_TENSORS = 1 << 16
 MAX_NDIM = 64
-SMALL = 64 << 10  # below this the tensor bytes ride in the header's sendall
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
           torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool]
@@ -66,11 +70,26 @@ def _wire_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous()
 
 
+def _send_parts(sock: socket.socket, parts: list[memoryview]) -> None:
+    """``sendall`` of the parts in order, as few ``sendmsg`` calls (gathered writes) as the kernel allows."""
+    i = 0
+    while i < len(parts):
+        sent = sock.sendmsg(parts[i:i + 64])
+        while i < len(parts) and sent >= len(parts[i]):
+            sent -= len(parts[i])
+            i += 1
+        if sent:
+            parts[i] = parts[i][sent:]
+
+
 class Connection:
     """A proven socket to peer ``peer``: ``send`` from any thread, ``recv`` from the one reader."""
 
-    def __init__(self, sock: socket.socket, peer: int, limits: Limits):
+    def __init__(self, sock: socket.socket, peer: int, limits: Limits, read_pid: int = 0, lend: bool = False):
         self.sock, self.peer, self.limits = sock, peer, limits
+        self.read_pid, self.lend = read_pid, lend  # cma_channel.py: we may read the peer / it may read us
+        self._cma = CrossMemory() if read_pid else None
+        self._lent: collections.deque = collections.deque()  # tensors lent by address, oldest first
         self._send_lock = threading.Lock()
         self.closed = False
         sock.settimeout(None)
@@ -79,35 +98,47 @@ class Connection:
     def send(self, msg: Message) -> None:
         tensors = [_wire_tensor(t) for t in msg.tensors]
         mask = msg.grad_mask or [False] * len(tensors)
+        lent = [self.lend and t.numel() * t.element_size() >= cma_channel.MIN_BYTES for t in tensors]
         head = [HEADER.pack(msg.kind, msg.flags, 0, len(tensors), msg.rid, len(msg.meta), msg.ctx_id, msg.ag_msg)]
-        for t, rg in zip(tensors, mask):
-            head.append(DESC.pack(CODE[t.dtype], t.dim(), int(rg)) + struct.pack(f"<{t.dim()}q", *t.shape))
+        for t, rg, by_addr in zip(tensors, mask, lent):
+            head.append(DESC.pack(CODE[t.dtype], t.dim(), RG * bool(rg) | BY_ADDRESS * by_addr)
+                        + struct.pack(f"<{t.dim()}q", *t.shape) + (ADDR.pack(t.data_ptr()) if by_addr else b""))
         head.append(msg.meta)
-        views = [wire.byte_view(t) for t in tensors]
-        small = sum(len(v) for v in views) <= SMALL
-        if small:
-            head.extend(bytes(v) for v in views)
-        blob, chunk = b"".join(head), self.limits.chunk_bytes
+        chunk = self.limits.chunk_bytes
+        parts = [memoryview(b"".join(head))]
+        for t, by_addr in zip(tensors, lent):
+            if not by_addr:
+                v = wire.byte_view(t)
+                parts.extend(v[off:off + chunk] for off in range(0, len(v), chunk))
         with self._send_lock:
-            self.sock.sendall(blob)
-            if not small:
-                for v in views:
-                    for off in range(0, len(v), chunk):
-                        self.sock.sendall(v[off:off + chunk])
+            if any(lent):  # kept alive until the peer's ACK (in order: one reader copies them in order)
+                self._lent.append([t for t, by_addr in zip(tensors, lent) if by_addr])
+            _send_parts(self.sock, parts)
 
     def recv(self) -> Message:
-        """The next message; ``wire.ProtocolError`` if its header breaks a limit, ``ConnectionError`` on EOF."""
-        kind, flags, _, n, rid, meta_len, ctx_id, ag_msg = HEADER.unpack(wire.recv_exact(self.sock, HEADER.size))
+        """The next request or response; ``wire.ProtocolError`` if a header breaks a limit, ``ConnectionError`` on
+        EOF. ACKs are consumed here: each releases the oldest message's lent tensors."""
+        while True:
+            kind, flags, _, n, rid, meta_len, ctx_id, ag_msg = HEADER.unpack(wire.recv_exact(self.sock, HEADER.size))
+            if kind != ACK:
+                break
+            with self._send_lock:
+                if not self._lent:
+                    raise wire.ProtocolError("ACK with no tensors lent")
+                self._lent.popleft()
         if kind not in (REQUEST, RESPONSE):
             raise wire.ProtocolError(f"unknown message kind {kind}")
         if n > MAX_TENSORS or meta_len > self.limits.max_meta_bytes:
             raise wire.ProtocolError(f"message of {n} tensors and {meta_len} pickled bytes exceeds the limits")
         specs, total = [], 0
         for _ in range(n):
-            code, ndim, rg = DESC.unpack(wire.recv_exact(self.sock, DESC.size))
-            if code >= len(DTYPES) or ndim > MAX_NDIM or rg > 1:
-                raise wire.ProtocolError(f"bad tensor descriptor (dtype {code}, ndim {ndim})")
+            code, ndim, tflags = DESC.unpack(wire.recv_exact(self.sock, DESC.size))
+            if code >= len(DTYPES) or ndim > MAX_NDIM or tflags > RG | BY_ADDRESS:
+                raise wire.ProtocolError(f"bad tensor descriptor (dtype {code}, ndim {ndim}, flags {tflags})")
+            if tflags & BY_ADDRESS and not self.read_pid:
+                raise wire.ProtocolError("tensor sent by address on a connection without cross-memory access")
             shape = struct.unpack(f"<{ndim}q", wire.recv_exact(self.sock, 8 * ndim))
+            addr = ADDR.unpack(wire.recv_exact(self.sock, ADDR.size))[0] if tflags & BY_ADDRESS else None
             if any(s < 0 for s in shape):
                 raise wire.ProtocolError(f"negative tensor size {shape}")
             numel = 1
@@ -117,17 +148,24 @@ class Connection:
             if total > self.limits.max_message_bytes:
                 raise wire.ProtocolError(f"tensors of over {total} bytes exceed the {self.limits.max_message_bytes}"
                                          f"-byte limit")
-            specs.append((DTYPES[code], shape, bool(rg)))
+            specs.append((DTYPES[code], shape, bool(tflags & RG), addr))
         meta = wire.recv_exact(self.sock, meta_len)
         tensors = []
-        for dtype, shape, _ in specs:
+        for dtype, shape, _, addr in specs:
             t = torch.empty(shape, dtype=dtype)
-            wire.recv_into_exact(self.sock, wire.byte_view(t))
+            if addr is None:
+                wire.recv_into_exact(self.sock, wire.byte_view(t))
+            elif t.numel():
+                self._cma.read(self.read_pid, addr, t.data_ptr(), t.numel() * t.element_size())
             tensors.append(t)
+        if any(s[3] is not None for s in specs):
+            with self._send_lock:
+                self.sock.sendall(HEADER.pack(ACK, 0, 0, 0, 0, 0, -1, -1))
         return Message(kind, rid, meta, tensors, flags, ctx_id, ag_msg, [s[2] for s in specs])
 
     def close(self) -> None:
         self.closed = True
+        self._lent.clear()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
