@@ -15,10 +15,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import queue
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -27,6 +27,35 @@ from pt_dist.rpc.options import TensorPipeRpcBackendOptions, WorkerInfo
 from pt_dist.rpc.transport import FLAG_ERROR, REQUEST, RESPONSE, Connection, Limits, Message
 
 log = logging.getLogger(__name__)
+
+
+class _Pool:
+    """The agent's thread pool (TensorPipeAgent's ``threadPool_``): daemon threads on one queue, so a handler that
+    never returns cannot hold the interpreter at exit, and a submit costs one queue put."""
+
+    def __init__(self, n: int, name: str):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._n, self.stopped = n, False
+        for i in range(n):
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True).start()
+
+    def _run(self) -> None:
+        while (job := self._q.get()) is not None:
+            if not self.stopped:
+                try:
+                    job[0](*job[1])
+                except Exception:
+                    log.exception("rpc pool: a job raised")
+
+    def submit(self, fn, *args) -> None:
+        if self.stopped:
+            raise RuntimeError("the RPC agent's pool has shut down")
+        self._q.put((fn, args))
+
+    def shutdown(self) -> None:
+        self.stopped = True
+        for _ in range(self._n):
+            self._q.put(None)
 
 
 class RpcAgent:
@@ -43,13 +72,14 @@ class RpcAgent:
         self._peers: dict[int, Connection] = {}
         self._gone: dict[int, str] = {}
         self._pending: dict[int, tuple] = {}  # rid -> (future, dst, timeout)
-        self._deadlines: list[tuple[float, int]] = []
+        self._deadlines: list[tuple[float, int]] = []  # (deadline, request id), a heap: the watchdog's
+        self._watch_cv = threading.Condition(threading.Lock())
         self._ids = itertools.count(1)
         self.active = 0  # requests being served
         self._completing = 0  # responses taken from the table whose future is being completed
         self.sent = 0  # requests sent (cumulative: the join's quiescence check)
         self.closing = False
-        self._pool = ThreadPoolExecutor(options.num_worker_threads, thread_name_prefix=f"rpc-{name}")
+        self._pool = _Pool(options.num_worker_threads, f"rpc-{name}")
         from pt_dist.rpc.rref_context import RRefContext
 
         self.rrefs = RRefContext(self)
@@ -131,9 +161,12 @@ class RpcAgent:
                 raise RuntimeError(f"RPC agent of {self.info} has shut down")
             self._pending[rid] = (fut, dst, timeout)
             self.sent += 1
-            if timeout > 0:
-                heapq.heappush(self._deadlines, (time.monotonic() + timeout, rid))
-                self._lock.notify_all()
+        if timeout > 0:
+            deadline = time.monotonic() + timeout
+            with self._watch_cv:  # wake the watchdog only for a deadline earlier than all it waits for
+                heapq.heappush(self._deadlines, (deadline, rid))
+                if self._deadlines[0][1] == rid:
+                    self._watch_cv.notify()
         try:
             self._deliver(dst, msg)
         except OSError as e:
@@ -177,17 +210,18 @@ class RpcAgent:
             self._completed()
 
     def _watch(self) -> None:
-        while True:
-            with self._lock:
-                if self.closing:
-                    return
-                now = time.monotonic()
-                expired = []
+        """Fail requests past their deadline. Answered requests stay in the heap until their deadline comes up
+        (skipped then); the heap is rebuilt from the pending table when they outnumber it."""
+        while not self.closing:
+            with self._watch_cv:
+                now, expired = time.monotonic(), []
                 while self._deadlines and self._deadlines[0][0] <= now:
                     expired.append(heapq.heappop(self._deadlines)[1])
                 if not expired:
-                    wait = self._deadlines[0][0] - now if self._deadlines else 1.0
-                    self._lock.wait(min(wait, 1.0))
+                    if len(self._deadlines) > 2 * len(self._pending) + 1024:
+                        self._deadlines = [e for e in self._deadlines if e[1] in self._pending]
+                        heapq.heapify(self._deadlines)
+                    self._watch_cv.wait(min(self._deadlines[0][0] - now, 1.0) if self._deadlines else 1.0)
                     continue
             for rid in expired:
                 entry = self._pending.get(rid)
@@ -282,4 +316,4 @@ class RpcAgent:
             conn.close()
         for fut, dst, _ in pending.values():
             fut.set_exception(RuntimeError(f"RPC agent of {self.info} shut down before {self.workers[dst]} answered"))
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()

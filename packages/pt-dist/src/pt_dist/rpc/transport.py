@@ -32,6 +32,7 @@ RG, BY_ADDRESS = 1, 2
 ADDR = struct.Struct("<Q")
 MAX_TENSORS = 1 << 16
 MAX_NDIM = 64
+READ_AHEAD = 64 << 10
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
           torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool]
@@ -91,6 +92,7 @@ class Connection:
         self._cma = CrossMemory() if read_pid else None
         self._lent: collections.deque = collections.deque()  # tensors lent by address, oldest first
         self._send_lock = threading.Lock()
+        self._rbuf, self._rpos = bytearray(), 0
         self.closed = False
         sock.settimeout(None)
         wire.tune(sock)
@@ -115,11 +117,35 @@ class Connection:
                 self._lent.append([t for t, by_addr in zip(tensors, lent) if by_addr])
             _send_parts(self.sock, parts)
 
+    def _read(self, n: int) -> bytes:
+        """``n`` bytes, through a small buffer: a message's header, descriptors and pickle usually come in one
+        ``recv`` (one system call, one GIL release, instead of one per field)."""
+        buf = self._rbuf
+        while len(buf) - self._rpos < n:
+            if self._rpos:
+                del buf[:self._rpos]
+                self._rpos = 0
+            got = self.sock.recv(max(READ_AHEAD, n - len(buf)))
+            if not got:
+                raise ConnectionResetError("peer closed the connection")
+            buf += got
+        out = bytes(buf[self._rpos:self._rpos + n])
+        self._rpos += n
+        return out
+
+    def _read_into(self, view: memoryview) -> None:
+        """Fill ``view``: what the buffer already holds, then straight from the socket into the tensor."""
+        have = min(len(self._rbuf) - self._rpos, len(view))
+        view[:have] = self._rbuf[self._rpos:self._rpos + have]
+        self._rpos += have
+        if have < len(view):
+            wire.recv_into_exact(self.sock, view[have:])
+
     def recv(self) -> Message:
         """The next request or response; ``wire.ProtocolError`` if a header breaks a limit, ``ConnectionError`` on
         EOF. ACKs are consumed here: each releases the oldest message's lent tensors."""
         while True:
-            kind, flags, _, n, rid, meta_len, ctx_id, ag_msg = HEADER.unpack(wire.recv_exact(self.sock, HEADER.size))
+            kind, flags, _, n, rid, meta_len, ctx_id, ag_msg = HEADER.unpack(self._read(HEADER.size))
             if kind != ACK:
                 break
             with self._send_lock:
@@ -132,13 +158,13 @@ class Connection:
             raise wire.ProtocolError(f"message of {n} tensors and {meta_len} pickled bytes exceeds the limits")
         specs, total = [], 0
         for _ in range(n):
-            code, ndim, tflags = DESC.unpack(wire.recv_exact(self.sock, DESC.size))
+            code, ndim, tflags = DESC.unpack(self._read(DESC.size))
             if code >= len(DTYPES) or ndim > MAX_NDIM or tflags > RG | BY_ADDRESS:
                 raise wire.ProtocolError(f"bad tensor descriptor (dtype {code}, ndim {ndim}, flags {tflags})")
             if tflags & BY_ADDRESS and not self.read_pid:
                 raise wire.ProtocolError("tensor sent by address on a connection without cross-memory access")
-            shape = struct.unpack(f"<{ndim}q", wire.recv_exact(self.sock, 8 * ndim))
-            addr = ADDR.unpack(wire.recv_exact(self.sock, ADDR.size))[0] if tflags & BY_ADDRESS else None
+            shape = struct.unpack(f"<{ndim}q", self._read(8 * ndim))
+            addr = ADDR.unpack(self._read(ADDR.size))[0] if tflags & BY_ADDRESS else None
             if any(s < 0 for s in shape):
                 raise wire.ProtocolError(f"negative tensor size {shape}")
             numel = 1
@@ -149,12 +175,12 @@ class Connection:
                 raise wire.ProtocolError(f"tensors of over {total} bytes exceed the {self.limits.max_message_bytes}"
                                          f"-byte limit")
             specs.append((DTYPES[code], shape, bool(tflags & RG), addr))
-        meta = wire.recv_exact(self.sock, meta_len)
+        meta = self._read(meta_len)
         tensors = []
         for dtype, shape, _, addr in specs:
             t = torch.empty(shape, dtype=dtype)
             if addr is None:
-                wire.recv_into_exact(self.sock, wire.byte_view(t))
+                self._read_into(wire.byte_view(t))
             elif t.numel():
                 self._cma.read(self.read_pid, addr, t.data_ptr(), t.numel() * t.element_size())
             tensors.append(t)
