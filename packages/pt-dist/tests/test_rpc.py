@@ -230,3 +230,34 @@ def test_exceptions_carry_the_remote_traceback_and_timeouts_fire():
     assert out["no_timeout"] == 1 and out["after"] == 2.0
     assert "Unknown destination worker nope" in out["bad_nope"] and "no worker with id 7" in out["bad_7"]
     assert out["lambda"] in ("PicklingError", "AttributeError")
+
+
+def _init_method(rank, world_size):
+    import ptdist_testutil
+
+    import harness
+
+    if rank == 0:
+        harness.store().set("rpc_init_port", str(ptdist_testutil.free_port()))
+    port = int(harness.store().get("rpc_init_port"))
+    opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}", rpc_timeout=20)
+    rpc.init_rpc(f"trainer{rank}", rank=rank, world_size=world_size, rpc_backend_options=opts)
+    try:
+        me = rpc.get_worker_info()
+        peer = rpc.get_worker_info(f"trainer{(rank + 1) % world_size}")
+        got = rpc.rpc_sync(peer, torch.mul, args=(torch.ones(2), rank + 1))
+        try:
+            rpc.init_rpc("again", rank=rank, world_size=world_size, rpc_backend_options=opts)
+        except RuntimeError as e:
+            twice = str(e)
+        return me, peer, got, twice
+    finally:
+        rpc.shutdown()
+
+
+def test_init_rpc_through_an_init_method_and_worker_infos():
+    for rank, (me, peer, got, twice) in enumerate(run_ranks(_init_method, 2, backend=None, timeout=60)):
+        assert (me.name, me.id) == (f"trainer{rank}", rank)
+        assert (peer.name, peer.id) == (f"trainer{1 - rank}", 1 - rank) and repr(peer).startswith("WorkerInfo(id=")
+        assert torch.equal(got, torch.full((2,), float(rank + 1)))
+        assert "already initialized" in twice
