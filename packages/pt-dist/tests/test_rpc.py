@@ -226,7 +226,7 @@ def test_exceptions_carry_the_remote_traceback_and_timeouts_fire():
     assert "Traceback" in out["raise"]
     assert "with a newline" in out["escape"]
     assert "RPC ran for more than set timeout (300 ms)" in out["timeout"]
-    assert out["timeout_elapsed"] < 1.5, out["timeout_elapsed"]
+    assert out["timeout_elapsed"] < 1.0, out["timeout_elapsed"]  # the answer would come after 1 s
     assert out["no_timeout"] == 1 and out["after"] == 2.0
     assert "Unknown destination worker nope" in out["bad_nope"] and "no worker with id 7" in out["bad_7"]
     assert out["lambda"] in ("PicklingError", "AttributeError")

@@ -3,7 +3,7 @@
 Ported from torch/testing/_internal/distributed/rpc/rpc_test.py (``RpcTest``: test_async_function_simple,
 test_async_function_chained, test_async_function_nested, test_async_function_raise,
 test_async_function_wrong_return_type, test_async_class_method / test_async_static_method, test_async_class_rref_proxy,
-test_async_function_remote) and a check torch has no test for: a callee with two pool threads answers eight
+test_async_function_remote) and a check torch has no test for: a callee with one pool thread answers eight
 slow async calls together, so none of them held a thread while it waited.
 """
 
@@ -68,7 +68,7 @@ class AsyncExecutionClass:
 
 
 def _async(rank, world_size):
-    store = util.start(rank, world_size, num_worker_threads=2)
+    store = util.start(rank, world_size, num_worker_threads=1)
     try:
         if rank != 0:
             return None
@@ -104,5 +104,5 @@ def test_async_execution_answers_when_the_future_completes():
     assert "Expected error" in out["raise"] and "async_raise_func" in out["raise"]
     assert "returned Tensor, not a Future" in out["wrong_type"]
     assert out["later"] == list(range(8))
-    # 8 calls of 0.5 s on 2 pool threads: 2 s if each held a thread, ~0.5 s as they do not
-    assert out["later_elapsed"] < 1.6, out["later_elapsed"]
+    # 8 calls of 0.5 s on one pool thread: 4 s if each held it, ~0.5 s as none does
+    assert out["later_elapsed"] < 2.5, out["later_elapsed"]

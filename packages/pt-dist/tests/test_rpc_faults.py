@@ -94,7 +94,7 @@ def test_a_dead_worker_fails_calls_and_shutdown_within_the_timeout(when):
         assert out["elapsed"] < 5, f"{out['elapsed']:.1f}s: death must be noticed from the socket, not the timeout"
         assert "worker1" in out["again"] and out["again_elapsed"] < 1
     assert "shutdown" in out.get("shutdown", ""), out
-    assert out["shutdown_elapsed"] < 4, out["shutdown_elapsed"]
+    assert out["shutdown_elapsed"] < 6, out["shutdown_elapsed"]  # the shutdown timeout is 2 s
 
 
 def _healthy_shutdown(rank, world_size):
