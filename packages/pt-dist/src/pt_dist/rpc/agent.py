@@ -1,9 +1,8 @@
-"""The RPC agent: requests out with ids and deadlines, requests in on reader and pool threads, responses matched back.
+"""The RPC agent: requests out with ids and deadlines, requests in on a thread pool, responses matched back.
 
 torch's ``TensorPipeAgent`` (torch/csrc/distributed/rpc/tensorpipe_agent.cpp) in three parts: ``request``
-(encode, register a ``torch.futures.Future`` under a fresh id with its deadline, send), reader threads per
-connection (a response completes its future; a request is served by the thread that read it, up to
-``num_worker_threads`` handlers at once, the rest queue for the pool), and a watchdog that fails
+(encode, register a ``torch.futures.Future`` under a fresh id with its deadline, send), one reader thread per
+connection (a request goes to the thread pool, a response completes its future), and a watchdog that fails
 futures past their deadline ("RPC ran for more than set timeout"). A connection that breaks fails every
 request waiting on that worker at once, with the reason; later calls to it fail immediately. A request
 whose handler returns a Future (``@async_execution``, an RRef whose value is not ready) is answered when that
@@ -81,7 +80,6 @@ class RpcAgent:
         self.sent = 0  # requests sent (cumulative: the join's quiescence check)
         self.closing = False
         self._pool = _Pool(options.num_worker_threads, f"rpc-{name}")
-        self._slots = threading.BoundedSemaphore(options.num_worker_threads)  # handlers running at once
         from pt_dist.rpc.rref_context import RRefContext
 
         self.rrefs = RRefContext(self)
@@ -116,52 +114,13 @@ class RpcAgent:
         return True
 
     def _read(self, conn: Connection) -> None:
-        """One of the connection's reader threads, leader/follower style: a thread reads while it holds the
-        baton; a request it reads it serves itself when a worker slot is free, once another thread is there to
-        read on (so a request's path has no hand-off to a pool thread, and a handler blocked in a nested call
-        never stops its connection's responses from being read). At most two readers per connection idle."""
-        reason = "closed"
         try:
             while True:
-                with conn.baton:
-                    if conn.closed:
-                        return
-                    try:
-                        msg = conn.recv()
-                    except BaseException:
-                        conn.closed = True  # the followers behind us leave quietly
-                        raise
-                if msg.kind != REQUEST:
-                    self._on_response(conn.peer, msg)
-                    continue
-                with self._lock:
-                    self.active += 1
-                if not self._slots.acquire(blocking=False):
-                    self._queue(conn.peer, msg)  # num_worker_threads handlers running: wait in the pool
-                    continue
-                self._hand_over(conn)
-                try:
-                    self._serve(conn.peer, msg)
-                finally:
-                    self._slots.release()
-                with self._lock:
-                    if conn.readers >= 2:
-                        return
-                    conn.readers += 1
+                msg = conn.recv()
+                (self._on_request if msg.kind == REQUEST else self._on_response)(conn.peer, msg)
         except Exception as e:  # EOF, a reset, a malformed or oversized frame: this connection only
             reason = f"{type(e).__name__}: {e}"
         self._peer_gone(conn, reason)
-
-    def _hand_over(self, conn: Connection) -> None:
-        """This reader is about to serve: start another if none is left to read."""
-        with self._lock:
-            conn.readers -= 1
-            spawn = conn.readers == 0
-            if spawn:
-                conn.readers += 1
-        if spawn:
-            threading.Thread(target=self._read, args=(conn,), name=f"rpc-read-{self.rank}<-{conn.peer}",
-                             daemon=True).start()
 
     def _peer_gone(self, conn: Connection, reason: str) -> None:
         with self._lock:
@@ -274,20 +233,12 @@ class RpcAgent:
 
     # --- incoming ----------------------------------------------------------------------------------------
     def _on_request(self, src: int, msg: Message) -> None:
-        """A request to ourselves (``_deliver``): served from the pool."""
         with self._lock:
             self.active += 1
-        self._queue(src, msg)
-
-    def _queue(self, src: int, msg: Message) -> None:
         try:
-            self._pool.submit(self._serve_in_slot, src, msg)
+            self._pool.submit(self._serve, src, msg)
         except RuntimeError:  # pool shut down
             self._finish()
-
-    def _serve_in_slot(self, src: int, msg: Message) -> None:
-        with self._slots:
-            self._serve(src, msg)
 
     def _serve(self, src: int, msg: Message) -> None:
         from pt_dist.autograd import container as ag

@@ -6,7 +6,7 @@ distributed-autograd context and message ids), one descriptor per tensor (dtype 
 flag, sizes), the pickled part, then each tensor's bytes streamed in ``chunk_bytes`` pieces straight from and
 into the tensors' storage: no pickled tensor, no copy into one big frame, 64-bit lengths (no 4 GiB limit).
 Every size is checked against the limits before anything is allocated; a bad header raises
-``wire.ProtocolError`` and the agent closes that connection only. One thread at a time reads a connection; any thread
+``wire.ProtocolError`` and the agent closes that connection only. One thread reads a connection; any thread
 may send (a lock keeps messages whole), so many requests can be in flight on it at once.
 """
 
@@ -92,8 +92,6 @@ class Connection:
         self._cma = CrossMemory() if read_pid else None
         self._lent: collections.deque = collections.deque()  # tensors lent by address, oldest first
         self._send_lock = threading.Lock()
-        self.baton = threading.Lock()  # held by the one thread reading (agent.py's leader/follower readers)
-        self.readers = 1  # threads reading or waiting to read (the agent's count, under its lock)
         self._rbuf, self._rpos = bytearray(), 0
         self.closed = False
         sock.settimeout(None)
