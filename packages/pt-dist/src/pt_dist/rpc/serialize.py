@@ -15,6 +15,7 @@ import pickle
 
 import torch
 
+from pt_dist.rpc.rref import RRef
 from pt_dist.rpc.transport import Message
 
 
@@ -30,8 +31,6 @@ class _Pickler(pickle.Pickler):
                 i = self._index[id(obj)] = len(self.tensors)
                 self.tensors.append(obj)
             return ("P" if isinstance(obj, torch.nn.Parameter) else "T", i)
-        from pt_dist.rpc.rref import RRef
-
         if isinstance(obj, RRef):
             return ("R", *self.agent.rrefs.fork(obj, self.dst))
         return None
