@@ -129,6 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     names, devices = validate(args)
+    try:
+        return _run(args, names, devices, argv)
+    finally:
+        from harness.ranks import shutdown
+
+        shutdown()  # the pooled ranks, before interpreter exit (multiprocessing's exit hook would wait for them)
+
+
+def _run(args, names: list[str], devices: list[int], argv) -> int:
     from harness.ranks import run_ranks
 
     spec = CompareSpec(hidden_size=args.hidden_size, num_hidden_layers=args.layers, num_attention_heads=args.heads,

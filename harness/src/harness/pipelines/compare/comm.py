@@ -136,6 +136,8 @@ class CommCounter:
         counter, real = self, cls.wait
 
         def wait(work, *args, **kwargs):
+            if getattr(counter._local, "depth", 0):  # a blocking op waiting on its own work: timed by the op
+                return real(work, *args, **kwargs)
             t0 = time.perf_counter()
             try:
                 return real(work, *args, **kwargs)
