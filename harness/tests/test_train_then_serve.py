@@ -54,8 +54,10 @@ def _greedy_paged(checkpoint: Path, prompts: list[str], n: int) -> list[list[int
     [
         ["--trainer", "ds-zero", "--zero-stage", "3", "--offload", "nvme"],
         ["--trainer", "mega-par", "--tp", "2", "--sp"],
+        ["--trainer", "pt-dist-ddp", "--device", "cpu"],  # pt-dist's own DDP / FSDP on its shm backend
+        ["--trainer", "pt-dist-fsdp", "--device", "cpu"],
     ],
-    ids=["ds-zero-stage3-nvme", "mega-par-tp2-sp"],
+    ids=["ds-zero-stage3-nvme", "mega-par-tp2-sp", "pt-dist-ddp", "pt-dist-fsdp"],
 )
 def test_each_training_path_serves_like_transformers(corpus, tmp_path, capsys, trainer):
     _run(corpus, tmp_path, *trainer)
@@ -72,6 +74,7 @@ def test_each_training_path_serves_like_transformers(corpus, tmp_path, capsys, t
     assert not (tmp_path / "checkpoint.partial").exists()
     assert not (tmp_path / "nvme_swap").exists()  # ZeRO-Infinity's swap files are scratch
     assert "=== generations" in printed and "=== summary ===" in printed and (tmp_path / "loss_curve.png").is_file()
+    assert f"{trainer[1]} on 2 rank(s), cpu" in printed
     prompts = serve.PROMPTS[:3]
     assert _greedy_paged(checkpoint, prompts, 10) == _greedy_transformers(checkpoint, prompts, 10)
 

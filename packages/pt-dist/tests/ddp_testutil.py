@@ -166,3 +166,30 @@ def train_fsdp_side_by_side(rank, world, checks, label, make_model=stack, steps=
             if torch_fsdp2:
                 checks(f"{label} step {step} {name} vs torch fully_shard", full[name], theirs[name])
     return fsdp
+
+
+# -- torch's upstream DDP tests (test_ddp_upstream.py, test_ddp_hooks_upstream.py) ---------------------------------
+
+class Task(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.ones(2, 2))
+
+    def forward(self, x):
+        return self.p + x
+
+
+class Case:
+    """assertEqual / assertTrue / assertRaisesRegex for case bodies run inside a rank; failures are collected."""
+
+    def __init__(self, rank, world):
+        self.rank, self.world_size, self.fails = rank, world, []
+
+    def equal(self, what, a, b, rtol=1.3e-6, atol=5e-5):
+        ok = (a is None and b is None) if a is None or b is None else torch.allclose(a, b, rtol=rtol, atol=atol)
+        if not ok:
+            self.fails.append(f"rank {self.rank} {what}: {a} != {b}")
+
+    def true(self, what, cond):
+        if not cond:
+            self.fails.append(f"rank {self.rank} {what}")

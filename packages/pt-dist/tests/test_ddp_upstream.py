@@ -1,10 +1,9 @@
 """torch's own DDP tests, ported to pt_dist: test/distributed/test_c10d_common.py (ComputeBucketAssignmentTest,
 CommonDistributedDataParallelTest's ``_test_ddp_with_process_group``, the ``_test_ddp_checkpointing`` cases,
-``test_invalid_powerSGD_state``, the dataclass-output and batch-norm multi-forward cases), test/distributed/
-test_c10d_gloo.py (DistributedDataParallelTest's unused-parameter, ignored-output, save/load, comm-hook
-future-passing and hook-checking cases; ReducerTest) and test/distributed/algorithms/ddp_comm_hooks/
-test_ddp_hooks.py (allreduce, fp16, noop and is_last hooks). Adapted: CPU modules; the checks run inside spawned
-ranks and come back as a list of failures; test_ddp_hooks' is_last model is 400 wide instead of 4000."""
+the dataclass-output and batch-norm multi-forward cases), test/distributed/
+test_c10d_gloo.py (DistributedDataParallelTest's unused-parameter, ignored-output and save/load cases; ReducerTest).
+The comm-hook cases are in test_ddp_hooks_upstream.py. Adapted: CPU modules; the checks run inside spawned ranks
+and come back as a list of failures."""
 
 from __future__ import annotations
 
@@ -20,9 +19,7 @@ import pt_dist
 import pytest
 import torch
 import torch.nn.functional as F
-from pt_dist.algorithms.ddp_comm_hooks import default_hooks
-from pt_dist.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
-from pt_dist.nn.parallel import DistributedDataParallel, GradBucket, Reducer
+from pt_dist.nn.parallel import DistributedDataParallel, Reducer
 from pt_dist.nn.parallel.bucketing import _DEFAULT_FIRST_BUCKET_BYTES, _compute_bucket_assignment_by_size
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -30,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
+import ddp_testutil as dutil  # noqa: E402
 import ptdist_testutil as util  # noqa: E402
 
 # -- ComputeBucketAssignmentTest -------------------------------------------------------------------------------
@@ -57,17 +55,6 @@ def test_multi_limit_multi_dtype():
     assert result == [[0], [1], [2, 4], [3, 5]] and limits == [200, 200, 400, 400]
 
 
-def test_invalid_powerSGD_state():  # noqa: N802 - torch's name
-    for start, error_feedback, warm_start in product([0, 1], [True, False], [True, False]):
-        if not error_feedback and not warm_start:
-            continue
-        with pytest.raises(ValueError, match="Expect `start_powerSGD_iter` > 1 if `use_error_feedback` or "
-                                             "`warm_start` is enabled, because PowerSGD can only be applied after "
-                                             "the first two iterations in DDP."):
-            powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=start,
-                                   use_error_feedback=error_feedback, warm_start=warm_start)
-
-
 # -- models of test_c10d_common.py / test_c10d_gloo.py ---------------------------------------------------------
 
 class Net(nn.Module):
@@ -78,24 +65,6 @@ class Net(nn.Module):
 
     def forward(self, x):
         return F.softmax(self.fc3(F.relu(self.fc2(F.relu(self.fc1(x))))), dim=1)
-
-
-class Task(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.p = nn.Parameter(torch.ones(2, 2))
-
-    def forward(self, x):
-        return self.p + x
-
-
-class ModuleForDdpCommHook(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.t0 = Task()
-
-    def forward(self, x, rank):
-        return self.t0(x + rank)
 
 
 class CheckpointOnceModule(nn.Module):
@@ -165,22 +134,6 @@ class ReducerModule(nn.Module):
         if use_fc3:
             x = self.fc3(x).float()
         return F.softmax(x, dim=1)
-
-
-class _Case:
-    """assertEqual / assertTrue / assertRaisesRegex for case bodies run inside a rank; failures are collected."""
-
-    def __init__(self, rank, world):
-        self.rank, self.world_size, self.fails = rank, world, []
-
-    def equal(self, what, a, b, rtol=1.3e-6, atol=5e-5):
-        ok = (a is None and b is None) if a is None or b is None else torch.allclose(a, b, rtol=rtol, atol=atol)
-        if not ok:
-            self.fails.append(f"rank {self.rank} {what}: {a} != {b}")
-
-    def true(self, what, cond):
-        if not cond:
-            self.fails.append(f"rank {self.rank} {what}")
 
 
 # -- the cases (each takes the _Case and the group) ------------------------------------------------------------
@@ -269,7 +222,7 @@ def global_local_unused_params_grad(c, pg):
     class GlobalLocalUnusedParamModule(nn.Module):
         def __init__(self):
             super().__init__()
-            self.t0, self.t1, self.task_unused = Task(), Task(), Task()
+            self.t0, self.t1, self.task_unused = dutil.Task(), dutil.Task(), dutil.Task()
 
         def forward(self, x, rank):
             return self.t0(x) if rank == 0 else self.t1(x)
@@ -290,7 +243,7 @@ def find_unused_parameters_when_unused_parameters_empty(c, pg):
     class FindUnusedParamModule(nn.Module):
         def __init__(self):
             super().__init__()
-            self.t0, self.t1 = Task(), Task()
+            self.t0, self.t1 = dutil.Task(), dutil.Task()
 
         def forward(self, x, rank):
             return self.t1(self.t0(x)) if rank == 0 else self.t1(x)
@@ -396,99 +349,6 @@ def save_load_checkpoint(c, pg, path):
         c.equal("save/load non-DDP", d, b, rtol=0, atol=0)
 
 
-def comm_hook_checks(c, pg):
-    def simple_hook(state, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-        fut = torch.futures.Future()
-        fut.set_result(torch.ones_like(bucket.buffer()))
-        return fut.then(lambda fut: fut.value() + torch.ones_like(fut.value()))
-
-    model = DistributedDataParallel(ModuleForDdpCommHook(), process_group=pg)
-    model.register_comm_hook(None, simple_hook)  # test_ddp_comm_hook_future_passing_cpu
-    model(8, c.rank).mean().backward()
-    c.equal("future passing", next(model.parameters()).grad, 2 * torch.ones(2, 2), rtol=0, atol=0)
-
-    model = DistributedDataParallel(ModuleForDdpCommHook(), process_group=pg)  # test_ddp_invalid_comm_hook_init
-    with pytest.raises(TypeError, match="Communication hook must be callable."):
-        model.register_comm_hook(state=None, hook=1)
-
-    def bad_bucket(state: object, bucket: int) -> torch.futures.Future[torch.Tensor]:
-        return torch.futures.Future()
-    with pytest.raises(ValueError, match="bucket annotation should be dist.GradBucket."):
-        model.register_comm_hook(state=None, hook=bad_bucket)
-
-    def bad_return(state: object, bucket: GradBucket) -> int:  # test_ddp_invalid_comm_hook_return_type
-        return torch.futures.Future()
-    with pytest.raises(ValueError, match="Communication hook: return annotation should be torch.futures.Future"):
-        model.register_comm_hook(state=None, hook=bad_return)
-    with pytest.raises(RuntimeError, match="callback must return a torch.futures.Future object, but got"):
-        model.register_comm_hook(state=None, hook=lambda state, bucket: 1)
-        model(8, c.rank).mean().backward()
-
-    def dummy_hook(state, bucket):
-        fut = torch.futures.Future()
-        fut.set_result([bucket.buffer()])
-        return fut
-    model = DistributedDataParallel(ModuleForDdpCommHook(), process_group=pg)  # register_just_once
-    model.register_comm_hook(None, dummy_hook)
-    with pytest.raises(RuntimeError, match="register_comm_hook or register_builtin_comm_hook can only be called "
-                                           "once."):
-        model.register_comm_hook(None, dummy_hook)
-
-
-def ddp_hooks_file(c, pg):
-    """test_ddp_hooks.py's DistributedDataParallelCommHookTest."""
-    class HookTask(nn.Module):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.p = nn.Parameter(torch.randn(40, 20))
-
-        def forward(self, x):
-            return self.p * x
-
-    class TestDdpCommHook(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.t0 = HookTask()
-
-        def forward(self, x, rank):
-            return self.t0(x ** (1 + rank))
-
-    def grads(hook=None):
-        model = DistributedDataParallel(TestDdpCommHook(), process_group=pg)
-        if hook is not None:
-            model.register_comm_hook(pg, hook)
-        torch.manual_seed(2020)
-        model(torch.randn(40, 20), c.rank).mean().backward()
-        return next(model.parameters()).grad
-
-    def noop(state, bucket):
-        fut = torch.futures.Future()
-        fut.set_result(bucket.buffer())
-        return fut
-
-    reference = grads()
-    c.equal("allreduce hook", grads(default_hooks.allreduce_hook), reference, rtol=1e-5, atol=0)
-    c.equal("fp16 hook", grads(default_hooks.fp16_compress_hook), reference, rtol=1e-5, atol=1e-4)
-    summed = grads(noop).div_(c.world_size)
-    pt_dist.all_reduce(summed, group=pg)
-    c.equal("noop hook then all-reduce", summed, reference, rtol=1e-5, atol=0)
-
-    flags = []
-
-    def is_last(state, bucket):
-        state.append(bucket.is_last())
-        fut = torch.futures.Future()
-        fut.set_result(bucket.buffer())
-        return fut
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(2, 400, bias=False),
-                                                  *[nn.Linear(400, 400, bias=False) for _ in range(10)]),
-                                    process_group=pg, bucket_cap_mb=1)
-    model.register_comm_hook(state=flags, hook=is_last)
-    model(torch.randn(10, 2)).sum().backward()
-    c.true(f"is_last flags {flags}", len(flags) > 2 and flags[-1] and not any(flags[:-1]))
-
-
 def reducer_cases(c, pg):
     """test_c10d_gloo.py's ReducerTest on a world-1 group."""
     def mixed():
@@ -532,13 +392,13 @@ def reducer_cases(c, pg):
 
 CASES = [ddp_with_process_group, ddp_checkpointing_cases, global_local_unused_params_grad,
          find_unused_parameters_when_unused_parameters_empty, ignored_output, dataclass_output,
-         buffer_sync_multi_forward_with_batchnorm, comm_hook_checks, ddp_hooks_file]
+         buffer_sync_multi_forward_with_batchnorm]
 
 
 def _upstream(rank, world, backend, path):
     util.join(rank, world, backend, timeout=60)
     try:
-        c = _Case(rank, world)
+        c = dutil.Case(rank, world)
         for case in CASES:
             case(c, pt_dist.group.WORLD)
         save_load_checkpoint(c, pt_dist.group.WORLD, path)

@@ -147,7 +147,7 @@ def _run(args, names: list[str], devices: list[int], argv) -> int:
     results = {}
     t0 = time.perf_counter()
     for name in names:
-        print(f"[{time.perf_counter() - t0:6.1f}s] {STRATEGIES[name][3]} on {args.nproc} ranks ...", flush=True)
+        print(f"[{time.perf_counter() - t0:6.1f}s] {STRATEGIES[name][2]} on {args.nproc} ranks ...", flush=True)
         # DeepSpeed keeps its process groups in module globals: it gets new rank processes
         r = run_ranks(run_strategy, args.nproc, name, spec.as_dict(), args.steps, args.warmup, backend="gloo",
                       timeout=1800, fresh=name.startswith("deepspeed"))[0]
@@ -171,9 +171,9 @@ def _run(args, names: list[str], devices: list[int], argv) -> int:
                             f"vocabulary {spec.vocab_size}), {args.nproc} ranks on gloo (CPU), global batch "
                             f"{spec.global_batch(args.nproc)} x {spec.seq_length} tokens, fp32, AdamW; "
                             f"{args.steps} measured steps after {args.warmup} warm-up. Peers: "
-                            f"{', '.join(STRATEGIES[p][3] for p in PEERS if p in names) or 'none'}.")}
+                            f"{', '.join(STRATEGIES[p][2] for p in PEERS if p in names) or 'none'}.")}
     report.write(args.out, meta, results, inference)
-    print(report.terminal_summary(results, args.nproc))
+    print(report.terminal_summary(results))
     print(f"report: {args.out / 'report.md'}")
     return 0
 

@@ -15,26 +15,26 @@ import torch
 from harness.pipelines.compare.comm import CommCounter
 from harness.pipelines.compare.memory import ActivationMeter
 
-# name -> (module, setup function, family, label)
+# name -> (module, setup function, label)
 STRATEGIES = {
-    "torch-ddp": ("data_parallel", "setup_torch_ddp", "peer", "torch DDP"),
-    "pt-dist-ddp": ("data_parallel", "setup_pt_dist_ddp", "ddp", "pt-dist DDP"),
-    "pt-dist-fsdp": ("data_parallel", "setup_pt_dist_fsdp", "fsdp", "pt-dist FSDP (FULL_SHARD)"),
-    "torch-fsdp2": ("data_parallel", "setup_torch_fsdp2", "peer", "torch FSDP2"),
-    "zero-1": ("zero", "setup_stage1", "zero", "ds-zero ZeRO-1"),
-    "zero-2": ("zero", "setup_stage2", "zero", "ds-zero ZeRO-2"),
-    "zero-3": ("zero", "setup_stage3", "zero", "ds-zero ZeRO-3"),
-    "zero-2-offload": ("zero", "setup_stage2_offload", "zero", "ds-zero ZeRO-2 + CPU offload"),
-    "deepspeed-zero-2": ("deepspeed_peer", "setup_stage2", "peer", "DeepSpeed ZeRO-2"),
-    "deepspeed-zero-3": ("deepspeed_peer", "setup_stage3", "peer", "DeepSpeed ZeRO-3"),
-    "tp": ("megatron", "setup_tp", "tp", "mega-par TP"),
-    "tp-sp": ("megatron", "setup_tp_sp", "tp", "mega-par TP + SP"),
-    "pp": ("megatron", "setup_pp", "pp", "mega-par PP (1F1B)"),
+    "torch-ddp": ("data_parallel", "setup_torch_ddp", "torch DDP"),
+    "pt-dist-ddp": ("data_parallel", "setup_pt_dist_ddp", "pt-dist DDP"),
+    "pt-dist-fsdp": ("data_parallel", "setup_pt_dist_fsdp", "pt-dist FSDP (FULL_SHARD)"),
+    "torch-fsdp2": ("data_parallel", "setup_torch_fsdp2", "torch FSDP2"),
+    "zero-1": ("zero", "setup_stage1", "ds-zero ZeRO-1"),
+    "zero-2": ("zero", "setup_stage2", "ds-zero ZeRO-2"),
+    "zero-3": ("zero", "setup_stage3", "ds-zero ZeRO-3"),
+    "zero-2-offload": ("zero", "setup_stage2_offload", "ds-zero ZeRO-2 + CPU offload"),
+    "deepspeed-zero-2": ("deepspeed_peer", "setup_stage2", "DeepSpeed ZeRO-2"),
+    "deepspeed-zero-3": ("deepspeed_peer", "setup_stage3", "DeepSpeed ZeRO-3"),
+    "tp": ("megatron", "setup_tp", "mega-par TP"),
+    "tp-sp": ("megatron", "setup_tp_sp", "mega-par TP + SP"),
+    "pp": ("megatron", "setup_pp", "mega-par PP (1F1B)"),
 }
 
 
 def setup_of(name: str):
-    module, fn, _, _ = STRATEGIES[name]
+    module, fn, _ = STRATEGIES[name]
     return getattr(importlib.import_module(f"harness.pipelines.compare.strategies.{module}"), fn)
 
 

@@ -65,9 +65,6 @@ class ActivationMeter:
         self._refs: dict = {}
         self._ctx = None
 
-    def reset(self) -> None:
-        self.peak = self.live
-
     @staticmethod
     def _is_parameter(t: torch.Tensor) -> bool:
         """A parameter, or a view of one (Linear saves ``weight.t()``): counted as a parameter."""

@@ -52,12 +52,12 @@ def _order_agrees(values: list[float], labels: tuple, rank_words: dict) -> bool:
     return all(values[i] < values[j] for i, j in pairs)
 
 
-def training_rows(results: dict, world: int) -> list[dict]:
+def training_rows(results: dict) -> list[dict]:
     rows = []
     for name, r in results.items():
         m, c = r["memory"], r["comm"]
         psi = r["num_params"]
-        rows.append({"name": name, "label": STRATEGIES[name][3], "psi": psi,
+        rows.append({"name": name, "label": STRATEGIES[name][2], "psi": psi,
                      **{k: m.get(k, 0) for k in KINDS}, "offload": m.get("offload", 0),
                      "state_total": sum(m.get(k, 0) for k in KINDS[:3]),
                      "collectives": c["collectives"], "volume": c["volume_bytes"], "wire": c["wire_bytes"],
@@ -150,7 +150,7 @@ def _md_table(header: list[str], rows: list[list]) -> str:
 
 def write(out: Path, meta: dict, results: dict, inference: dict | None) -> str:
     out.mkdir(parents=True, exist_ok=True)
-    rows = training_rows(results, meta["world_size"])
+    rows = training_rows(results)
     by_name = {r["name"]: r for r in rows}
     (out / "results.json").write_text(json.dumps({"meta": meta, "training": results, "inference": inference},
                                                  indent=2, default=str))
@@ -171,7 +171,7 @@ def write(out: Path, meta: dict, results: dict, inference: dict | None) -> str:
                         [[r["label"], f"{r['collectives']:.0f}", f"{r['volume'] / MB:.2f}", f"{r['volume_psi']:.2f}",
                           results[r["name"]].get("paper_volume", ""), f"{r['wire'] / MB:.2f}",
                           results[r["name"]].get("exact_check", "")] for r in rows]))
-    notes = [f"- {STRATEGIES[n][3]}: {NOTES[n]}" for n in results if n in NOTES]
+    notes = [f"- {STRATEGIES[n][2]}: {NOTES[n]}" for n in results if n in NOTES]
     if notes:
         md.append("\n" + "\n".join(notes))
     md.append("\n![communication](communication.png)\n")
@@ -222,8 +222,8 @@ def write(out: Path, meta: dict, results: dict, inference: dict | None) -> str:
     return text
 
 
-def terminal_summary(results: dict, world: int) -> str:
-    rows = training_rows(results, world)
+def terminal_summary(results: dict) -> str:
+    rows = training_rows(results)
     head = f"{'strategy':<32}{'state MB/rank':>14}{'act MB':>9}{'comm MB/step':>14}{'x param':>9}{'step s':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -231,5 +231,3 @@ def terminal_summary(results: dict, world: int) -> str:
                      f"{r['volume'] / MB:>14.2f}{r['volume_psi']:>9.2f}{r['step']:>9.3f}")
     return "\n".join(lines)
 
-
-__all__ = ["write", "terminal_summary", "formulas"]

@@ -42,7 +42,6 @@ class Handle:
     memory: Callable[[], dict]
     num_params: int
     close: Callable[[], None] = lambda: None
-    notes: str = ""
 
 
 def spec_of(cfg: dict) -> CompareSpec:

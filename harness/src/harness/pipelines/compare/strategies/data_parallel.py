@@ -26,7 +26,7 @@ def _snapshot(params, optimizer) -> dict:
     }
 
 
-def _handle(spec, rank, world_size, wrapped, params, psi, close=lambda: None, clip=None) -> Handle:
+def _handle(spec, rank, world_size, wrapped, params, psi, close=lambda: None) -> Handle:
     params = list(params)
     optimizer = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
     last = {}
