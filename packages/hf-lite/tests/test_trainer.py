@@ -205,7 +205,8 @@ def test_evaluate_and_predict(tmp_path, blocks):
 
     def compute_metrics(p: EvalPrediction):
         seen["shapes"] = (tuple(p.predictions.shape), tuple(p.label_ids.shape))
-        return {"accuracy": (p.predictions[:, :-1].argmax(-1) == p.label_ids[:, 1:]).float().mean()}
+        seen["types"] = (type(p.predictions).__name__, type(p.label_ids).__name__)
+        return {"accuracy": (p.predictions[:, :-1].argmax(-1) == p.label_ids[:, 1:]).mean()}
 
     trainer = Trainer(
         trainer_model(),
@@ -215,7 +216,7 @@ def test_evaluate_and_predict(tmp_path, blocks):
         compute_metrics=compute_metrics,
     )
     metrics = trainer.evaluate()
-    assert seen["shapes"] == ((10, 24, 800), (10, 24))
+    assert seen["shapes"] == ((10, 24, 800), (10, 24)) and seen["types"] == ("ndarray", "ndarray")
     assert 0.0 <= metrics["eval_accuracy"] <= 1.0 and isinstance(metrics["eval_accuracy"], float)
     # eval_loss: per-batch token means weighted by the batches' sizes (8 rows, then 2), as transformers computes it
     model = trainer.model.eval()

@@ -65,6 +65,7 @@ class Trainer(TrainerLoopMixin, TrainerCheckpointMixin, TrainerEvaluationMixin):
         compute_metrics=None,
         callbacks=None,
         optimizers=(None, None),
+        preprocess_logits_for_metrics=None,
         parallelism=None,
     ):
         if args is None:
@@ -96,6 +97,7 @@ class Trainer(TrainerLoopMixin, TrainerCheckpointMixin, TrainerEvaluationMixin):
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.processing_class = processing_class
         self.compute_loss_func, self.compute_metrics = compute_loss_func, compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.optimizer, self.lr_scheduler = optimizers
         if self.optimizer is not None and not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizers[0] must be a torch.optim.Optimizer, got {type(self.optimizer).__name__}")
@@ -350,13 +352,16 @@ class Trainer(TrainerLoopMixin, TrainerCheckpointMixin, TrainerEvaluationMixin):
         return (loss, outputs) if return_outputs else loss
 
     def floating_point_ops(self, inputs) -> int:
+        """6 x tokens x non-embedding parameters when the model can count its parameters (``num_parameters``), else
+        0: a plain ``nn.Module`` counts no FLOPs (transformers 5.24's ``Trainer.floating_point_ops``)."""
         model = self.parallelism.unwrap_model(self.model)
-        if type(model).floating_point_ops is PreTrainedModel.floating_point_ops:
-            # 6 x tokens x parameters, with the parameter count (a walk over every module) taken once per model
-            if getattr(self, "_flops_model", None) is not model:
-                self._flops_model, self._flops_params = model, model.num_parameters(exclude_embeddings=True)
-            return 6 * model.estimate_tokens(inputs) * self._flops_params
-        return model.floating_point_ops(inputs) if hasattr(model, "floating_point_ops") else 0
+        main_input = getattr(model, "main_input_name", "input_ids")
+        if main_input not in inputs or not hasattr(model, "num_parameters"):
+            return 0
+        # the parameter count (a walk over every module) taken once per model
+        if getattr(self, "_flops_model", None) is not model:
+            self._flops_model, self._flops_params = model, model.num_parameters(exclude_embeddings=True)
+        return 6 * inputs[main_input].numel() * self._flops_params
 
     def store_flos(self) -> None:
         flos = torch.tensor(float(self.current_flos), dtype=torch.float64, device=self.args.device)

@@ -3,7 +3,8 @@ over batches, losses and logits gathered from every rank in dataset order, metri
 
 Under several ranks each evaluation batch goes to one rank in turn (rank r takes batches r, r+N, ...; the last
 round is completed with repeats of the first batches, which count no tokens and are dropped after gathering), so
-every rank computes the same metrics from the same gathered values, and decisions taken on them agree."""
+every rank computes the same metrics from the same gathered values, and decisions taken on them agree. Predictions
+and labels reach ``compute_metrics`` and the caller as numpy arrays, as in transformers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 
 import torch
 
-from .trainer_pt_utils import find_batch_size, nested_concat, nested_cpu, nested_detach
+from .trainer_pt_utils import find_batch_size, nested_concat, nested_cpu, nested_detach, nested_numpify
 from .trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, detensorize, has_length, speed_metrics
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class TrainerEvaluationMixin:
         return metrics
 
     def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
-        """Predictions (logits, right-padded with -100 to one length), labels if present, and metrics."""
+        """Predictions (numpy logits, right-padded with -100 to one length), labels if present, and metrics."""
         dataloader, padded = self.get_test_dataloader(test_dataset)
         start = time.time()
         output = self.evaluation_loop(
@@ -105,6 +106,8 @@ class TrainerEvaluationMixin:
             observed += 0 if padding else batch_size
             count = self._get_num_items_in_batch([inputs], distributed=False) if "labels" in inputs else None
             loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+            if logits is not None and self.preprocess_logits_for_metrics is not None:
+                logits = self.preprocess_logits_for_metrics(logits, labels)
             total = None if loss is None else loss * count if count is not None else loss * batch_size
             local = nested_cpu((padding, batch_size, total, count, logits, labels))
             gathered = self.parallelism.all_gather_object(local)
@@ -126,6 +129,8 @@ class TrainerEvaluationMixin:
         for logits, labels in results:
             all_preds = nested_concat(all_preds, logits) if logits is not None else all_preds
             all_labels = nested_concat(all_labels, labels) if labels is not None else all_labels
+        # numpy, as transformers hands them to compute_metrics and returns them
+        all_preds, all_labels = nested_numpify(all_preds), nested_numpify(all_labels)
         dataset = getattr(dataloader, "dataset", None)
         num_samples = len(dataset) if has_length(dataset) else observed * world
         metrics = {}

@@ -41,6 +41,18 @@ def nested_cpu(tensors):
     return tensors.cpu() if torch.is_tensor(tensors) else tensors
 
 
+def nested_numpify(tensors):
+    """Tensors -> numpy arrays (bfloat16, which numpy lacks, as float32), as transformers' ``nested_numpify``."""
+    if isinstance(tensors, (list, tuple)):
+        return type(tensors)(nested_numpify(t) for t in tensors)
+    if isinstance(tensors, Mapping):
+        return type(tensors)({k: nested_numpify(v) for k, v in tensors.items()})
+    if not torch.is_tensor(tensors):
+        return tensors
+    t = tensors.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
 def torch_pad_and_concatenate(a: torch.Tensor, b: torch.Tensor, padding_index: int = -100) -> torch.Tensor:
     """Concatenate on dim 0; rows of a different second dimension are right-padded with ``padding_index``."""
     if a.dim() == 1 or a.shape[1:] == b.shape[1:]:

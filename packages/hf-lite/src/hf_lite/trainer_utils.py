@@ -161,7 +161,7 @@ def detensorize(metrics: Any) -> Any:
 
 
 class EvalPrediction:
-    """What ``compute_metrics`` receives. hf-lite passes torch tensors (transformers passes numpy arrays)."""
+    """What ``compute_metrics`` receives: numpy predictions and labels (transformers' ``EvalPrediction``)."""
 
     def __init__(self, predictions, label_ids, inputs=None, losses=None):
         self.predictions, self.label_ids, self.inputs, self.losses = predictions, label_ids, inputs, losses
