@@ -313,7 +313,7 @@ def test_unknown_from_pretrained_kwargs_raise_and_config_kwargs_override_like_tr
         AutoConfig.from_pretrained(tmp_path, foo=1)
     config, unused = AutoConfig.from_pretrained(tmp_path, foo=1, rms_norm_eps=1e-4, return_unused_kwargs=True)
     assert unused == {"foo": 1} and config.rms_norm_eps == 1e-4
-    with pytest.raises(ValueError, match="use_safetensors=False"):
+    with pytest.raises(OSError, match="use_safetensors=False but .* has no pytorch_model.bin"):
         LlamaForCausalLM.from_pretrained(tmp_path, use_safetensors=False)
     with pytest.raises(TypeError, match="push_to_hub"):
         make_model("llama").save_pretrained(tmp_path / "x", push_to_hub=True)

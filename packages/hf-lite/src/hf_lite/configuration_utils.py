@@ -17,6 +17,24 @@ logger = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
 
+# What ``PretrainedConfig.__init__`` sets, read by the library; a subclass whose ``__init__`` never calls it (as
+# transformers' ``NoSuperInitConfig`` test) still answers with these defaults.
+_BASE_DEFAULTS: dict[str, Any] = {
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
+    "tie_word_embeddings": True,
+    "use_cache": True,
+    "architectures": None,
+    "dtype": None,
+    "is_encoder_decoder": False,
+    "output_hidden_states": False,
+    "output_attentions": False,
+    "return_dict": True,
+    "chunk_size_feed_forward": 0,
+    "problem_type": None,
+}
+
 
 def to_torch_dtype(dtype) -> torch.dtype | None:
     """``"bfloat16"`` / ``"torch.bfloat16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; anything else is an error."""
@@ -70,6 +88,8 @@ class PretrainedConfig:
             return getattr(self, amap[key])
         if key == "torch_dtype":
             return self.dtype
+        if key in _BASE_DEFAULTS and not key.startswith("__"):
+            return copy.copy(_BASE_DEFAULTS[key])
         raise AttributeError(f"{type(self).__name__} has no attribute {key!r}")
 
     def __init__(
@@ -85,6 +105,11 @@ class PretrainedConfig:
         dtype: str | torch.dtype | None = None,
         torch_dtype: str | torch.dtype | None = None,
         is_encoder_decoder: bool = False,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        return_dict: bool = True,
+        chunk_size_feed_forward: int = 0,
+        problem_type: str | None = None,
         **kwargs,
     ):
         if vocab_size is not None:
@@ -98,6 +123,9 @@ class PretrainedConfig:
         # transformers 5 writes "dtype", 4.x wrote "torch_dtype"; both load, as a torch.dtype.
         self.dtype = dtype if dtype is not None else torch_dtype
         self.is_encoder_decoder = is_encoder_decoder
+        self.output_hidden_states, self.output_attentions = output_hidden_states, output_attentions
+        self.return_dict, self.chunk_size_feed_forward = return_dict, chunk_size_feed_forward
+        self.problem_type = problem_type
         kwargs.pop("transformers_version", None)
         kwargs.pop("model_type", None)
         for key, value in kwargs.items():

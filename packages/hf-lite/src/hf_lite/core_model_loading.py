@@ -1,9 +1,11 @@
 """Loading a checkpoint into a built model (transformers' ``core_model_loading``).
 
 1. Each checkpoint key is renamed to the model key it fills: as is, with ``base_model_prefix`` stripped (a head
-   checkpoint into the base model) or added (a base checkpoint into a head model). Two keys landing on one model key
-   are a collision: the prefixed one is the base model's weight, the bare one a head's, reported unexpected.
-2. Every shape is checked against the model from the safetensors headers, before any tensor is read.
+   checkpoint into the base model) or added (a base checkpoint into a head model: tried first for such a file).
+   Two keys landing on one model key are a collision: the prefixed one is the base model's weight, the bare one a
+   head's, reported unexpected.
+2. Every shape is checked against the model from the safetensors headers (or the mmapped ``pytorch_model.bin``),
+   before any tensor is read.
 3. Modules with missing weights are initialised, then the checkpoint is copied in shard by shard, converted to the
    parameters' dtype on the way (the model was built uninitialised, in that dtype).
 """
@@ -17,20 +19,60 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .checkpoint_utils import CheckpointError, load_safetensors_file, read_safetensors_header
+from .checkpoint_bin import load_bin_file, resolve_bin_files
+from .checkpoint_utils import CheckpointError, load_safetensors_file, read_safetensors_header, resolve_weight_files
 
 logger = logging.getLogger(__name__)
 
 _SAFETENSORS_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
+def resolve_checkpoint_files(directory: str, variant: str | None = None, use_safetensors: bool | None = None):
+    """``{file: keys}``: safetensors first; ``pytorch_model.bin`` (shards) when there are none or
+    ``use_safetensors=False``, as transformers chooses."""
+    if use_safetensors is False:
+        found = resolve_bin_files(directory, variant)
+        if found is None:
+            raise CheckpointError(f"use_safetensors=False but {directory!r} has no pytorch_model.bin (or index)")
+        return found
+    try:
+        return resolve_weight_files(directory, variant)
+    except CheckpointError:
+        found = None if use_safetensors else resolve_bin_files(directory, variant)
+        if found is None:
+            raise
+        return found
+
+
+def _is_bin(file: str) -> bool:
+    return file.endswith(".bin")
+
+
+def weight_shapes(file: str) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+    """Each tensor's shape and dtype, from the safetensors header (no data read) or the mmapped ``.bin``."""
+    if _is_bin(file):
+        return {k: (tuple(v.shape), v.dtype) for k, v in load_bin_file(file).items()}
+    header = read_safetensors_header(file)
+    return {k: (tuple(v["shape"]), _SAFETENSORS_FLOATS.get(v["dtype"])) for k, v in header.items()}
+
+
+def load_weights(file: str, keys: list[str]) -> dict[str, torch.Tensor]:
+    if not _is_bin(file):
+        return load_safetensors_file(file, keys)
+    state_dict = load_bin_file(file)
+    missing = [k for k in keys if k not in state_dict]
+    if missing:
+        raise CheckpointError(f"{file} does not contain tensor {missing[0]!r} although the index says it does")
+    return {k: state_dict[k] for k in keys}
+
+
 def checkpoint_float_dtype(files: dict[str, list[str]]) -> torch.dtype | None:
     """The dtype of the first floating tensor of the first weight file (``dtype="auto"`` without a config dtype)."""
     file, keys = next(iter(files.items()))
-    header = read_safetensors_header(file)
+    shapes = weight_shapes(file)
     for key in keys:
-        dtype = _SAFETENSORS_FLOATS.get(header.get(key, {}).get("dtype"))
-        if dtype is not None:
+        dtype = shapes.get(key, ((), None))[1]
+        if dtype is not None and dtype.is_floating_point:
             return dtype
     return None
 
@@ -38,12 +80,23 @@ def checkpoint_float_dtype(files: dict[str, list[str]]) -> torch.dtype | None:
 def rename_checkpoint_keys(
     checkpoint_keys: list[str], model_keys: set[str], prefix: str
 ) -> tuple[dict[str, str], list[str]]:
-    """``{checkpoint key: model key}`` for the keys that load, and the checkpoint keys that do not."""
+    """``{checkpoint key: model key}`` for the keys that load, and the checkpoint keys that do not.
+
+    A checkpoint without one ``prefix.`` key loaded into a model that has the base model under ``prefix`` is a
+    base-model checkpoint: each key goes into the base model first (a head module may share a name with a base
+    module, e.g. ``linear``). Otherwise a key loads as is, else with ``prefix.`` stripped, else added."""
     dot = f"{prefix}." if prefix else None
+    base_into_head = (
+        dot is not None
+        and not any(k.startswith(dot) for k in checkpoint_keys)
+        and any(k.startswith(dot) for k in model_keys)
+    )
     claimed: dict[str, str] = {}
     unexpected = []
     for key in checkpoint_keys:
-        if key in model_keys:
+        if base_into_head and dot + key in model_keys:
+            target = dot + key
+        elif key in model_keys:
             target = key
         elif dot and key.startswith(dot) and key[len(dot) :] in model_keys:
             target = key[len(dot) :]
@@ -87,12 +140,14 @@ def load_checkpoint(model: nn.Module, files: dict[str, list[str]], ignore_mismat
     plan: dict[str, list[tuple[str, str]]] = {}
     mismatched, loaded = [], set()
     for file, keys in files.items():
-        header = read_safetensors_header(file)
+        shapes = weight_shapes(file)
         for ckpt_key in keys:
             key = to_model.get(ckpt_key)
             if key is None or chosen[aliases[key][0]] != ckpt_key:
                 continue
-            shape, want = tuple(header[ckpt_key]["shape"]), tuple(params[key].shape)
+            if ckpt_key not in shapes:
+                raise CheckpointError(f"{file} does not contain tensor {ckpt_key!r} although the index says it does")
+            shape, want = shapes[ckpt_key][0], tuple(params[key].shape)
             if shape != want:
                 if not ignore_mismatched_sizes:
                     raise CheckpointError(
@@ -112,7 +167,7 @@ def load_checkpoint(model: nn.Module, files: dict[str, list[str]], ignore_mismat
     shards = tqdm(plan.items(), desc="Loading checkpoint shards", disable=len(plan) <= 1, leave=False)
     with torch.no_grad():
         for file, pairs in shards:
-            tensors = load_safetensors_file(file, [ckpt_key for ckpt_key, _ in pairs])
+            tensors = load_weights(file, [ckpt_key for ckpt_key, _ in pairs])
             for ckpt_key, key in pairs:
                 params[key].copy_(tensors.pop(ckpt_key))
     skipped = {m[0] for m in mismatched}

@@ -17,9 +17,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .checkpoint_utils import is_weight_file, resolve_weight_files, save_state_dict
+from .checkpoint_bin import is_bin_weight_file, save_bin_state_dict
+from .checkpoint_utils import is_weight_file, save_state_dict
 from .configuration_utils import CONFIG_NAME, PretrainedConfig, to_torch_dtype
-from .core_model_loading import checkpoint_float_dtype, load_checkpoint, log_loading_info
+from .core_model_loading import checkpoint_float_dtype, load_checkpoint, log_loading_info, resolve_checkpoint_files
 from .generation.configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig
 from .initialization import default_dtype, init_weights_enabled, no_init_weights
 from .loss_utils import LOSS_MAPPING
@@ -270,13 +271,12 @@ class PreTrainedModel(nn.Module):
         safe_serialization: bool = True,
         variant: str | None = None,
     ) -> None:
-        """Write config.json, generation_config.json and the weights; the directory changes in one step.
+        """Write config.json, generation_config.json and the weights (safetensors, or ``pytorch_model.bin`` with
+        ``safe_serialization=False``); the directory changes in one step.
 
         Under torchrun every rank calls this; only ``is_main_process`` writes. Files other than this save's (a
-        tokenizer, other variants) stay in the directory.
+        tokenizer, other variants, weights in the other format) stay in the directory.
         """
-        if not safe_serialization:
-            raise ValueError("hf-lite writes safetensors only (safe_serialization=False is not supported)")
         if not is_main_process:
             return
         # A tied copy is written once, also from a given state_dict (the Trainer passes model.state_dict()):
@@ -293,14 +293,19 @@ class PreTrainedModel(nn.Module):
         self.config.architectures = [type(self).__name__]
         self.config.dtype = self.dtype
 
+        weight_file = is_weight_file if safe_serialization else is_bin_weight_file
+
         def owned(name: str) -> bool:
-            return name in (CONFIG_NAME, GENERATION_CONFIG_NAME) or is_weight_file(name, variant)
+            return name in (CONFIG_NAME, GENERATION_CONFIG_NAME) or weight_file(name, variant)
 
         with atomic_save_directory(save_directory, owned) as stage:
             self.config.save_pretrained(stage)
             if self.generation_config is not None:
                 self.generation_config.save_pretrained(stage)
-            save_state_dict(state_dict, stage, max_shard_size=max_shard_size, variant=variant)
+            if safe_serialization:
+                save_state_dict(state_dict, stage, max_shard_size=max_shard_size, variant=variant)
+            else:
+                save_bin_state_dict(state_dict, stage, max_shard_size, variant)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -336,19 +341,18 @@ class PreTrainedModel(nn.Module):
         path = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
         if not os.path.isdir(path):
             raise OSError(f"{path!r} is not a local directory (hf-lite does not download from a hub)")
-        if use_safetensors is False:
-            raise ValueError("use_safetensors=False: hf-lite reads safetensors weights only")
         if config is None:
             config, model_kwargs = cls.config_class.from_pretrained(path, return_unused_kwargs=True, **kwargs)
         else:
             config, model_kwargs = copy.deepcopy(config), kwargs
         requested = _resolve_dtype(dtype, torch_dtype) or "auto"
-        files = resolve_weight_files(path, variant)
+        files = resolve_checkpoint_files(path, variant, use_safetensors)
         if requested == "auto":
             requested = config.dtype or checkpoint_float_dtype(files) or torch.get_default_dtype()
         device = _resolve_device(device_map) or torch.device("cpu")
         with no_init_weights(), default_dtype(requested), device:
             model = cls(config, *model_args, **model_kwargs)
+        model.tie_weights()  # before loading: a tied key is filled through the weight it shares, never missing
         info = load_checkpoint(model, files, ignore_mismatched_sizes)
         model.tie_weights()
         model.config.dtype = requested
