@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .hub_utils import check_remote_code, pop_hub_kwargs
 from .utils import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -194,7 +195,9 @@ class PretrainedConfig:
         return_unused_kwargs: bool = False,
         **kwargs,
     ):
+        trust_remote_code = pop_hub_kwargs(kwargs)
         config_dict = cls.get_config_dict(pretrained_model_name_or_path, subfolder=subfolder)
+        check_remote_code(config_dict, trust_remote_code, pretrained_model_name_or_path)
         found = config_dict.get("model_type")
         if cls.model_type and found and found != cls.model_type:
             logger.warning("Loading a %r config into %s (model_type %r)", found, cls.__name__, cls.model_type)

@@ -22,6 +22,7 @@ from .checkpoint_utils import is_weight_file, save_state_dict
 from .configuration_utils import CONFIG_NAME, PretrainedConfig, to_torch_dtype
 from .core_model_loading import checkpoint_float_dtype, load_checkpoint, log_loading_info, resolve_checkpoint_files
 from .generation.configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig
+from .hub_utils import pop_hub_kwargs
 from .initialization import default_dtype, init_weights_enabled, no_init_weights
 from .loss_utils import LOSS_MAPPING
 from .modeling_layers import GradientCheckpointingLayer
@@ -311,6 +312,7 @@ class PreTrainedModel(nn.Module):
     @classmethod
     def _from_config(cls, config: PretrainedConfig, dtype=None, torch_dtype=None, **kwargs):
         """A freshly initialised model in ``dtype`` (transformers' ``from_config`` path)."""
+        pop_hub_kwargs(kwargs)
         dtype = _resolve_dtype(dtype, torch_dtype)
         if dtype == "auto":
             dtype = config.dtype
@@ -337,12 +339,16 @@ class PreTrainedModel(nn.Module):
         use_safetensors: bool | None = None,
         **kwargs,
     ):
-        """Kwargs naming config attributes override config.json; any other goes to the model's ``__init__``."""
+        """Kwargs naming config attributes override config.json; any other goes to the model's ``__init__``.
+        The hub kwargs (``cache_dir``, ``revision``, ``token``...) change nothing on a local directory."""
+        trust_remote_code = pop_hub_kwargs(kwargs)
         path = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
         if not os.path.isdir(path):
             raise OSError(f"{path!r} is not a local directory (hf-lite does not download from a hub)")
         if config is None:
-            config, model_kwargs = cls.config_class.from_pretrained(path, return_unused_kwargs=True, **kwargs)
+            config, model_kwargs = cls.config_class.from_pretrained(
+                path, return_unused_kwargs=True, trust_remote_code=trust_remote_code, **kwargs
+            )
         else:
             config, model_kwargs = copy.deepcopy(config), kwargs
         requested = _resolve_dtype(dtype, torch_dtype) or "auto"

@@ -15,6 +15,7 @@ from functools import lru_cache
 
 import regex
 
+from .hub_utils import pop_hub_kwargs
 from .tokenization_utils import PreTrainedTokenizer
 from .tokenization_utils_base import TOKENIZER_FILE
 from .tokenizer_json import GPT2_SPLIT_PATTERN, read_byte_level_bpe, write_byte_level_bpe
@@ -159,6 +160,7 @@ class GPT2Tokenizer(PreTrainedTokenizer):
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "", **kwargs
     ) -> GPT2Tokenizer:
+        pop_hub_kwargs(kwargs)
         directory = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
         config = cls._read_tokenizer_config(directory, kwargs)
         tokenizer_json = os.path.join(directory, TOKENIZER_FILE)

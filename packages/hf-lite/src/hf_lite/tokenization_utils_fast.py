@@ -12,6 +12,7 @@ import os
 
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
 
+from .hub_utils import pop_hub_kwargs
 from .tokenization_special_tokens import _content
 from .tokenization_utils_base import TOKENIZER_FILE, PreTrainedTokenizerBase
 
@@ -118,6 +119,7 @@ class PreTrainedTokenizerFast(PreTrainedTokenizerBase):
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "", **kwargs
     ) -> PreTrainedTokenizerFast:
+        pop_hub_kwargs(kwargs)
         directory = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
         path = os.path.join(directory, TOKENIZER_FILE)
         if not os.path.isfile(path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from ...configuration_utils import PretrainedConfig
+from ...hub_utils import check_remote_code, pop_hub_kwargs
 from ..gpt2.configuration_gpt2 import GPT2Config
 from ..llama.configuration_llama import LlamaConfig
 
@@ -38,7 +39,9 @@ class AutoConfig:
         return_unused_kwargs: bool = False,
         **kwargs,
     ):
+        trust_remote_code = pop_hub_kwargs(kwargs)
         config_dict = PretrainedConfig.get_config_dict(pretrained_model_name_or_path, subfolder=subfolder)
+        check_remote_code(config_dict, trust_remote_code, pretrained_model_name_or_path)
         if "model_type" not in config_dict:
             raise ValueError(f"{pretrained_model_name_or_path}: config.json has no `model_type` key")
         config_class = cls._lookup(config_dict["model_type"])

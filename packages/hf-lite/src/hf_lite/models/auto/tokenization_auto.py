@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from ...hub_utils import pop_hub_kwargs
 from ...tokenization_gpt2 import GPT2Tokenizer
 from ...tokenization_utils_base import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 from ...tokenization_utils_fast import PreTrainedTokenizerFast
@@ -33,6 +34,7 @@ class AutoTokenizer:
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, use_fast: bool = True, subfolder: str = "", **kwargs
     ):
+        pop_hub_kwargs(kwargs)  # a tokenizer runs no code of its own here: trust_remote_code changes nothing
         directory = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
         if not os.path.isdir(directory):
             raise OSError(f"{directory!r} is not a local directory (hf-lite does not download from a hub)")
