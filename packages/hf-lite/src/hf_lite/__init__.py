@@ -23,8 +23,8 @@ from .generation import (
 from .hf_argparser import HfArgumentParser
 from .integrations import JSONLinesCallback, TensorBoardCallback
 from .modeling_utils import PreTrainedModel
-from .models.auto.configuration_auto import AutoConfig
-from .models.auto.modeling_auto import AutoModel, AutoModelForCausalLM
+from .models.auto.configuration_auto import CONFIG_MAPPING, AutoConfig
+from .models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING, AutoModel, AutoModelForCausalLM
 from .models.auto.tokenization_auto import AutoTokenizer
 from .models.gpt2.configuration_gpt2 import GPT2Config
 from .models.gpt2.modeling_gpt2 import GPT2LMHeadModel, GPT2Model
@@ -47,11 +47,17 @@ from .trainer_callback import (
 )
 from .trainer_distributed import DataParallelPlugin, TorchDDPPlugin
 from .trainer_utils import EvalPrediction, IntervalStrategy, SchedulerType, get_last_checkpoint, set_seed
-from .training_args import TrainingArguments
+from .training_args import ParallelMode, TrainingArguments
+from .utils import is_torch_xla_available
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CONFIG_MAPPING",
+    "MODEL_FOR_CAUSAL_LM_MAPPING",
+    "MODEL_MAPPING",
+    "ParallelMode",
+    "is_torch_xla_available",
     "AutoConfig",
     "AutoModel",
     "AutoModelForCausalLM",

@@ -34,6 +34,7 @@ from .trainer_checkpoint import TrainerCheckpointMixin
 from .trainer_distributed import TorchDDPPlugin, destroy_distributed, init_distributed
 from .trainer_evaluation import TrainerEvaluationMixin
 from .trainer_loop import TrainerLoopMixin
+from .trainer_metrics import TrainerMetricsMixin
 from .trainer_pt_utils import IterableDatasetShard, SkipBatchSampler
 from .trainer_utils import (
     OptimizerNames,
@@ -47,7 +48,7 @@ from .training_args import TrainingArguments
 logger = logging.getLogger(__name__)
 
 
-class Trainer(TrainerLoopMixin, TrainerCheckpointMixin, TrainerEvaluationMixin):
+class Trainer(TrainerLoopMixin, TrainerCheckpointMixin, TrainerEvaluationMixin, TrainerMetricsMixin):
     """Train, evaluate and save a model with the arguments of ``TrainingArguments``.
 
     ``parallelism`` (hf-lite's addition) is a ``DataParallelPlugin``: how the model and optimizer are wrapped and

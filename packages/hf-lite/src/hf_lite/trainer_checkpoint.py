@@ -31,7 +31,7 @@ from .trainer_utils import (
     SaveStrategy,
     rotate_checkpoints,
 )
-from .utils import _exchange, _fsync_directory, atomic_write_text
+from .utils.atomic_io import _exchange, _fsync_directory, atomic_write_text
 
 logger = logging.getLogger(__name__)
 

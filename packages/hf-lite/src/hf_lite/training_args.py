@@ -3,6 +3,7 @@ construction, naming the fields (transformers' ``training_args.py``).
 
 No ``from __future__ import annotations`` here: ``HfArgumentParser`` reads the fields' real types."""
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -15,12 +16,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .trainer_utils import IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
+from .trainer_distributed import init_distributed
+from .trainer_utils import ExplicitEnum, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
 
 logger = logging.getLogger(__name__)
 
 LOG_LEVELS = {"passive": -1, "debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 REPORT_TO = ("tensorboard", "jsonl")
+
+
+class ParallelMode(ExplicitEnum):
+    NOT_PARALLEL = "not_parallel"
+    NOT_DISTRIBUTED = "not_distributed"
+    DISTRIBUTED = "distributed"
 
 
 def _is_tensorboard_available() -> bool:
@@ -32,6 +40,11 @@ class TrainingArguments:
     """The knobs of ``Trainer``; see transformers' ``TrainingArguments`` for each field's meaning."""
 
     output_dir: str | None = field(default=None, metadata={"help": "Where checkpoints and the model are written."})
+    # read by scripts (run_clm.py), not by the Trainer, as in transformers
+    do_train: bool = field(default=False, metadata={"help": "Whether to run training."})
+    do_eval: bool = field(default=False, metadata={"help": "Whether to run eval on the dev set."})
+    do_predict: bool = field(default=False, metadata={"help": "Whether to run predictions on the test set."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Upload to the hub (hf-lite: False only)."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Batch size per device for training."})
     per_device_eval_batch_size: int = field(default=8, metadata={"help": "Batch size per device for evaluation."})
     num_train_epochs: float = field(default=3.0, metadata={"help": "Total number of training epochs."})
@@ -103,6 +116,8 @@ class TrainingArguments:
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "Checkpoint for train() to resume."})
 
     def __post_init__(self):
+        if self.push_to_hub:
+            raise ValueError("push_to_hub=True: hf-lite has no hub; save_model() writes a local directory")
         if self.output_dir is None:
             self.output_dir = "trainer_output"
         self.output_dir = os.path.expanduser(os.fspath(self.output_dir))
@@ -279,6 +294,31 @@ class TrainingArguments:
     @property
     def n_gpu(self) -> int:  # transformers' DataParallel count; hf-lite runs one device per process
         return 1
+
+    @property
+    def parallel_mode(self) -> ParallelMode:
+        """``distributed`` under torchrun (several ranks), else ``not_parallel``: one device per process."""
+        return ParallelMode.DISTRIBUTED if self.world_size > 1 else ParallelMode.NOT_PARALLEL
+
+    @contextlib.contextmanager
+    def main_process_first(self, local: bool = True, desc: str = "work"):
+        """The main process (of the node with ``local``) runs the block first, the others after it, as
+        transformers' ``main_process_first``: e.g. a dataset map whose cache the others then read. Initialises the
+        process group under torchrun when nothing has yet."""
+        if self.world_size <= 1:
+            yield
+            return
+        init_distributed(self)
+        is_main = (self.local_process_index if local else self.process_index) == 0
+        try:
+            if not is_main:
+                logger.debug("%s: waiting for the main process to perform %s", self.process_index, desc)
+                dist.barrier()
+            yield
+        finally:
+            if is_main:
+                logger.debug("%s: main process done with %s, releasing the others", self.process_index, desc)
+                dist.barrier()
 
     @property
     def should_log(self) -> bool:

@@ -1,0 +1,99 @@
+"""What scripts call after ``train()`` / ``evaluate()`` (transformers' ``trainer_pt_utils.log_metrics`` /
+``save_metrics`` / ``save_state`` and ``Trainer.create_model_card``): a metrics table in the log,
+``{split}_results.json`` + ``all_results.json``, ``trainer_state.json``, and a local README.md model card."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from .trainer_utils import TRAINER_STATE_NAME
+from .utils import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+
+def _format(key: str, value):
+    if "_memory_" in key:
+        return f"{value >> 20}MB"
+    if key == "total_flos":
+        return f"{value / 1e9:.0f}GF" if value >= 1e9 else f"{value:.0f}"
+    return f"{value:.4g}" if isinstance(value, float) else value
+
+
+class TrainerMetricsMixin:
+    """Mixed into ``Trainer``; every method writes from the main process only, as transformers does."""
+
+    def log_metrics(self, split: str, metrics: dict) -> None:
+        if not self.is_world_process_zero():
+            return
+        logger.info("***** %s metrics *****", split)
+        width = max((len(k) for k in metrics), default=0)
+        for key in sorted(metrics):
+            logger.info("  %s = %s", key.ljust(width), _format(key, metrics[key]))
+
+    def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
+        """``{split}_results.json``, and with ``combined`` the union of every split in ``all_results.json``."""
+        if not self.is_world_process_zero():
+            return
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        path = os.path.join(self.args.output_dir, f"{split}_results.json")
+        atomic_write_text(path, json.dumps(metrics, indent=4, sort_keys=True) + "\n")
+        if combined:
+            all_path = os.path.join(self.args.output_dir, "all_results.json")
+            merged = {}
+            if os.path.isfile(all_path):
+                with open(all_path, encoding="utf-8") as f:
+                    merged = json.load(f)
+            merged.update(metrics)
+            atomic_write_text(all_path, json.dumps(merged, indent=4, sort_keys=True) + "\n")
+
+    def save_state(self) -> None:
+        """``trainer_state.json`` of the run in ``output_dir`` (beside the final model)."""
+        if not self.is_world_process_zero():
+            return
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        self.state.save_to_json(os.path.join(self.args.output_dir, TRAINER_STATE_NAME))
+
+    def create_model_card(
+        self,
+        language: str | None = None,
+        license: str | None = None,
+        tags: str | list[str] | None = None,
+        model_name: str | None = None,
+        finetuned_from: str | None = None,
+        tasks: str | list[str] | None = None,
+        dataset_tags: str | list[str] | None = None,
+        dataset: str | list[str] | None = None,
+        dataset_args: str | list[str] | None = None,
+    ) -> None:
+        """A README.md in ``output_dir``: YAML metadata, what was trained from what, the last evaluation and the
+        hyper-parameters (the sections of transformers' generated card; written locally, never pushed)."""
+        if not self.is_world_process_zero():
+            return
+        name = model_name or os.path.basename(os.path.abspath(self.args.output_dir))
+        meta = {"library_name": "hf-lite", "license": license, "language": language, "base_model": finetuned_from,
+                "tags": [tags] if isinstance(tags, str) else tags, "datasets": dataset_tags,
+                "pipeline_tag": tasks if isinstance(tasks, str) else None}
+        lines = ["---", *(f"{k}: {json.dumps(v)}" for k, v in meta.items() if v), "---", "", f"# {name}", ""]
+        source = f"a fine-tuned version of [{finetuned_from}]({finetuned_from})" if finetuned_from else "trained"
+        on = f" on the {dataset} dataset" if dataset else ""
+        lines += [f"This model is {source}{on}.", ""]
+        evals = [h for h in self.state.log_history if "eval_loss" in h]
+        if evals:
+            lines += ["It achieves the following results on the evaluation set:"]
+            lines += [f"- {k.removeprefix('eval_')}: {_format(k, v)}" for k, v in sorted(evals[-1].items())
+                      if k.startswith("eval_")]
+            lines.append("")
+        args = self.args
+        hyper = {"learning_rate": args.learning_rate, "train_batch_size": args.per_device_train_batch_size,
+                 "eval_batch_size": args.per_device_eval_batch_size, "seed": args.seed,
+                 "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                 "optimizer": args.optim.value if hasattr(args.optim, "value") else args.optim,
+                 "lr_scheduler_type": getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type),
+                 "num_epochs": args.num_train_epochs}
+        if args.max_steps > 0:
+            hyper["training_steps"] = args.max_steps
+        lines += ["## Training hyperparameters", "", *(f"- {k}: {v}" for k, v in hyper.items()), ""]
+        atomic_write_text(os.path.join(args.output_dir, "README.md"), "\n".join(lines))
