@@ -49,7 +49,7 @@ def _parse_merges(merges) -> list[tuple[str, str]]:
     return pairs
 
 
-class GPT2Tokenizer(PreTrainedTokenizer):
+class GPT2Tokenizer(PreTrainedTokenizer, reads_byte_level_files=True):
     vocab_files_names = VOCAB_FILES_NAMES
     vocab_files = ("vocab.json", "merges.txt", TOKENIZER_FILE)
     extra_init_kwargs = ("errors",)

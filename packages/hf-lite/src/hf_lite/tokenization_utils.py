@@ -29,10 +29,19 @@ class PreTrainedTokenizer(PreTrainedTokenizerBase):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> PreTrainedTokenizer:
         """The pure-Python tokenizer for the files: byte-level BPE (a tokenizer.json, or vocab.json + merges.txt) is
-        ``GPT2Tokenizer`` (transformers' PythonBackend cannot load a lone tokenizer.json)."""
-        from .tokenization_gpt2 import GPT2Tokenizer  # it imports this module
+        ``GPT2Tokenizer`` (transformers' PythonBackend cannot load a lone tokenizer.json). The subclass that reads
+        such files declares itself (``reads_byte_level_files=True``), so this module never imports it."""
+        loader = PreTrainedTokenizer._byte_level_loader
+        if loader is None:
+            raise ValueError("no pure-Python byte-level BPE tokenizer is defined (import hf_lite.tokenization_gpt2)")
+        return loader.from_pretrained(pretrained_model_name_or_path, **kwargs)
 
-        return GPT2Tokenizer.from_pretrained(pretrained_model_name_or_path, **kwargs)
+    _byte_level_loader: type | None = None
+
+    def __init_subclass__(cls, reads_byte_level_files: bool = False, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if reads_byte_level_files:
+            PreTrainedTokenizer._byte_level_loader = cls
 
     # ------------------------------------------------------------------ model hooks
     @abc.abstractmethod

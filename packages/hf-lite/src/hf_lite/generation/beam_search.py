@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..cache_utils import DynamicCache
+from .outputs import GenerateBeamDecoderOnlyOutput
 
 _NEG = -1.0e9
 
@@ -30,8 +31,6 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
 
 def beam_search(model, input_ids, attention_mask, position_ids, processors, criteria, gc):
     """``input_ids`` is already expanded to ``(batch * num_beams, prompt_len)``."""
-    from .utils import GenerateBeamDecoderOnlyOutput
-
     num_beams, max_length = gc.num_beams, gc.max_length
     length_penalty, early_stopping = gc.length_penalty, gc.early_stopping
     eos, pad = gc._eos_token_tensor, gc._pad_token_tensor

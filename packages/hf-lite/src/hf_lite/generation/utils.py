@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
 
 import torch
 
 from ..cache_utils import DynamicCache
-from ..modeling_outputs import ModelOutput
 from .beam_search import beam_search
 from .configuration_utils import GenerationConfig
 from .logits_process import (
@@ -32,6 +30,7 @@ from .logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from .outputs import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput  # noqa: F401  (re-exported)
 from .stopping_criteria import (
     EosTokenCriteria,
     MaxLengthCriteria,
@@ -41,22 +40,6 @@ from .stopping_criteria import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class GenerateDecoderOnlyOutput(ModelOutput):
-    sequences: torch.LongTensor | None = None
-    scores: tuple | None = None
-    past_key_values: object | None = None
-
-
-@dataclass
-class GenerateBeamDecoderOnlyOutput(ModelOutput):
-    sequences: torch.LongTensor | None = None
-    sequences_scores: torch.FloatTensor | None = None
-    scores: tuple | None = None
-    beam_indices: torch.LongTensor | None = None
-    past_key_values: object | None = None
 
 
 def _merge(default_list, custom_list):

@@ -7,10 +7,7 @@ import importlib.util
 
 from . import logging, versions
 from .atomic_io import atomic_save_directory, atomic_write_bytes, atomic_write_text
-from .versions import check_min_version
-
-# The transformers release whose names, defaults and formats hf-lite mirrors (its tests run against it).
-MIRRORED_TRANSFORMERS_VERSION = "5.24.0"
+from .versions import MIRRORED_TRANSFORMERS_VERSION, check_min_version
 
 
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:

@@ -8,6 +8,9 @@ import importlib.metadata
 import operator
 import re
 
+# The transformers release whose names, defaults and formats hf-lite mirrors (its tests run against it).
+MIRRORED_TRANSFORMERS_VERSION = "5.24.0"
+
 _OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">=": operator.ge, ">": operator.gt}
 
 
@@ -50,8 +53,6 @@ def require_version(requirement: str, hint: str | None = None) -> None:
 def check_min_version(min_version: str) -> None:
     """An example script's ``check_min_version("4.57.0.dev0")``: passes when the transformers release hf-lite mirrors
     is at least that one, else raises naming both."""
-    from . import MIRRORED_TRANSFORMERS_VERSION
-
     if _key(MIRRORED_TRANSFORMERS_VERSION) < _key(min_version):
         raise ImportError(
             f"This example requires transformers >= {min_version}; hf-lite mirrors {MIRRORED_TRANSFORMERS_VERSION}"
