@@ -190,7 +190,10 @@ def test_abort_frees_blocks_in_every_state(checkpoint):
         engine.add_request(
             str(i),
             prompt_token_ids=p,
-            params=SamplingParams(n=2 if i == 1 else 1, temperature=1.0, max_tokens=40, ignore_eos=True),
+            # the pair's worst case (2 x 6 blocks, no sharing) must fit the pool, or it is refused up front
+            params=SamplingParams(
+                n=2 if i == 1 else 1, temperature=1.0, max_tokens=20 if i == 1 else 40, ignore_eos=True
+            ),
         )
     for _ in range(12):
         engine.step()

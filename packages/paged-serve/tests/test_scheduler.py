@@ -6,6 +6,7 @@ The engine's side of a step is simulated: after ``schedule`` the scheduled token
 
 from __future__ import annotations
 
+import time
 from unittest.mock import MagicMock
 
 import pytest
@@ -303,3 +304,93 @@ def test_chunked_prefill_with_prefix_caching_skips_cached_blocks():
     assert (
         scheduler.block_manager.get_block_table(again_seq)[:3] == scheduler.block_manager.get_block_table(first_seq)[:3]
     )
+
+
+def test_a_group_wider_than_max_num_seqs_is_ignored_and_does_not_block_the_queue():
+    """A head-of-queue group that can never fit the sequence budget used to stop FCFS admission for good."""
+    scheduler = make_scheduler(num_gpu=64, max_seqs=2, max_model_len=64)
+    _, wide = create_dummy_prompt("0", 4, best_of=3, arrival=0.0)
+    _, ok = create_dummy_prompt("1", 4, arrival=1.0)
+    scheduler.add_seq_group(wide)
+    scheduler.add_seq_group(ok)
+    _, out = step(scheduler)
+    assert out.ignored_seq_groups == [wide] and groups(out) == [ok]
+    assert "max_num_seqs=2" in wide.ignored_reason
+    assert all(s.status == SequenceStatus.FINISHED_IGNORED for s in wide.get_seqs())
+
+
+def test_swapped_groups_come_back_oldest_first():
+    """vLLM swaps the earliest arrival back in first (FCFS), whatever order they were swapped out in."""
+    scheduler = make_scheduler(num_gpu=64, num_cpu=64, max_seqs=6, max_model_len=64)
+    gs = [create_dummy_prompt(str(i), 8, best_of=2, arrival=float(i))[1] for i in range(3)]
+    for g in gs:
+        scheduler.add_seq_group(g)
+    step(scheduler)
+    real_can_append = scheduler.block_manager.can_append_slots
+    scheduler.block_manager.can_append_slots = MagicMock(side_effect=lambda g, n: g.request_id == "0")
+    _, out = step(scheduler)  # "2" then "1" are preempted (from the back), both by swap
+    assert out.num_preempted_by_swap == 2 and [g.request_id for g in out.preempted_seq_groups] == ["2", "1"]
+    assert [g.request_id for g in scheduler.swapped] == ["1", "2"]
+    scheduler.block_manager.can_append_slots = real_can_append
+    scheduler.scheduler_config.max_num_seqs = 4  # room for "0" and one more pair: only the oldest comes back
+    _, out = step(scheduler)
+    assert [g.request_id for g in groups(out)] == ["0", "1"] and [g.request_id for g in scheduler.swapped] == ["2"]
+
+
+def test_chunked_prefill_swaps_a_prefill_back_in_whole():
+    """vLLM's _schedule_swapped runs without chunking: a swapped prefill waits until its remaining tokens fit."""
+    scheduler = make_scheduler(num_gpu=64, num_cpu=64, max_tokens=8, max_seqs=4, max_model_len=64,
+                               enable_chunked_prefill=True, preemption_mode="swap")  # fmt: skip
+    seq, g = create_dummy_prompt("1", 20, arrival=0.0)
+    scheduler.add_seq_group(g)
+    step(scheduler)  # 8 of 20 prompt tokens
+    scheduler.block_manager.can_append_slots = MagicMock(return_value=False)
+    _, out = step(scheduler)
+    assert out.num_preempted_by_swap == 1 and seq.status == SequenceStatus.SWAPPED
+    del scheduler.block_manager.can_append_slots
+    _, decoder = create_dummy_prompt("2", 2, arrival=1.0)
+    scheduler.add_seq_group(decoder)
+    step(scheduler)  # "2" prefills (2 tokens); "1" needs 12 > 8 - 2 and stays swapped
+    assert seq.status == SequenceStatus.SWAPPED
+    scheduler.scheduler_config.max_num_batched_tokens = 13
+    metas, out = step(scheduler)  # decode of "2" (1) + the whole remaining prefill of "1" (12)
+    by_id = {m.request_id: m for m in metas}
+    assert by_id["1"].token_chunk_size == 12 and seq.status == SequenceStatus.RUNNING and not seq.is_prefill()
+
+
+def test_preemption_warns_once_per_group_in_both_modes(caplog):
+    """vLLM: 'Sequence group X is preempted by PreemptionMode.RECOMPUTE mode because there is not enough KV cache
+    space ... total_num_cumulative_preemption=N'."""
+    scheduler = make_scheduler(num_gpu=64, num_cpu=64, max_seqs=6, max_model_len=64)
+    single = create_dummy_prompt("0", 8, arrival=0.0)[1]
+    pair = create_dummy_prompt("1", 8, best_of=2, arrival=1.0)[1]
+    for g in (single, pair):
+        scheduler.add_seq_group(g)
+    step(scheduler)
+    with caplog.at_level("WARNING", logger="paged_serve.core.scheduler"):
+        for _ in range(2):
+            scheduler.block_manager.can_append_slots = MagicMock(return_value=False)
+            step(scheduler)
+            del scheduler.block_manager.can_append_slots
+            step(scheduler)  # the pair swaps back in
+            step(scheduler)  # the single one is prefilled again
+    lines = [r.getMessage() for r in caplog.records if "is preempted by" in r.getMessage()]
+    assert any("Sequence group 0 is preempted by PreemptionMode.RECOMPUTE mode" in m for m in lines)
+    assert any("Sequence group 1 is preempted by PreemptionMode.SWAP mode" in m for m in lines)
+    assert len(lines) == 2 and "total_num_cumulative_preemption=" in lines[-1]
+    assert scheduler.num_preemptions["recompute"] + scheduler.num_preemptions["swap"] >= 4
+
+
+def test_scheduler_delay_factor():
+    """vLLM's test_scheduler_delay_factor: a new prompt waits delay_factor x the last prompt step's latency."""
+    scheduler = make_scheduler(num_gpu=64, max_tokens=100, max_seqs=64, max_model_len=16, delay_factor=0.5)
+    scheduler.add_seq_group(create_dummy_prompt("0", BLOCK)[1])
+    metas, out = step(scheduler)
+    assert out.num_prefill_groups > 0 and metas[0].request_id == "0"
+    time.sleep(1)
+    scheduler.add_seq_group(create_dummy_prompt("1", BLOCK)[1])
+    metas, out = step(scheduler)
+    assert out.num_prefill_groups == 0 and metas[0].request_id == "0"  # the new prompt is held back
+    time.sleep(0.6)
+    metas, out = step(scheduler)
+    assert out.num_prefill_groups > 0 and metas[0].request_id == "1"

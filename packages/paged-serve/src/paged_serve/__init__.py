@@ -3,6 +3,7 @@
 from paged_serve.engine.arg_utils import EngineArgs
 from paged_serve.engine.llm_engine import LLMEngine
 from paged_serve.entrypoints.llm import LLM
+from paged_serve.inputs import PromptType, TextPrompt, TokensPrompt
 from paged_serve.outputs import CompletionOutput, RequestOutput
 from paged_serve.sampling_params import RequestOutputKind, SamplingParams
 
@@ -12,7 +13,10 @@ __all__ = [
     "CompletionOutput",
     "EngineArgs",
     "LLMEngine",
+    "PromptType",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "TextPrompt",
+    "TokensPrompt",
 ]

@@ -21,8 +21,11 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = False
     preemption_mode: str | None = None  # None: recompute single-sequence groups, swap multi-sequence ones
     num_lookahead_slots: int = 0
+    delay_factor: float = 0.0  # vLLM's scheduler_delay_factor
 
     def __post_init__(self):
+        if not self.delay_factor >= 0:
+            raise ValueError(f"delay_factor must be >= 0, got {self.delay_factor}")
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

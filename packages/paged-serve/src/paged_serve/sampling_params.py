@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 
 _SAMPLING_EPS = 1e-5
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 class SamplingType(enum.IntEnum):
@@ -52,15 +53,30 @@ class SamplingParams:
     length_penalty: float = 1.0
     early_stopping: bool | str = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    logit_bias: dict[int, float] | None = None
+    detokenize: bool = True
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
     def __post_init__(self):
+        best_of_given = self.best_of is not None
         if self.best_of is None:
             self.best_of = self.n
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
-        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        ids = list(self.stop_token_ids or [])
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError(f"stop_token_ids must be a list of token ids (ints), got {self.stop_token_ids!r}")
+        self.stop_token_ids = ids
+        if self.logit_bias is not None:
+            bias = self.logit_bias
+            ok = isinstance(bias, dict) and all(
+                isinstance(k, int) and not isinstance(k, bool) and k >= 0 and isinstance(v, (int, float))
+                for k, v in bias.items()
+            )
+            if not ok:
+                raise ValueError(f"logit_bias must map token ids (ints >= 0) to numbers, got {bias!r}")
+            self.logit_bias = {k: float(v) for k, v in bias.items()}
         if self.top_k == 0:  # OpenAI clients send 0 for "off"; vLLM accepts it as -1
             self.top_k = -1
         self._verify_args()
@@ -68,7 +84,9 @@ class SamplingParams:
             self._verify_beam_search()
         elif self.temperature < _SAMPLING_EPS:
             self.top_p, self.top_k, self.min_p = 1.0, -1, 0.0
-            if self.best_of > 1:
+            if self.n > 1:
+                raise ValueError(f"n must be 1 when using greedy sampling (temperature 0), got {self.n}")
+            if best_of_given and self.best_of > 1:
                 raise ValueError(f"best_of must be 1 when using greedy sampling (temperature 0), got {self.best_of}")
         self._all_stop_token_ids = set(self.stop_token_ids)
 
@@ -99,7 +117,11 @@ class SamplingParams:
             "logprobs",
             "None or an int >= 0",
         )
-        check(self.seed is None or isinstance(self.seed, int), "seed", "None or an int")
+        check(
+            self.seed is None or (isinstance(self.seed, int) and _INT64[0] <= self.seed <= _INT64[1]),
+            "seed",
+            "None or an int in the int64 range",
+        )
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings")
         check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "token ids >= 0")
         check(self.length_penalty == self.length_penalty, "length_penalty", "a number")

@@ -102,6 +102,9 @@ class Scheduler:
         self.running: deque[SequenceGroup] = deque()
         self.swapped: deque[SequenceGroup] = deque()
         self.num_preemptions = {"recompute": 0, "swap": 0}
+        self.num_cumulative_preemption = 0
+        # scheduler_delay_factor: when the last prompt step was scheduled, and how long that step took
+        self.prev_time, self.prev_prompt, self.last_prompt_latency = 0.0, False, 0.0
 
     # ------------------------------------------------------------- requests
     def add_seq_group(self, seq_group: SequenceGroup) -> None:
@@ -153,7 +156,18 @@ class Scheduler:
 
     def _preempt(self, seq_group: SequenceGroup, step: _StepState) -> None:
         seq_group.metrics.num_preemptions += 1
-        if self._preemption_mode(seq_group) == "recompute":
+        self.num_cumulative_preemption += 1
+        mode = self._preemption_mode(seq_group)
+        if seq_group.metrics.num_preemptions == 1:
+            logger.warning(
+                "Sequence group %s is preempted by PreemptionMode.%s mode because there is not enough KV cache "
+                "space. This can affect the end-to-end performance. Increase num_gpu_blocks or "
+                "kv_cache_memory_bytes to provide more KV cache memory. total_num_cumulative_preemption=%d",
+                seq_group.request_id,
+                mode.upper(),
+                self.num_cumulative_preemption,
+            )
+        if mode == "recompute":
             for seq in seq_group.get_seqs(status=SequenceStatus.RUNNING):
                 seq.status = SequenceStatus.WAITING
                 self.free_seq(seq)
@@ -225,7 +239,7 @@ class Scheduler:
         self.running = deque(kept + list(running))
 
     def _schedule_swapped(self, budget: SchedulingBudget, step: _StepState) -> None:
-        """Bring swapped groups back (oldest first) while blocks and budgets allow."""
+        """Bring swapped groups back, earliest arrival first (FCFS), while blocks and budgets allow."""
         while self.swapped:
             group = self.swapped[0]
             status = self.block_manager.can_swap_in(group, self.scheduler_config.num_lookahead_slots)
@@ -235,7 +249,8 @@ class Scheduler:
                 self.swapped.popleft()
                 self._ignore(group, "its blocks plus its next token no longer fit the whole KV cache", step)
                 continue
-            num_tokens = self._num_new_tokens(group, SequenceStatus.SWAPPED, budget)
+            # never chunked (vLLM's _schedule_swapped): a swapped prefill comes back whole or not at all
+            num_tokens = sum(s.get_num_new_tokens() for s in group.get_seqs(status=SequenceStatus.SWAPPED))
             if not budget.can_schedule(num_tokens, group.get_max_num_running_seqs()):
                 break
             self.swapped.popleft()
@@ -252,10 +267,18 @@ class Scheduler:
     def _schedule_prefills(self, budget: SchedulingBudget, step: _StepState) -> None:
         """Admit waiting groups first come, first served while the prompt fits the budgets and the cache."""
         config = self.scheduler_config
+        if not self._passed_delay(time.time()):
+            return
         while self.waiting:
             group = self.waiting[0]
             seqs = group.get_seqs(status=SequenceStatus.WAITING)
             longest = max(s.get_len() for s in seqs)
+            num_seqs = group.get_max_num_running_seqs()
+            if num_seqs > config.max_num_seqs:  # can never fit the sequence budget: must not block the queue
+                self.waiting.popleft()
+                reason = f"it needs {num_seqs} sequences, more than max_num_seqs={config.max_num_seqs}"
+                self._ignore(group, reason, step)
+                continue
             if longest > config.max_model_len:
                 self.waiting.popleft()
                 self._ignore(group, f"{longest} tokens exceed max_model_len={config.max_model_len}", step)
@@ -277,8 +300,8 @@ class Scheduler:
             num_tokens = sum(s.get_len() for s in seqs) - cached * len(seqs)
             if config.enable_chunked_prefill and len(seqs) == 1:
                 num_tokens = min(num_tokens, budget.remaining_token_budget())
-            num_seqs = group.get_max_num_running_seqs()
-            if not budget.can_schedule(num_tokens, num_seqs):
+            oversized = num_tokens > config.max_num_batched_tokens  # a re-prefilled fork: it runs in a step alone
+            if not budget.can_schedule(num_tokens, num_seqs) and not (oversized and not budget.num_batched_tokens):
                 break
             self.waiting.popleft()
             self.block_manager.allocate(group)
@@ -294,7 +317,21 @@ class Scheduler:
             budget.add_num_seqs(group.request_id, num_seqs)
             if group.metrics.first_scheduled_time is None:
                 group.metrics.first_scheduled_time = time.time()
+                group.num_cached_tokens = computed
             self.running.append(group)
+        if step.prefills:
+            self.prev_prompt = True
+
+    def _passed_delay(self, now: float) -> bool:
+        """vLLM's ``scheduler_delay_factor``: hold new prompts back until the oldest waiting one has waited
+        ``delay_factor`` x the latency of the last prompt step (or nothing runs), so prompts batch up."""
+        if self.prev_prompt:
+            self.last_prompt_latency = now - self.prev_time
+        self.prev_time, self.prev_prompt = now, False
+        if self.scheduler_config.delay_factor > 0 and self.waiting:
+            earliest = min(g.metrics.arrival_time for g in self.waiting)
+            return now - earliest > self.scheduler_config.delay_factor * self.last_prompt_latency or not self.running
+        return True
 
     # ------------------------------------------------------------- the step
     def schedule(self) -> tuple[list[SequenceGroupMetadata], SchedulerOutputs]:
@@ -317,7 +354,7 @@ class Scheduler:
                     self._schedule_swapped(budget, step)
         # requeued at the front, oldest first
         self.waiting.extendleft(sorted(step.preempted, key=lambda g: g.arrival_time, reverse=True))
-        self.swapped.extend(step.swapped_out)
+        self.swapped = deque(sorted([*self.swapped, *step.swapped_out], key=lambda g: g.arrival_time))
         scheduled = step.prefills + step.decodes
         outputs = SchedulerOutputs(
             scheduled_seq_groups=scheduled,

@@ -188,6 +188,7 @@ class SequenceGroup:
         self.sampling_params = sampling_params
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         self.ignored_reason: str | None = None
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first scheduling
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -35,6 +35,8 @@ _HELP = {
     "kv_cache_memory_bytes": "bytes for the device KV pool (default on CPU: 4 GiB, vLLM CPU's default)",
     "device": "'auto' (CUDA if available), 'cuda' or 'cpu'",
     "max_logprobs": "largest logprobs a request may ask for",
+    "scheduler_delay_factor": "hold new prompts until the oldest has waited this many times the last prompt step",
+    "skip_tokenizer_init": "load no tokenizer: prompts are token ids and outputs carry no text",
 }
 
 
@@ -59,8 +61,12 @@ class EngineArgs:
     kv_cache_memory_bytes: int | None = None
     device: str = "auto"
     max_logprobs: int = 20
+    scheduler_delay_factor: float = 0.0
+    skip_tokenizer_init: bool = False
 
     def __post_init__(self):
+        if not (isinstance(self.scheduler_delay_factor, (int, float)) and self.scheduler_delay_factor >= 0):
+            raise ValueError(f"scheduler_delay_factor must be a number >= 0, got {self.scheduler_delay_factor!r}")
         if not Path(self.model).is_dir():
             raise ValueError(f"model {self.model!r} is not a directory (a Hugging Face checkpoint is required)")
         if self.block_size not in SUPPORTED_BLOCK_SIZES:
@@ -119,6 +125,7 @@ class EngineArgs:
             max_model_len=max_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
             preemption_mode=self.preemption_mode,
+            delay_factor=self.scheduler_delay_factor,
         )
 
     @staticmethod

@@ -23,7 +23,9 @@ from paged_serve.engine.arg_utils import EngineArgs
 from paged_serve.engine.beam_search import BeamSearchProcessor
 from paged_serve.engine.metrics import StatLogger, Stats
 from paged_serve.engine.output_processor import OutputProcessor, RequestState
+from paged_serve.engine.request_checks import ProcessedRequest, check_fits
 from paged_serve.engine.stop_checker import StopChecker
+from paged_serve.inputs import PromptType, parse_prompt
 from paged_serve.model_executor.layers.sampler import Sampler, SampleRow
 from paged_serve.model_executor.model_loader import get_model, load_hf_config, resolve_dtype
 from paged_serve.outputs import RequestOutput
@@ -36,9 +38,9 @@ from paged_serve.worker.model_runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 
-def _eos_token_ids(model_dir: Path, hf_config: dict, tokenizer: Tokenizer) -> set[int]:
+def _eos_token_ids(model_dir: Path, hf_config: dict, tokenizer: Tokenizer | None) -> set[int]:
     ids: set[int] = set()
-    sources = [hf_config.get("eos_token_id"), tokenizer.eos_token_id]
+    sources = [hf_config.get("eos_token_id"), tokenizer.eos_token_id if tokenizer is not None else None]
     gen = model_dir / "generation_config.json"
     if gen.is_file():
         sources.append(json.loads(gen.read_text()).get("eos_token_id"))
@@ -64,7 +66,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(args.dtype, self.hf_config)
         model_max_len = self.hf_config.get("max_position_embeddings") or self.hf_config.get("n_positions") or 2048
         self.scheduler_config = args.create_scheduler_config(model_max_len)
-        self.tokenizer = Tokenizer(args.tokenizer or args.model)
+        self.tokenizer = None if args.skip_tokenizer_init else Tokenizer(args.tokenizer or args.model)
         self.eos_token_ids = _eos_token_ids(model_dir, self.hf_config, self.tokenizer)
         self.model = get_model(model_dir, self.dtype, self.device, self.hf_config)
         self.vocab_size = self.hf_config["vocab_size"]
@@ -109,31 +111,54 @@ class LLMEngine:
         return cls(engine_args)
 
     # -------------------------------------------------------------- requests
+    def process_request(
+        self, prompt: PromptType | None, params: SamplingParams | None, prompt_token_ids: list[int] | None = None
+    ) -> ProcessedRequest:
+        """Tokenize and check a request without touching the scheduler (vLLM v1's ``Processor``): safe to call from
+        any thread, so a server can refuse a bad request before it answers anything."""
+        if (prompt is None) == (prompt_token_ids is None):
+            raise ValueError("give exactly one of prompt and prompt_token_ids")
+        text, ids = parse_prompt(prompt) if prompt is not None else (None, list(prompt_token_ids))
+        params = (params or SamplingParams()).clone()
+        if self.tokenizer is None:
+            if ids is None:
+                raise ValueError("skip_tokenizer_init=True: prompts must be token ids (a TokensPrompt)")
+            if params.stop:
+                raise ValueError("skip_tokenizer_init=True: stop strings need a tokenizer (use stop_token_ids)")
+            params.detokenize = False
+        if ids is None:
+            ids = self.tokenizer.encode(text)
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens)")
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if params.logprobs is not None and params.logprobs > self.engine_args.max_logprobs:
+            raise ValueError(f"logprobs={params.logprobs} exceeds max_logprobs={self.engine_args.max_logprobs}")
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise ValueError(f"logit_bias token id {max(params.logit_bias)} is outside [0, {self.vocab_size})")
+        check_fits(params, len(ids), self.scheduler_config, self.cache_config)
+        params.update_from_generation_config(self.eos_token_ids)
+        return ProcessedRequest(text, ids, params)
+
     def add_request(
         self,
         request_id: str,
-        prompt: str | None = None,
+        prompt: PromptType | None = None,
         params: SamplingParams | None = None,
         prompt_token_ids: list[int] | None = None,
         arrival_time: float | None = None,
     ) -> None:
-        """Queue a request; exactly one of ``prompt`` (text) and ``prompt_token_ids`` is needed."""
+        """Queue a request: ``prompt`` is vLLM's ``PromptType`` (text, ``TextPrompt`` or ``TokensPrompt``), or the
+        ids come as ``prompt_token_ids``."""
+        self.add_processed_request(request_id, self.process_request(prompt, params, prompt_token_ids), arrival_time)
+
+    def add_processed_request(
+        self, request_id: str, request: ProcessedRequest, arrival_time: float | None = None
+    ) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if (prompt is None) == (prompt_token_ids is None):
-            raise ValueError("give exactly one of prompt and prompt_token_ids")
-        if prompt_token_ids is None:
-            prompt_token_ids = self.tokenizer.encode(prompt)
-        prompt_token_ids = [int(t) for t in prompt_token_ids]
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty (no tokens)")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        params = (params or SamplingParams()).clone()
-        if params.logprobs is not None and params.logprobs > self.engine_args.max_logprobs:
-            raise ValueError(f"logprobs={params.logprobs} exceeds max_logprobs={self.engine_args.max_logprobs}")
-        params.update_from_generation_config(self.eos_token_ids)
+        prompt, prompt_token_ids, params = request
         seq = Sequence(next(self.seq_counter), prompt_token_ids, self.cache_config.block_size, prompt)
         group = SequenceGroup(request_id, [seq], arrival_time=arrival_time, sampling_params=params)
         generator = None

@@ -66,16 +66,23 @@ class OutputProcessor:
             self.check_stop(state, s)
 
     def check_stop(self, state: RequestState, seq: Sequence) -> None:
-        detok = self.detokenizer(state, seq) if state.params.stop else None
+        detok = self.detokenizer(state, seq) if state.params.stop and state.params.detokenize else None
         self.stop_checker.maybe_stop_sequence(seq, state.params, detok)
         if seq.is_finished():
             self.scheduler.free_seq(seq)
 
     # -------------------------------------------------------------- outputs
     def _final_text(self, state: RequestState, seq: Sequence) -> str:
+        if not state.params.detokenize or self.tokenizer is None:
+            return ""
         if seq.is_finished() and isinstance(seq.stop_reason, str):
             return seq.output_text  # cut at the stop string already
-        return self.detokenizer(state, seq).text(seq.output_token_ids, final=seq.is_finished())
+        tokens = seq.output_token_ids
+        if seq.status == SequenceStatus.FINISHED_STOPPED and not state.params.include_stop_str_in_output:
+            # ended by a stop token (EOS or stop_token_ids): its text is left out, and so is a partial character
+            # in front of it (vLLM's incremental detokenizer never emits one)
+            return self.detokenizer(state, seq).text(tokens[:-1])
+        return self.detokenizer(state, seq).text(tokens, final=seq.is_finished())
 
     def make_output(self, state: RequestState) -> RequestOutput | None:
         group, params = state.group, state.params
@@ -125,5 +132,6 @@ class OutputProcessor:
             outputs=outputs,
             finished=finished,
             metrics=group.metrics,
+            num_cached_tokens=group.num_cached_tokens,
             ignored_reason=group.ignored_reason,
         )

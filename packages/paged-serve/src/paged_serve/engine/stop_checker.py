@@ -2,7 +2,8 @@
 
 Checked after each appended token, in vLLM's order: a stop token (EOS unless ``ignore_eos``, or one of
 ``stop_token_ids``) once ``min_tokens`` are out; a stop string in the newly decoded text (the text is cut before
-it, or after it with ``include_stop_str_in_output``); ``max_tokens``; the context length.
+it, or after it with ``include_stop_str_in_output``); ``max_tokens``; the context length (a sequence may reach
+``max_model_len + 1`` tokens: the last one is sampled from the ``max_model_len``-th and needs no KV slot).
 """
 
 from __future__ import annotations
@@ -43,5 +44,5 @@ class StopChecker:
             seq.output_text = text
         if params.max_tokens is not None and num_out >= params.max_tokens:
             seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
-        elif seq.get_len() >= self.max_model_len:
+        elif seq.get_len() > self.max_model_len:  # vLLM v0: the last sampled token is never fed back
             seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from paged_serve.engine.arg_utils import EngineArgs
 from paged_serve.engine.llm_engine import LLMEngine
 from paged_serve.engine.metrics import Stats
+from paged_serve.inputs import PromptType, parse_prompts
 from paged_serve.outputs import RequestOutput
 from paged_serve.sampling_params import RequestOutputKind, SamplingParams
 
@@ -28,17 +29,14 @@ class LLM:
 
     def generate(
         self,
-        prompts: str | Sequence[str] | None = None,
+        prompts: PromptType | Sequence[PromptType] | None = None,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for text prompts, or for ``prompt_token_ids`` (one list of ids per prompt)."""
-        if (prompts is None) == (prompt_token_ids is None):
-            raise ValueError("give exactly one of prompts and prompt_token_ids")
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        items = list(prompts) if prompts is not None else [list(ids) for ids in prompt_token_ids]
+        """Generate for vLLM's prompt forms (a string, ``TextPrompt``, ``TokensPrompt``, or a list of them), or for
+        ``prompt_token_ids`` (one list of ids per prompt, vLLM's older argument)."""
+        items = parse_prompts(prompts, prompt_token_ids)
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -46,15 +44,15 @@ class LLM:
         if len(sampling_params) != len(items):
             raise ValueError(f"{len(sampling_params)} sampling_params for {len(items)} prompts")
         engine = self.llm_engine
-        ids = []
-        for item, params in zip(items, sampling_params):
+        processed = []  # every request checked before any is queued: a bad one leaves the engine untouched
+        for (text, token_ids), params in zip(items, sampling_params):
             params = params.clone()
             params.output_kind = RequestOutputKind.FINAL_ONLY
+            processed.append(engine.process_request(text, params, token_ids))
+        ids = []
+        for request in processed:
             rid = str(next(self._counter))
-            if isinstance(item, str):
-                engine.add_request(rid, prompt=item, params=params)
-            else:
-                engine.add_request(rid, prompt_token_ids=item, params=params)
+            engine.add_processed_request(rid, request)
             ids.append(rid)
         results: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm, unit="req") as bar:

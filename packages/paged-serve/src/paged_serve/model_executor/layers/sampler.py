@@ -1,9 +1,9 @@
 """``Sampler`` (vLLM ``model_executor/layers/sampler.py``): logits of the sampled rows -> next tokens and logprobs.
 
-Per row, in vLLM's order: min_tokens (stop tokens masked until reached), repetition penalty over prompt and output
-tokens (divide positive logits, multiply negative ones: CTRL, arXiv:1909.05858), frequency and presence penalties
-over output tokens (OpenAI's), temperature, top-k, top-p, min-p; then greedy argmax at temperature 0, or an
-exponential race ``argmax(p / q), q ~ Exp(1)`` (a categorical sample) drawn from the request's own generator when
+Per row, in vLLM's order: min_tokens (stop tokens masked until reached), logit_bias, repetition penalty over prompt
+and output tokens (divide positive logits, multiply negative ones: CTRL, arXiv:1909.05858), frequency and presence
+penalties over output tokens (OpenAI's), temperature, top-k, top-p, min-p; then greedy argmax at temperature 0, or
+an exponential race ``argmax(p / q), q ~ Exp(1)`` (a categorical sample) drawn from the request's own generator when
 it has a seed, so a seeded request samples the same tokens whatever else is in the batch. Logprobs are the model's
 raw ones (vLLM v1's default), with the sampled token's rank.
 """
@@ -78,12 +78,16 @@ class Sampler:
         self.generator = generator  # draws of requests without a seed
 
     def process_logits(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-        """min_tokens masking and penalties, in fp32 (shared by sampling and beam search)."""
+        """min_tokens masking, logit_bias (OpenAI's: added to the logits) and penalties, in fp32 (shared by
+        sampling and beam search)."""
         logits = logits.float()
         for i, r in enumerate(rows):
             if len(r.output_token_ids) < r.params.min_tokens:
                 stop = [t for t in r.params.all_stop_token_ids if t < logits.shape[1]]
                 logits[i, stop] = float("-inf")
+            if r.params.logit_bias:
+                ids = torch.tensor(list(r.params.logit_bias), dtype=torch.long, device=logits.device)
+                logits[i, ids] += torch.tensor(list(r.params.logit_bias.values()), device=logits.device)
         if any(
             r.params.repetition_penalty != 1.0 or r.params.frequency_penalty or r.params.presence_penalty for r in rows
         ):
