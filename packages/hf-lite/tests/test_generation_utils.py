@@ -296,3 +296,35 @@ def test_left_padding_compatibility(kind):
     torch.testing.assert_close(left, plain, rtol=1e-5, atol=1e-5)
     greedy = model.generate(padded, attention_mask=mask, max_new_tokens=5, eos_token_id=None, pad_token_id=3)
     assert torch.equal(greedy[:, 9:], model.generate(ids, max_new_tokens=5, eos_token_id=None)[:, 6:])
+
+
+def test_right_padding_warns_as_transformers_does(caplog):
+    """transformers' generate warns on right-padded batches of a decoder-only model (from the mask, else the ids)."""
+    import logging
+
+    import transformers
+
+    model = make_model("llama")
+    ids = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 8]])
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    message = "right-padding was detected"
+    t_logger = logging.getLogger("transformers.generation.utils")
+    for mask, warns in ((right, True), (left, False), (None, True)):
+        caplog.clear()
+        kw = {} if mask is None else {"attention_mask": mask}
+        with caplog.at_level(logging.WARNING, logger="hf_lite"):
+            model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0, **kw)
+        ours = any(message in r.getMessage() for r in caplog.records)
+        assert ours is warns, (mask, ours)
+    # transformers on the same inputs (its logger does not propagate: listen on it directly)
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    t_logger.addHandler(handler)
+    try:
+        theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**model.config.to_dict())).eval()
+        theirs.generate(ids, attention_mask=right, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    finally:
+        t_logger.removeHandler(handler)
+    assert any(message in m for m in seen)

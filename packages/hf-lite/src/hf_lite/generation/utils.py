@@ -84,6 +84,21 @@ class GenerationMixin:
         batch = next((v.shape[0] for v in model_kwargs.values() if isinstance(v, torch.Tensor)), 1)
         return torch.full((batch, 1), gc.bos_token_id, dtype=torch.long, device=self.device)
 
+    def _warn_if_right_padded(self, input_ids, attention_mask, gc) -> None:
+        """Batched decoder-only generation continues each row from its last position: padding belongs on the left.
+        The mask shows right padding (a 0 in the last column); without one, a pad id there (transformers' check)."""
+        if getattr(self.config, "is_encoder_decoder", False) or gc._pad_token_tensor is None or input_ids.shape[0] < 2:
+            return
+        if attention_mask is not None and attention_mask.shape == input_ids.shape:
+            right_padded = bool((attention_mask[:, -1] == 0).any())
+        else:
+            right_padded = bool((input_ids[:, -1] == gc._pad_token_tensor).any())
+        if right_padded:
+            logger.warning(
+                "A decoder-only architecture is being used, but right-padding was detected! For correct "
+                "generation results, please set `padding_side='left'` when initializing the tokenizer."
+            )
+
     @staticmethod
     def _prepare_attention_mask_for_generation(input_ids: torch.Tensor, gc: GenerationConfig) -> torch.Tensor:
         pad, eos = gc._pad_token_tensor, gc._eos_token_tensor
@@ -171,6 +186,7 @@ class GenerationMixin:
             raise ValueError(f"The following `model_kwargs` are not used by the model: {sorted(unknown)}")
         device = input_ids.device
         self._prepare_special_tokens(gc, device)
+        self._warn_if_right_padded(input_ids, attention_mask, gc)
         if attention_mask is None:
             attention_mask = self._prepare_attention_mask_for_generation(input_ids, gc)
         input_len = input_ids.shape[1]
