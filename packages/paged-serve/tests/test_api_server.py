@@ -9,47 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 
 import httpx
 import pytest
 import torch
-import uvicorn
-from paged_serve import EngineArgs, SamplingParams
-from paged_serve.engine.async_llm_engine import AsyncLLMEngine
+from paged_serve import SamplingParams
 from paged_serve.entrypoints.cli import make_parser
-from paged_serve.entrypoints.openai.api_server import bind_socket, build_app
 
-
-class Server:
-    def __init__(self, path, api_key=None, max_waiting_requests=64, **engine_kw):
-        engine_kw = {"num_gpu_blocks": 96, "max_model_len": 128, **engine_kw}
-        self.engine = AsyncLLMEngine.from_engine_args(EngineArgs(path, **engine_kw), max_waiting_requests)
-        self.sock = bind_socket("127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(build_app(self.engine, "tiny", api_key), log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.02)
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.engine.shutdown()
-
-    def idle(self, timeout=10.0):
-        """Wait until the engine holds no request and no block."""
-        deadline = time.time() + timeout
-        manager = self.engine.engine.scheduler.block_manager
-        while time.time() < deadline:
-            if not self.engine.engine.has_unfinished_requests() and not manager.block_tables:
-                return True
-            time.sleep(0.02)
-        return False
+from .server_util import Server, sse_events
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +36,6 @@ def _greedy_text(server, ids, n):
     return server.engine.engine.tokenizer.decode(out[0, len(ids) :].tolist())
 
 
-def _events(response) -> list:
-    events = []
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            data = line[len("data: ") :]
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
-
-
 def test_completion_matches_transformers_and_stream_concatenates(server):
     tok = server.engine.engine.tokenizer
     prompt = "the quick brown fox"
@@ -94,7 +52,7 @@ def test_completion_matches_transformers_and_stream_concatenates(server):
         "total_tokens": len(tok.encode(prompt)) + 12,
     }
     with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=30) as r:
-        events = _events(r)
+        events = sse_events(r)
     assert events[-1] == "[DONE]" and len(events) > 3
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == text
     assert events[-2]["choices"][0]["finish_reason"] == "length"
@@ -131,7 +89,7 @@ def test_chat_uses_the_template_and_streams(server):
     assert tok.apply_chat_template(messages) == "<|user|>the lazy dog</s><|assistant|>"
     assert content == _greedy_text(server, ids, 10)
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30) as r:
-        events = _events(r)
+        events = sse_events(r)
     assert events[0]["choices"][0]["delta"]["role"] == "assistant" and events[-1] == "[DONE]"
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == content
     assert events[-2]["choices"][0]["finish_reason"] == "length"

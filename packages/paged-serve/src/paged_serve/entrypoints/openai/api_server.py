@@ -1,21 +1,29 @@
 """The OpenAI-compatible server (vLLM ``entrypoints/openai/api_server.py``) over FastAPI and uvicorn.
 
 Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics`` (Prometheus
-text). Every error is an OpenAI error body with a 4xx status: invalid JSON or fields 400, unknown model 404, a
-full waiting queue 429. With an API key, every route but ``/health`` needs ``Authorization: Bearer <key>``.
+text). Every error, 404 and 405 included, is an OpenAI error body ``{"error": {"message", "type", "param",
+"code"}}``: invalid JSON or fields 400, a missing or wrong API key 401, unknown model 404, a body past the size
+limit 413, a full waiting queue 429, a dead engine 503. A request is admitted into the engine before its response
+starts, so a streamed request gets these statuses too; an error after the stream started is an error event
+followed by ``data: [DONE]``.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
+import signal
 import socket
+import threading
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from paged_serve.engine.async_llm_engine import AsyncLLMEngine, QueueFullError
+from paged_serve.engine.async_llm_engine import AsyncLLMEngine
+from paged_serve.entrypoints.openai.middleware import APIKeyMiddleware, read_json
 from paged_serve.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from paged_serve.entrypoints.openai.serving_chat import OpenAIServingChat
 from paged_serve.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -23,9 +31,10 @@ from paged_serve.entrypoints.openai.serving_engine import OpenAIError
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
+
+def _validation_message(errors: list) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     first = errors[0]
@@ -35,31 +44,47 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"{'.'.join(loc) or 'body'}: {first.get('msg')}", (loc[0] if loc else None)
 
 
-def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | None = None) -> FastAPI:
-    app = FastAPI(title="paged-serve", docs_url=None, redoc_url=None)
+def build_app(
+    engine: AsyncLLMEngine,
+    served_model_name: str,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> FastAPI:
+    app = FastAPI(title="paged-serve", docs_url=None, redoc_url=None, openapi_url=None)
     completion = OpenAIServingCompletion(engine, served_model_name)
     chat = OpenAIServingChat(engine, served_model_name)
-
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        if api_key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return OpenAIError("invalid or missing API key", 401, "authentication_error").response()
-        return await call_next(request)
+    created = int(time.time())
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(_, exc: RequestValidationError):
-        message, param = _validation_message(exc)
+        message, param = _validation_message(exc.errors())
         return OpenAIError(message, 400, param=param).response()
 
     @app.exception_handler(OpenAIError)
     async def on_openai_error(_, exc: OpenAIError):
         return exc.response()
 
-    @app.exception_handler(QueueFullError)
-    async def on_queue_full(_, exc: QueueFullError):
-        return OpenAIError(f"server overloaded: {exc}", 429, "rate_limit_exceeded").response()
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_, exc: StarletteHTTPException):
+        kind = {404: "NotFoundError", 405: "MethodNotAllowed"}.get(exc.status_code, "invalid_request_error")
+        response = OpenAIError(str(exc.detail), exc.status_code, kind).response()
+        response.headers.update(exc.headers or {})
+        return response
+
+    @app.exception_handler(Exception)
+    async def on_crash(_, exc: Exception):
+        logger.exception("request failed")
+        return OpenAIError(f"internal server error: {type(exc).__name__}", 500, "internal_server_error").response()
+
+    async def parse(request: Request, model):
+        body = await read_json(request, max_request_bytes)
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            message, param = _validation_message(exc.errors())
+            raise OpenAIError(message, 400, param=param) from None
 
     @app.get("/health")
     async def health():
@@ -70,7 +95,15 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     @app.get("/v1/models")
     async def models():
         max_len = engine.engine.scheduler_config.max_model_len
-        card = {"id": served_model_name, "object": "model", "owned_by": "paged-serve", "max_model_len": max_len}
+        card = {
+            "id": served_model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "paged-serve",
+            "root": engine.engine.engine_args.model,
+            "parent": None,
+            "max_model_len": max_len,
+        }
         return JSONResponse({"object": "list", "data": [card]})
 
     @app.get("/metrics")
@@ -80,27 +113,54 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
         )
 
     @app.post("/v1/completions")
-    async def create_completion(body: CompletionRequest, request: Request):
-        return await completion.create_completion(body, request)
+    async def create_completion(request: Request):
+        return await completion.create_completion(await parse(request, CompletionRequest), request)
 
     @app.post("/v1/chat/completions")
-    async def create_chat_completion(body: ChatCompletionRequest, request: Request):
-        return await chat.create_chat_completion(body, request)
+    async def create_chat_completion(request: Request):
+        return await chat.create_chat_completion(await parse(request, ChatCompletionRequest), request)
 
     return app
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind before anything slow happens, so a port in use fails in a second with one line naming it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot bind {host}:{port}: {exc.strerror}") from None
     return sock
 
 
-def run_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+def run_server(
+    app: FastAPI,
+    sock: socket.socket,
+    engine: AsyncLLMEngine,
+    log_level: str = "info",
+    shutdown_timeout: float = 10.0,
+) -> None:
+    """Serve until SIGTERM / SIGINT, then shut down gracefully: in-flight requests get ``shutdown_timeout``
+    seconds to finish, then the engine aborts them (each client gets a 503, or an error event in its stream) and
+    this returns normally. uvicorn's own cancellation stays a later backstop (it would log tracebacks)."""
     import uvicorn
 
-    sock = bind_socket(host, port)
-    logger.info("serving on http://%s:%d", host, sock.getsockname()[1])
-    uvicorn.Server(uvicorn.Config(app, log_level=log_level)).run(sockets=[sock])
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if not self.should_exit:
+                logger.info("shutting down: in-flight requests have %.1f s", shutdown_timeout)
+                timer = threading.Timer(shutdown_timeout, engine.abort_all, args=("the server is shutting down",))
+                timer.daemon = True
+                timer.start()
+            super().handle_exit(sig, frame)
+
+    host, port = sock.getsockname()[:2]
+    logger.info("serving on http://%s:%d", host, port)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout + 5)
+    # uvicorn re-raises the signal it caught once it has stopped; a no-op handler here turns that into a return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    Server(config).run(sockets=[sock])

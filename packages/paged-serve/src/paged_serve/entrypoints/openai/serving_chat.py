@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from jinja2.exceptions import TemplateError
 
 from paged_serve.entrypoints.openai.protocol import ChatCompletionRequest
-from paged_serve.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, sse
+from paged_serve.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, guard_stream, sse
 from paged_serve.outputs import CompletionOutput
 
 
@@ -42,12 +42,18 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create_chat_completion(self, request: ChatCompletionRequest, raw: Request):
         self.check_model(request.model)
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        self.check_response_format(request)
+        if self.tokenizer is None:
+            raise OpenAIError("the server runs with skip_tokenizer_init: no chat template to render", 400)
+        try:
+            messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in request.messages]
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param="messages") from None
         try:
             prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=request.add_generation_prompt)
         except (TemplateError, ValueError) as exc:
             raise OpenAIError(f"chat template failed: {exc}", param="messages") from None
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        ids = await self.encode(prompt, add_special_tokens=False)
         if request.max_tokens is not None and request.max_completion_tokens is not None:
             raise OpenAIError("give max_tokens or max_completion_tokens, not both", param="max_tokens")
         max_tokens = self.check_length(ids, request.max_completion_tokens or request.max_tokens)
@@ -58,16 +64,12 @@ class OpenAIServingChat(OpenAIServing):
             raise OpenAIError(f"top_logprobs={top} exceeds the server's max_logprobs", param="top_logprobs")
         params = self.make_params(request, max_tokens, top if request.logprobs else None)
         request_id = self.new_id("chatcmpl")
-        stream = self.stream(raw, request_id, None, params, ids)
+        self.log_request(request, request_id)
+        streams = await self.admit([(request_id, None, params, ids)])
         if request.stream:
-            return StreamingResponse(
-                self._stream(request, request_id, stream, len(ids), top), media_type="text/event-stream"
-            )
-        final = None
-        async for output in stream:
-            final = output
-        if final is None or not final.finished:
-            raise OpenAIError("the client disconnected", 499)
+            events = self._stream(request, request_id, self.outputs(raw, streams[0]), len(ids), top)
+            return StreamingResponse(guard_stream(events, streams), media_type="text/event-stream")
+        (final,) = await self.final_outputs(raw, streams)
         choices = [
             {
                 "index": out.index,

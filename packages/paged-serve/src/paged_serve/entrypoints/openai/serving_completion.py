@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from paged_serve.entrypoints.openai.protocol import CompletionRequest
-from paged_serve.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, sse
+from paged_serve.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, guard_stream, sse
 from paged_serve.outputs import CompletionOutput
 
 
@@ -34,38 +34,45 @@ def _logprobs(tokenizer, out: CompletionOutput, offset: int) -> dict | None:
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
+def _is_token_ids(prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and not any(isinstance(x, str) for x in prompt)
+
+
 class OpenAIServingCompletion(OpenAIServing):
-    def _prompts(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+    async def _prompts(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
         p = request.prompt
         if isinstance(p, str):
-            return [(p, self.tokenizer.encode(p))]
+            return [(p, await self.encode(p))]
         if not p:
             raise OpenAIError("the prompt is empty", param="prompt")
         if all(isinstance(x, int) for x in p):
             return [(None, self.check_ids(list(p)))]
         if all(isinstance(x, str) for x in p):
-            return [(x, self.tokenizer.encode(x)) for x in p]
+            return [(x, await self.encode(x)) for x in p]
         return [(None, self.check_ids(list(x))) for x in p]
 
     async def create_completion(self, request: CompletionRequest, raw: Request):
         self.check_model(request.model)
+        self.check_response_format(request)
         if request.suffix is not None:
             raise OpenAIError("suffix is not supported", param="suffix")
         if request.logprobs is not None and request.logprobs > self.engine.engine.engine_args.max_logprobs:
             raise OpenAIError(f"logprobs={request.logprobs} exceeds the server's max_logprobs", param="logprobs")
-        prompts = self._prompts(request)
+        if self.engine.engine.tokenizer is None and not _is_token_ids(request.prompt):
+            raise OpenAIError("the server runs with skip_tokenizer_init: prompts must be token ids", param="prompt")
+        prompts = await self._prompts(request)
         params = [
             self.make_params(request, self.check_length(ids, request.max_tokens), request.logprobs)
             for _, ids in prompts
         ]
         base = self.new_id("cmpl")
-        streams = [self.stream(raw, f"{base}-{i}", None, params[i], ids) for i, (_, ids) in enumerate(prompts)]
+        self.log_request(request, base)
+        streams = await self.admit([(f"{base}-{i}", None, params[i], ids) for i, (_, ids) in enumerate(prompts)])
         n = request.n
         if request.stream:
-            return StreamingResponse(self._stream(request, base, prompts, streams, n), media_type="text/event-stream")
-        finals = await asyncio.gather(*(self._last(s) for s in streams))
-        if any(f is None for f in finals):
-            raise OpenAIError("the client disconnected", 499)
+            events = self._stream(request, base, prompts, [self.outputs(raw, s) for s in streams], n)
+            return StreamingResponse(guard_stream(events, streams), media_type="text/event-stream")
+        finals = await self.final_outputs(raw, streams)
         choices, completion_tokens = [], 0
         for i, ((text, ids), final) in enumerate(zip(prompts, finals)):
             prefix = (text if text is not None else self.tokenizer.decode(ids)) if request.echo else ""
@@ -96,21 +103,17 @@ class OpenAIServingCompletion(OpenAIServing):
         }
         return JSONResponse(body)
 
-    @staticmethod
-    async def _last(stream):
-        last = None
-        async for output in stream:
-            last = output
-        return last if last is not None and last.finished else None
-
     async def _stream(self, request: CompletionRequest, base: str, prompts, streams, n: int):
         created, queue = self.created(), asyncio.Queue()
         usage = {"prompt_tokens": sum(len(ids) for _, ids in prompts), "completion_tokens": 0}
 
         async def pump(i, stream):
-            async for output in stream:
-                await queue.put((i, output))
-            await queue.put((i, None))
+            try:
+                async for output in stream:
+                    await queue.put((i, output))
+                await queue.put((i, None))
+            except Exception as exc:  # noqa: BLE001 - handed to the response, which ends the stream with it
+                await queue.put((i, exc))
 
         tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
         try:
@@ -122,6 +125,8 @@ class OpenAIServingCompletion(OpenAIServing):
             remaining = len(streams)
             while remaining:
                 i, output = await queue.get()
+                if isinstance(output, Exception):
+                    raise output
                 if output is None:
                     remaining -= 1
                     continue

@@ -1,10 +1,12 @@
 """What the completion and chat endpoints share (vLLM ``serving_engine.OpenAIServing``): request checks, errors,
-prompt tokenisation, context-length limits, and iterating an engine stream that stops when the client leaves."""
+prompt tokenisation off the event loop, context-length limits, admission before the response starts, and
+iterating an engine stream that is aborted when the client leaves."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -12,9 +14,11 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from paged_serve.engine.async_llm_engine import AsyncLLMEngine
+from paged_serve.engine.async_llm_engine import AsyncLLMEngine, QueueFullError, RequestAbortedError, RequestStream
 from paged_serve.outputs import RequestOutput
 from paged_serve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class OpenAIError(Exception):
@@ -91,30 +95,98 @@ class OpenAIServing:
             raise OpenAIError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")
         return ids
 
-    async def stream(self, raw: Request, request_id: str, prompt, params, ids) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs for one request; aborted (blocks freed) as soon as the client disconnects."""
-        gen = self.engine.generate(request_id, prompt, params, ids)
-        nxt = None
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Tokenize in a worker thread: a long prompt must not stall every other client on the event loop."""
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
+
+    async def admit(self, requests: list[tuple]) -> list[RequestStream]:
+        """Put every prompt of one API request into the engine, or none: the errors a client must see as a status
+        (429 full queue, 400 bad value, 503 dead engine) are raised here, before any response byte is sent."""
+        try:
+            return await self.engine.add_requests(requests)
+        except QueueFullError as exc:
+            raise OpenAIError(f"server overloaded: {exc}", 429, "rate_limit_exceeded") from None
+        except ValueError as exc:
+            raise OpenAIError(str(exc), 400) from None
+        except RuntimeError as exc:
+            raise OpenAIError(str(exc), 503, "service_unavailable") from None
+
+    @staticmethod
+    def log_request(request, request_id: str) -> None:
+        ignored = request.ignored_fields()
+        if ignored:
+            logger.warning("request %s: fields %s are accepted but have no effect here", request_id, ignored)
+        if request.user:
+            logger.info("request %s from user %r", request_id, request.user)
+
+    @staticmethod
+    def check_response_format(request) -> None:
+        if request.response_format is not None and request.response_format.type != "text":
+            raise OpenAIError(
+                f"response_format type {request.response_format.type!r} is not supported (no guided decoding); "
+                "only {'type': 'text'}",
+                param="response_format",
+            )
+
+    @staticmethod
+    async def outputs(raw: Request, stream: RequestStream) -> AsyncIterator[RequestOutput]:
+        """One request's outputs; it is aborted (blocks freed) once the client disconnects, waiting or running."""
         try:
             while True:
-                nxt = asyncio.ensure_future(gen.__anext__())
-                while True:
-                    done, _ = await asyncio.wait({nxt}, timeout=0.25)
-                    if done:
-                        break
-                    if await raw.is_disconnected():
-                        return
+                nxt = asyncio.ensure_future(stream.__anext__())
+                try:
+                    while True:
+                        done, _ = await asyncio.wait({nxt}, timeout=0.25)
+                        if done:
+                            break
+                        if await raw.is_disconnected():
+                            return
+                finally:
+                    if not nxt.done():
+                        nxt.cancel()
                 try:
                     output = nxt.result()
                 except StopAsyncIteration:
                     return
-                nxt = None
+                except RequestAbortedError as exc:
+                    raise OpenAIError(str(exc), 503, "service_unavailable") from None
+                except RuntimeError as exc:  # the engine loop failed: every request in it fails
+                    raise OpenAIError(str(exc), 500, "internal_server_error") from None
                 yield output
         finally:
-            if nxt is not None and not nxt.done():
-                nxt.cancel()
-                try:
-                    await nxt  # let the generator see the cancellation and abort the request
-                except (asyncio.CancelledError, StopAsyncIteration):
-                    pass
-            await gen.aclose()
+            stream.close()
+
+    async def final_outputs(self, raw: Request, streams: list[RequestStream]) -> list[RequestOutput]:
+        """Every stream's last output, for a non-streamed answer; all are aborted if the client leaves."""
+
+        async def last(stream):
+            final = None
+            async for output in self.outputs(raw, stream):
+                final = output
+            return final if final is not None and final.finished else None
+
+        try:
+            finals = await asyncio.gather(*(last(s) for s in streams))
+        finally:
+            for s in streams:
+                s.close()
+        if any(f is None for f in finals):
+            raise OpenAIError("the client disconnected", 499)
+        return finals
+
+
+async def guard_stream(events: AsyncIterator[str], streams: list[RequestStream]) -> AsyncIterator[str]:
+    """Server-sent events of an admitted request. An error after the stream started is sent as an OpenAI error
+    event and ``data: [DONE]`` (as vLLM does), and every request is aborted when the stream ends or is dropped."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as exc:  # noqa: BLE001 - the client must hear about it in the stream
+        logger.warning("stream failed after it started: %r", exc)
+        status = exc.status if isinstance(exc, OpenAIError) else 500
+        kind = exc.kind if isinstance(exc, OpenAIError) else "internal_server_error"
+        yield sse({"error": {"message": str(exc), "type": kind, "param": None, "code": status}})
+        yield sse("[DONE]")
+    finally:
+        for s in streams:
+            s.close()
