@@ -72,8 +72,23 @@ def test_completion_batch_of_prompts_logprobs_and_echo(server):
     choices = r.json()["choices"]
     assert [c["index"] for c in choices] == [0, 1] and choices[0]["text"].startswith("the cat")
     lp = choices[0]["logprobs"]
-    assert len(lp["tokens"]) == 4 and all(v <= 0 for v in lp["token_logprobs"])
-    assert all(top and max(top.values()) == v for top, v in zip(lp["top_logprobs"], lp["token_logprobs"]))
+    tok = server.engine.engine.tokenizer
+    prompt_ids = tok.encode("the cat")
+    # echo + logprobs: the prompt tokens are scored too, the first has none (vLLM's prompt_logprobs)
+    assert len(lp["tokens"]) == len(prompt_ids) + 4
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["tokens"][: len(prompt_ids)] == [tok.decode([t], skip_special_tokens=False) for t in prompt_ids]
+    with torch.no_grad():
+        ref = server.hf(torch.tensor([prompt_ids])).logits[0].float().log_softmax(-1)
+    for i in range(1, len(prompt_ids)):
+        assert abs(lp["token_logprobs"][i] - ref[i - 1, prompt_ids[i]].item()) < 1e-4
+    scored = list(zip(lp["top_logprobs"], lp["token_logprobs"]))[len(prompt_ids) :]
+    assert all(v <= 0 for _, v in scored) and all(top and max(top.values()) == v for top, v in scored)
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=30) as r:
+        streamed = [e for e in sse_events(r)[:-1] if e["choices"]]
+    echoed = next(e["choices"][0] for e in streamed if e["choices"][0]["index"] == 0)
+    assert echoed["text"] == "the cat"
+    assert echoed["logprobs"]["token_logprobs"][1:] == lp["token_logprobs"][1 : len(prompt_ids)]
     ids = httpx.post(f"{server.url}/v1/completions", json={"prompt": [[5, 6, 7], [8, 9]], "max_tokens": 2}, timeout=30)
     assert ids.status_code == 200 and len(ids.json()["choices"]) == 2 and ids.json()["usage"]["prompt_tokens"] == 5
 

@@ -177,3 +177,25 @@ def test_a_stop_token_s_text_is_left_out_unless_asked(llm):
     keep = SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop], include_stop_str_in_output=True)
     kept = llm.generate([[5, 6, 7]], keep, use_tqdm=False)[0].outputs[0]
     assert kept.text == tok.decode(tokens[: k + 1])
+
+
+@pytest.mark.parametrize("engine_kw", [dict(), dict(enable_chunked_prefill=True, max_num_batched_tokens=8)])
+def test_prompt_logprobs_match_transformers(checkpoint, engine_kw):
+    """vLLM's tests/samplers/test_logprobs.py: prompt_logprobs[i] is token i's logprob given tokens < i (None first),
+    equal to transformers' forward pass; in chunks too."""
+    path, hf = checkpoint("llama")
+    llm = LLM(path, num_gpu_blocks=64, max_num_seqs=4, **engine_kw)
+    prompt = list(range(30, 50))
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3), use_tqdm=False)[0]
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
+    lps = out.prompt_logprobs
+    assert len(lps) == len(prompt) and lps[0] is None
+    for i in range(1, len(prompt)):
+        assert abs(lps[i][prompt[i]].logprob - ref[i - 1, prompt[i]].item()) < 1e-4
+        top = ref[i - 1].topk(3).indices.tolist()
+        assert set(top) <= set(lps[i]) and lps[i][top[0]].rank == 1
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        LLM(path, num_gpu_blocks=16, enable_prefix_caching=True).generate(
+            [prompt], SamplingParams(prompt_logprobs=1), use_tqdm=False
+        )

@@ -33,5 +33,6 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     ignored_reason: str | None = None
     extra: dict = field(default_factory=dict)

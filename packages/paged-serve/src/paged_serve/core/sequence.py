@@ -189,6 +189,7 @@ class SequenceGroup:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         self.ignored_reason: str | None = None
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first scheduling
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # [None, token 1's, ...]
 
     @property
     def prompt_token_ids(self) -> list[int]:

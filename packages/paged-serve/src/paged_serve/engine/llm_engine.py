@@ -18,7 +18,7 @@ import torch
 
 from paged_serve.config import CacheConfig
 from paged_serve.core.scheduler import Scheduler
-from paged_serve.core.sequence import Sequence, SequenceGroup
+from paged_serve.core.sequence import Logprob, Sequence, SequenceGroup
 from paged_serve.engine.arg_utils import EngineArgs
 from paged_serve.engine.beam_search import BeamSearchProcessor
 from paged_serve.engine.metrics import StatLogger, Stats
@@ -135,6 +135,13 @@ class LLMEngine:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         if params.logprobs is not None and params.logprobs > self.engine_args.max_logprobs:
             raise ValueError(f"logprobs={params.logprobs} exceeds max_logprobs={self.engine_args.max_logprobs}")
+        if params.prompt_logprobs is not None:
+            if params.prompt_logprobs > self.engine_args.max_logprobs:
+                raise ValueError(
+                    f"prompt_logprobs={params.prompt_logprobs} exceeds max_logprobs={self.engine_args.max_logprobs}"
+                )
+            if self.cache_config.enable_prefix_caching:
+                raise ValueError("prompt_logprobs needs every prompt token computed: not with enable_prefix_caching")
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
             raise ValueError(f"logit_bias token id {max(params.logit_bias)} is outside [0, {self.vocab_size})")
         check_fits(params, len(ids), self.scheduler_config, self.cache_config)
@@ -192,7 +199,9 @@ class LLMEngine:
             self.scheduler.update_from_output(outs)
             num_prompt = model_input.attn_metadata.num_prefill_tokens
             num_gen = len(model_input.sampled_seqs)
-            self._sample_and_process(model_input.sampled_seqs, logits)
+            if model_input.prompt_rows:
+                self._record_prompt_logprobs(model_input.prompt_rows, logits[num_gen:])
+            self._sample_and_process(model_input.sampled_seqs, logits[:num_gen])
         finished = self.scheduler.free_finished_seq_groups()
         outputs = []
         moved = [s.seq_group for s in outs.scheduled_seq_groups] + list(outs.ignored_seq_groups)
@@ -226,6 +235,27 @@ class LLMEngine:
         for request_id, members in beams.items():
             index = torch.tensor([i for i, _ in members], device=logits.device)
             self.beam_search.step(self.requests[request_id], [s for _, s in members], logits[index], self.sampler)
+
+    def _record_prompt_logprobs(self, rows, logits: torch.Tensor) -> None:
+        """vLLM's ``prompt_logprobs``: each prompt token's logprob given the tokens before it (the first has none),
+        with its rank and the request's top-k; recorded once (a recomputed prefill scores nothing new)."""
+        logprobs = logits.float().log_softmax(dim=-1)
+        targets = torch.tensor([self.requests[m.request_id].group.prompt_token_ids[i] for m, i in rows])
+        chosen = logprobs.gather(1, targets.to(logprobs.device)[:, None])
+        ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
+        top = max(self.requests[m.request_id].params.prompt_logprobs for m, _ in rows)
+        values, indices = logprobs.topk(top) if top else (None, None)
+        for row, ((meta, index), rank) in enumerate(zip(rows, ranks)):
+            group = self.requests[meta.request_id].group
+            recorded = group.prompt_logprobs = group.prompt_logprobs or [None]
+            if index != len(recorded):
+                continue
+            entry = {int(targets[row]): Logprob(float(chosen[row]), rank)}
+            k = self.requests[meta.request_id].params.prompt_logprobs
+            if k:
+                for r, (v, t) in enumerate(zip(values[row, :k].tolist(), indices[row, :k].tolist()), start=1):
+                    entry.setdefault(t, Logprob(v, r))
+            recorded.append(entry)
 
     # ----------------------------------------------------------------- stats
     def get_stats(self) -> Stats:

@@ -34,6 +34,7 @@ class RequestState:
     reported_tokens: dict[int, int] = field(default_factory=dict)
     reported_text: dict[int, int] = field(default_factory=dict)
     beam: object | None = None  # BeamState of a beam-search request
+    prompt_reported: bool = False  # DELTA outputs: prompt_logprobs already sent
 
 
 class OutputProcessor:
@@ -84,6 +85,20 @@ class OutputProcessor:
             return self.detokenizer(state, seq).text(tokens[:-1])
         return self.detokenizer(state, seq).text(tokens, final=seq.is_finished())
 
+    @staticmethod
+    def _prompt_logprobs(state: RequestState):
+        """Complete prompt logprobs once the prefill is done; in DELTA mode only in the first output after it."""
+        recorded = state.group.prompt_logprobs
+        if recorded is None and state.params.prompt_logprobs is not None and len(state.group.prompt_token_ids) == 1:
+            recorded = [None]  # nothing scores a prompt's first token
+        if recorded is None or len(recorded) < len(state.group.prompt_token_ids):
+            return None
+        if state.params.output_kind == RequestOutputKind.DELTA:
+            if state.prompt_reported:
+                return None
+            state.prompt_reported = True
+        return recorded
+
     def make_output(self, state: RequestState) -> RequestOutput | None:
         group, params = state.group, state.params
         finished = group.is_finished()
@@ -133,5 +148,6 @@ class OutputProcessor:
             finished=finished,
             metrics=group.metrics,
             num_cached_tokens=group.num_cached_tokens,
+            prompt_logprobs=self._prompt_logprobs(state),
             ignored_reason=group.ignored_reason,
         )

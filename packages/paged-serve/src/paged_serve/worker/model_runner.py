@@ -3,7 +3,8 @@
 Every scheduled token of every sequence goes into one batch without padding: prefill tokens first (each
 sequence's uncomputed tokens, or the chunk the scheduler gave it), then one token per decoding sequence. Each
 token's cache slot comes from its sequence's block table; only the rows whose next token is sampled (the last
-token of a finished prefill, every decode) go through the LM head.
+token of a finished prefill, every decode), and the prompt rows of requests asking for ``prompt_logprobs``, go
+through the LM head.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class ModelInput:
     attn_metadata: AttentionMetadata
     sample_indices: torch.Tensor
     sampled_seqs: list[tuple[SequenceGroupMetadata, Sequence]]
+    prompt_indices: torch.Tensor | None = None  # rows whose logits score the next prompt token (prompt_logprobs)
+    prompt_rows: list[tuple[SequenceGroupMetadata, int]] | None = None  # (group, index of the scored token)
 
 
 def _pad(rows: list[list[int]], device) -> torch.Tensor:
@@ -45,11 +48,14 @@ class ModelRunner:
         decode_tables, decode_lens = [], []
         sample_indices: list[int] = []
         sampled = []
+        prompt_indices: list[int] = []
+        prompt_rows: list[tuple[SequenceGroupMetadata, int]] = []
         bs = self.block_size
         for prefill in (True, False):  # prefill tokens first, then decodes
             for meta in metas:
                 if meta.is_prompt != prefill:
                     continue
+                score_prompt = prefill and getattr(meta.sampling_params, "prompt_logprobs", None) is not None
                 for seq_id, seq in meta.seq_data.items():
                     table = meta.block_tables[seq_id]
                     start = seq.num_computed_tokens
@@ -59,6 +65,10 @@ class ModelRunner:
                         tokens.append(ids[pos])
                         positions.append(pos)
                         slots.append(table[pos // bs] * bs + pos % bs)
+                        if score_prompt and pos + 1 < seq.get_prompt_len():
+                            prompt_indices.append(len(tokens) - 1)
+                            prompt_rows.append((meta, pos + 1))
+                    score_prompt = False  # the prompt is the same in every sequence of the group
                     if prefill:
                         prefill_tables.append(table)
                         prefill_lens.append(start + count)
@@ -91,10 +101,15 @@ class ModelRunner:
             attn_metadata=md,
             sample_indices=torch.tensor(sample_indices, dtype=torch.long, device=dev),
             sampled_seqs=sampled,
+            prompt_indices=torch.tensor(prompt_indices, dtype=torch.long, device=dev) if prompt_rows else None,
+            prompt_rows=prompt_rows or None,
         )
 
     @torch.inference_mode()
     def execute_model(self, model_input: ModelInput, kv_caches) -> torch.Tensor:
-        """Logits ``[num_sampled, vocab]`` for the sampled rows (an empty tensor if none)."""
+        """Logits ``[num_sampled + num_prompt_rows, vocab]``: the sampled rows, then the rows scoring prompt tokens."""
         hidden = self.model(model_input.input_ids, model_input.positions, kv_caches, model_input.attn_metadata)
-        return self.model.compute_logits(hidden[model_input.sample_indices])
+        rows = model_input.sample_indices
+        if model_input.prompt_indices is not None:
+            rows = torch.cat([rows, model_input.prompt_indices])
+        return self.model.compute_logits(hidden[rows])

@@ -16,21 +16,26 @@ from paged_serve.entrypoints.openai.serving_engine import OpenAIError, OpenAISer
 from paged_serve.outputs import CompletionOutput
 
 
-def _logprobs(tokenizer, out: CompletionOutput, offset: int) -> dict | None:
-    if out.logprobs is None:
+def _logprobs(tokenizer, token_ids: list[int], logprobs: list | None, offset: int) -> dict | None:
+    """OpenAI's completion logprobs; a ``None`` entry (a prompt's first token) has no logprob and no top list."""
+    if logprobs is None:
         return None
     tokens, token_logprobs, top, offsets = [], [], [], []
     text_offset = offset
-    for token_id, lps in zip(out.token_ids, out.logprobs):
+    for token_id, lps in zip(token_ids, logprobs):
         text = tokenizer.decode([token_id], skip_special_tokens=False)
         tokens.append(text)
+        offsets.append(text_offset)
+        text_offset += len(text)
+        if lps is None:
+            token_logprobs.append(None)
+            top.append(None)
+            continue
         token_logprobs.append(lps[token_id].logprob)
         entry: dict[str, float] = {}
         for t, lp in sorted(lps.items(), key=lambda kv: kv[1].rank or 0):  # texts can collide (byte tokens): best wins
             entry.setdefault(tokenizer.decode([t], skip_special_tokens=False), lp.logprob)
         top.append(entry)
-        offsets.append(text_offset)
-        text_offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
@@ -65,6 +70,9 @@ class OpenAIServingCompletion(OpenAIServing):
             self.make_params(request, self.check_length(ids, request.max_tokens), request.logprobs)
             for _, ids in prompts
         ]
+        if request.echo and request.logprobs is not None:  # echo scores the prompt tokens too
+            for p in params:
+                p.prompt_logprobs = request.logprobs
         base = self.new_id("cmpl")
         self.log_request(request, base)
         streams = await self.admit([(f"{base}-{i}", None, params[i], ids) for i, (_, ids) in enumerate(prompts)])
@@ -82,7 +90,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     {
                         "index": i * n + out.index,
                         "text": prefix + out.text,
-                        "logprobs": _logprobs(self.tokenizer, out, len(prefix)),
+                        "logprobs": self._choice_logprobs(request, ids, final, out, len(prefix)),
                         "finish_reason": out.finish_reason,
                         "stop_reason": out.stop_reason,
                     }
@@ -117,11 +125,13 @@ class OpenAIServingCompletion(OpenAIServing):
 
         tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
         try:
-            if request.echo:
-                for i, (text, ids) in enumerate(prompts):
-                    for k in range(n):
-                        echo = text if text is not None else self.tokenizer.decode(ids)
-                        yield sse(self._chunk(base, created, i * n + k, echo, None, None))
+            # echo: the prompt first; with logprobs it waits for the prefill that scores the prompt tokens
+            pending_echo = set(range(len(prompts))) if request.echo else set()
+            if request.logprobs is None:
+                for i in sorted(pending_echo):
+                    for event in self._echo(base, created, prompts[i], i, n, None):
+                        yield event
+                pending_echo.clear()
             remaining = len(streams)
             while remaining:
                 i, output = await queue.get()
@@ -130,6 +140,10 @@ class OpenAIServingCompletion(OpenAIServing):
                 if output is None:
                     remaining -= 1
                     continue
+                if i in pending_echo and (output.prompt_logprobs is not None or output.finished):
+                    pending_echo.discard(i)
+                    for event in self._echo(base, created, prompts[i], i, n, output.prompt_logprobs):
+                        yield event
                 for out in output.outputs:
                     usage["completion_tokens"] += len(out.token_ids)
                     if out.text or out.finish_reason is not None:
@@ -152,11 +166,26 @@ class OpenAIServingCompletion(OpenAIServing):
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _chunk(self, base, created, index, text, out, finish_reason) -> dict:
+    def _choice_logprobs(self, request, prompt_ids, final, out: CompletionOutput, offset: int) -> dict | None:
+        """With ``echo``, the prompt tokens' logprobs come first (vLLM's prompt_logprobs), from offset 0."""
+        if out.logprobs is None:
+            return None
+        if request.echo and final.prompt_logprobs is not None:
+            return _logprobs(self.tokenizer, prompt_ids + out.token_ids, final.prompt_logprobs + out.logprobs, 0)
+        return _logprobs(self.tokenizer, out.token_ids, out.logprobs, offset)
+
+    def _echo(self, base, created, prompt, i: int, n: int, prompt_logprobs):
+        text, ids = prompt
+        echo = text if text is not None else self.tokenizer.decode(ids)
+        lp = _logprobs(self.tokenizer, ids, prompt_logprobs, 0) if prompt_logprobs is not None else None
+        for k in range(n):
+            yield sse(self._chunk(base, created, i * n + k, echo, None, None, lp))
+
+    def _chunk(self, base, created, index, text, out, finish_reason, logprobs=None) -> dict:
         choice = {
             "index": index,
             "text": text,
-            "logprobs": _logprobs(self.tokenizer, out, 0) if out else None,
+            "logprobs": _logprobs(self.tokenizer, out.token_ids, out.logprobs, 0) if out else logprobs,
             "finish_reason": finish_reason,
             "stop_reason": out.stop_reason if out else None,
         }
