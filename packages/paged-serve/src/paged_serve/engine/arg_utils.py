@@ -130,6 +130,10 @@ class EngineArgs:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Every engine argument as a ``--flag``; ``--model`` too unless the parser already takes a model (as
+        ``paged-serve serve MODEL`` does), so vLLM's ``llm_engine_example.py`` parses ``--model DIR``."""
+        if not any(a.dest == "model" for a in parser._actions):
+            parser.add_argument("--model", required=True, help=_HELP["model"])
         for f in fields(EngineArgs):
             if f.name == "model":
                 continue
