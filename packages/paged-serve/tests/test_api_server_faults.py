@@ -337,3 +337,59 @@ def test_sigterm_under_load_exits_cleanly_within_the_shutdown_timeout(checkpoint
             proc.kill()
     assert rc == 0 and "Traceback" not in stderr, stderr
     assert elapsed < 15, elapsed
+
+
+def test_no_client_mix_can_wedge_the_server(checkpoint):
+    """The issue's acceptance load: 200 concurrent streaming clients (100 leave mid-stream), 20 non-streamed
+    clients that leave, a queue that overflows (429s) and an n=257 request (400), all at once; afterwards the
+    server answers, nothing runs or waits, and every KV block is free."""
+    path, _ = checkpoint("llama")
+    s = Server(path, max_waiting_requests=64, num_gpu_blocks=512)  # max_num_seqs: vLLM's default 256
+    try:
+
+        async def streaming(client, i):
+            body = {"prompt": [3 + i % 50, 7, 9], "max_tokens": 12, "ignore_eos": True, "stream": True,
+                    "temperature": 0.8, "seed": i}  # fmt: skip
+            async with client.stream("POST", "/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    return r.status_code, r.json()["error"]["type"]
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {") and i % 2 == 1:
+                        return "left", None  # closes the connection mid-stream
+                    if line == "data: [DONE]":
+                        return 200, None
+            return "cut", None
+
+        async def leaves(client):
+            try:
+                await asyncio.wait_for(
+                    client.post("/v1/completions", json={"prompt": "the", "max_tokens": 100, "ignore_eos": True}), 0.3
+                )
+                return "finished"
+            except asyncio.TimeoutError:
+                return "left"
+
+        async def main():
+            limits = httpx.Limits(max_connections=400, max_keepalive_connections=0)
+            async with httpx.AsyncClient(base_url=s.url, timeout=60, limits=limits) as client:
+                wide = client.post("/v1/completions", json={"prompt": "x", "n": 257, "temperature": 1.0})
+                return await asyncio.gather(
+                    wide, *(streaming(client, i) for i in range(200)), *(leaves(client) for _ in range(20))
+                )
+
+        results = asyncio.run(main())
+        wide, streams, quitters = results[0], results[1:201], results[201:]
+        assert wide.status_code == 400 and "max_num_seqs=256" in wide.json()["error"]["message"]
+        kinds = {r for r, _ in streams}
+        assert kinds <= {200, 429, "left"}, kinds  # never a stream cut without [DONE]
+        assert sum(r == 200 for r, _ in streams) > 0 and sum(r == "left" for r, _ in streams) > 0
+        assert all(t == "rate_limit_exceeded" for r, t in streams if r == 429)
+        assert quitters.count("left") > 0
+        assert s.idle_and_free(timeout=15), "requests or blocks left behind"
+        stats = s.engine.engine.get_stats()
+        assert stats.num_running == stats.num_waiting == stats.num_swapped == 0
+        after = httpx.post(f"{s.url}/v1/completions", json={"prompt": "the", "max_tokens": 3}, timeout=30)
+        assert after.status_code == 200 and httpx.get(f"{s.url}/health").status_code == 200
+    finally:
+        s.close()
