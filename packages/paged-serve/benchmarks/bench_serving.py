@@ -2,10 +2,13 @@
 (transformers' own continuous batching), on the same tiny Llama and the same seeded workload, in one run.
 
 Also: prefix caching on vs off on a shared-prefix workload, KV utilisation (token slots filled / slots held, over
-the steps of the paged run), and the OpenAI server's latency at 16 concurrent streaming clients.
+the steps of the paged run), the OpenAI server's latency at 16 concurrent streaming clients, and the workloads
+real traffic has (``workloads.py``): mixed output lengths (log-uniform 8-256, and ShareGPT-shaped lengths), a
+fixed KV-memory budget for both systems, and Poisson arrivals through the server at 1, 16 and 64 clients.
 
     uv run python packages/paged-serve/benchmarks/bench_serving.py            # full run (a few minutes on CPU)
     uv run python packages/paged-serve/benchmarks/bench_serving.py --quick    # smaller, for a smoke test
+    uv run python packages/paged-serve/benchmarks/bench_serving.py --only realistic   # the realistic part alone
 """
 
 from __future__ import annotations
@@ -15,10 +18,10 @@ import asyncio
 import json
 import statistics
 import tempfile
-import threading
 import time
 
 import torch
+import workloads
 from tqdm.auto import tqdm
 
 
@@ -55,25 +58,9 @@ def workload(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[list[i
 
 def run_paged(path, prompts, max_tokens, **engine_args):
     """Greedy generation through the engine step by step; returns (seconds, outputs, mean KV utilisation)."""
-    from paged_serve import LLM, RequestOutputKind, SamplingParams
-
-    llm = LLM(path, **engine_args)
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    params.output_kind = RequestOutputKind.FINAL_ONLY  # what LLM.generate asks for: no per-step detokenising
-    llm.generate(prompt_token_ids=prompts[:2], sampling_params=params, use_tqdm=False)  # warm-up
-    engine = llm.llm_engine
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt_token_ids=p, params=params)
-    outputs, util = {}, []
-    start = time.perf_counter()
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                outputs[out.request_id] = out.outputs[0].token_ids
-        if engine.scheduler.running:
-            util.append(engine.scheduler.block_manager.get_kv_utilization())
-    elapsed = time.perf_counter() - start
-    return elapsed, [outputs[f"r{i}"] for i in range(len(prompts))], statistics.fmean(util), llm.get_stats()
+    max_tokens = [max_tokens] * len(prompts)
+    elapsed, outs, stats, _, _, util = workloads.run_paged_mixed(path, prompts, max_tokens, **engine_args)
+    return elapsed, outs, util, stats
 
 
 @torch.inference_mode()
@@ -115,19 +102,7 @@ def run_hf_continuous(model, prompts, max_tokens):
 
 def server_latency(path, prompts, max_tokens, clients, **engine_args):
     import httpx
-    import uvicorn
-    from paged_serve import EngineArgs
-    from paged_serve.engine.async_llm_engine import AsyncLLMEngine
-    from paged_serve.entrypoints.openai.api_server import bind_socket, build_app
 
-    engine = AsyncLLMEngine.from_engine_args(EngineArgs(path, **engine_args), max_waiting_requests=len(prompts))
-    sock = bind_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, "bench"), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     queue = list(enumerate(prompts))
     latencies, ttfts = [], []
 
@@ -144,17 +119,15 @@ def server_latency(path, prompts, max_tokens, clients, **engine_args):
             latencies.append(time.perf_counter() - start)
             ttfts.append(first or latencies[-1])
 
-    async def main():
+    async def main(url):
         async with httpx.AsyncClient(base_url=url, timeout=600) as http:
             await asyncio.gather(*(client(http) for _ in range(clients)))
 
-    start = time.perf_counter()
-    asyncio.run(main())
-    wall = time.perf_counter() - start
-    server.should_exit = True
-    thread.join(timeout=10)
-    engine.shutdown()
-    q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
+    with workloads.LocalServer(path, len(prompts), **engine_args) as server:
+        start = time.perf_counter()
+        asyncio.run(main(server.url))
+        wall = time.perf_counter() - start
+    q = workloads.percentile
     return {
         "p50": q(latencies, 0.5),
         "p99": q(latencies, 0.99),
@@ -182,12 +155,88 @@ def main():
     parser.add_argument("--quick", action="store_true", help="16 requests, 16 output tokens, one repeat")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats per system (medians reported)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--only", choices=["fixed", "realistic"], default=None, help="run one part of the benchmark")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     n, new, repeats = (16, 16, 1) if args.quick else (64, 64, args.repeats)
     vocab = 8192
     path = tempfile.mkdtemp(prefix="bench-llama-")
     model = build_model(path, vocab, max_pos=1024)
+    if args.only != "realistic":
+        fixed_lengths(path, model, vocab, n, new, repeats)
+    if args.only != "fixed":
+        realistic(path, model, vocab, n, repeats, quick=args.quick)
+
+
+def realistic(path, model, vocab, n, repeats, quick=False):
+    """Mixed lengths (two distributions), a fixed KV budget, Poisson arrivals through the server."""
+    engine = dict(block_size=16, max_num_seqs=64, num_gpu_blocks=4096, num_cpu_blocks=0)
+    cases = {"log-uniform 8-256": workloads.mixed_lengths(n, vocab), "ShareGPT-like": workloads.sharegpt_like(n, vocab)}
+    bar = tqdm(total=len(cases) + 2, desc="realistic workloads")
+    for label, (prompts, max_tokens) in cases.items():
+        useful = sum(max_tokens)
+        med, res = _median_runs(
+            repeats,
+            [
+                ("paged", lambda p=prompts, m=max_tokens: workloads.run_paged_mixed(path, p, m, **engine)),
+                *[
+                    (f"static{b}", lambda b=b, p=prompts, m=max_tokens: workloads.run_hf_static_mixed(
+                        model, p, m, workloads.static_batches(p, m, batch_size=b)))
+                    for b in (16, 64)
+                ],
+            ],
+        )  # fmt: skip
+        bar.update()
+        print(f"\n## Mixed output lengths ({label}): {n} requests, prompts {min(map(len, prompts))}-"
+              f"{max(map(len, prompts))} tokens, max_tokens {min(max_tokens)}-{max(max_tokens)} "
+              f"({useful} useful output tokens), greedy, median of {repeats}\n")  # fmt: skip
+        print("| system | seconds | useful output tokens/s | paged-serve speed-up |\n|---|---|---|---|")
+        for key, name in (("paged", "paged-serve LLM.generate"), ("static16", "transformers generate, batches of 16"),
+                          ("static64", "transformers generate, batches of 64")):  # fmt: skip
+            print(f"| {name} | {med[key]:.2f} | {useful / med[key]:.1f} | {med[key] / med['paged']:.2f}x |")
+        better = min(med["static16"], med["static64"])
+        same = sum(a == b for a, b in zip(res["paged"][1], res["static64"][1])) / n
+        print(f"\npaged-serve vs the better static batching: {better / med['paged']:.2f}x (target >= 2.5x); "
+              f"outputs identical to transformers for {same:.0%} of requests")  # fmt: skip
+
+    prompts, max_tokens = cases["log-uniform 8-256"]
+    slots = 512 * 16  # the same KV bytes for both: 8192 token slots (512 blocks of 16)
+    budget = {**engine, "num_gpu_blocks": slots // 16}
+    batches = workloads.static_batches(prompts, max_tokens, kv_slots=slots)
+    med, res = _median_runs(
+        repeats,
+        [
+            ("paged", lambda: workloads.run_paged_mixed(path, prompts, max_tokens, **budget)),
+            ("static", lambda: workloads.run_hf_static_mixed(model, prompts, max_tokens, batches)),
+        ],
+    )
+    bar.update()
+    stats, peak, mean = res["paged"][2], res["paged"][3], res["paged"][4]
+    useful = sum(max_tokens)
+    print(f"\n## Fixed KV budget: {slots} token slots for both systems, the log-uniform workload, median of "
+          f"{repeats}\n")  # fmt: skip
+    print("| system | sequences at once (mean / peak) | seconds | useful output tokens/s |\n|---|---|---|---|")
+    sizes = [len(b) for b in batches]
+    print(f"| paged-serve, {slots // 16} blocks | {mean:.1f} / {peak} | {med['paged']:.2f} | "
+          f"{useful / med['paged']:.1f} |")  # fmt: skip
+    print(f"| transformers static batches reserving prompt + max_tokens per row | "
+          f"{statistics.fmean(sizes):.1f} / {max(sizes)} | {med['static']:.2f} | {useful / med['static']:.1f} |")
+    print(f"\npaged-serve vs static at the same KV bytes: {med['static'] / med['paged']:.2f}x (target >= 2x); "
+          f"preemptions {stats.num_preemptions_recompute}; outputs identical for "
+          f"{sum(a == b for a, b in zip(res['paged'][1], res['static'][1])) / n:.0%}")  # fmt: skip
+
+    print("\n## Poisson arrivals through the server (streaming, the log-uniform workload)\n")
+    print("| clients | requests | rate per client (req/s) | TTFT p50 (s) | TTFT p99 (s) | per-token p50 (ms) | "
+          "per-token p99 (ms) |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    for clients, count, rate in ((1, 8 if quick else 16, 4.0), (16, n, 1.0), (64, n, 0.5)):
+        lat = workloads.server_poisson(path, prompts[:count], max_tokens[:count], clients, rate, **engine)
+        print(f"| {clients} | {count} | {rate} | {lat['ttft_p50']:.3f} | {lat['ttft_p99']:.3f} | "
+              f"{1000 * lat['tpot_p50']:.1f} | {1000 * lat['tpot_p99']:.1f} |")  # fmt: skip
+    bar.update()
+    bar.close()
+
+
+def fixed_lengths(path, model, vocab, n, new, repeats):
     prompts = workload(n, 16, 256, vocab)
     engine = dict(block_size=16, max_num_seqs=64, num_gpu_blocks=4096, num_cpu_blocks=0)
     bar = tqdm(total=3, desc="benchmark sections")

@@ -49,8 +49,9 @@ def _decode_bucket(query, key_cache, value_cache, block_tables, lens, scale) -> 
     keep = valid[:, :, None, None]
 
     def gather(cache):
-        kv = cache[blocks].reshape(num_seqs, num_blocks * block_size, num_kv_heads, head_size)
-        return kv.float().masked_fill(~keep, 0.0).transpose(1, 2)  # [S, kv_heads, L, D]
+        kv = cache[blocks].reshape(num_seqs, num_blocks * block_size, num_kv_heads, head_size).float()
+        # the gather made a copy (and .float() another, or none), so zeroing it in place touches no cache block
+        return kv.masked_fill_(~keep, 0.0).transpose(1, 2)  # [S, kv_heads, L, D]
 
     attn = torch.nn.functional.scaled_dot_product_attention(
         query.float()[:, :, None, :],
