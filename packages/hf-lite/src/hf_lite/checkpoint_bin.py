@@ -13,7 +13,7 @@ import zipfile
 
 import torch
 
-from .checkpoint_utils import CheckpointError, split_state_dict_into_shards
+from .checkpoint_utils import CheckpointError, read_weight_index, split_state_dict_into_shards
 from .utils import atomic_write_bytes, atomic_write_text
 
 WEIGHTS_NAME = "pytorch_model.bin"
@@ -74,18 +74,7 @@ def resolve_bin_files(directory: str, variant: str | None) -> dict[str, list[str
     index_path = os.path.join(directory, bin_name(WEIGHTS_INDEX_NAME, variant))
     single = os.path.join(directory, bin_name(WEIGHTS_NAME, variant))
     if os.path.isfile(index_path):
-        try:
-            with open(index_path, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError) as err:
-            raise CheckpointError(f"{index_path} is not a valid weight index: {err!r}") from err
-        files: dict[str, list[str]] = {}
-        for key, name in weight_map.items():
-            files.setdefault(os.path.join(directory, name), []).append(key)
-        for file, keys in files.items():
-            if not os.path.isfile(file):
-                raise CheckpointError(f"{file} is listed in {index_path} (e.g. for tensor {keys[0]!r}) but is missing")
-        return files
+        return read_weight_index(directory, index_path)
     if os.path.isfile(single):
         return {single: list(load_bin_file(single))}
     return None

@@ -141,24 +141,29 @@ def save_state_dict(
     return names
 
 
+def read_weight_index(directory: str, index_path: str) -> dict[str, list[str]]:
+    """``{file: keys}`` from a sharded checkpoint's ``weight_map`` index, every listed file checked to exist."""
+    try:
+        with open(index_path, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+    except (json.JSONDecodeError, KeyError) as err:
+        raise CheckpointError(f"{index_path} is not a valid weight index: {err!r}") from err
+    files: dict[str, list[str]] = {}
+    for key, name in weight_map.items():
+        files.setdefault(os.path.join(directory, name), []).append(key)
+    for file, keys in files.items():
+        if not os.path.isfile(file):
+            raise CheckpointError(f"{file} is listed in {index_path} (e.g. for tensor {keys[0]!r}) but is missing")
+    return files
+
+
 def resolve_weight_files(directory: str, variant: str | None = None) -> dict[str, list[str]]:
     """Map each weight file of a checkpoint directory to the keys the index promises it holds."""
     directory = os.fspath(directory)
     index_path = os.path.join(directory, add_variant(SAFE_WEIGHTS_INDEX_NAME, variant))
     single = os.path.join(directory, add_variant(SAFE_WEIGHTS_NAME, variant))
     if os.path.isfile(index_path):
-        try:
-            with open(index_path, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError) as err:
-            raise CheckpointError(f"{index_path} is not a valid safetensors index: {err!r}") from err
-        files: dict[str, list[str]] = {}
-        for key, name in weight_map.items():
-            files.setdefault(os.path.join(directory, name), []).append(key)
-        for file, keys in files.items():
-            if not os.path.isfile(file):
-                raise CheckpointError(f"{file} is listed in {index_path} (e.g. for tensor {keys[0]!r}) but is missing")
-        return files
+        return read_weight_index(directory, index_path)
     if os.path.isfile(single):
         return {single: list(read_safetensors_header(single))}
     names = f"{os.path.basename(single)} or {os.path.basename(index_path)}"
