@@ -218,6 +218,21 @@ def test_add_bos_token_slow(upstream_dir):
     assert all(d.startswith(bos_token) for d in tokenizer.batch_decode(out_s2.input_ids))
 
 
+def test_upstream_vocab_defaults_unk_bos_eos_to_endoftext_as_transformers(upstream_dir):
+    """transformers' GPT2Tokenizer defaults unk, bos and eos to <|endoftext|>: its padding and add_bos_token tests
+    on the 21-token vocabulary ("This is ..." has no 'T') need the unk default."""
+    files = (upstream_dir / "vocab.json", upstream_dir / "merges.txt")
+    texts = ["lower newer", "newer lower low", "low"]
+    for kw, call in ((dict(add_bos_token=True), {}), (dict(pad_token="<|endoftext|>"), dict(padding=True))):
+        ours = GPT2Tokenizer(*files, **kw)
+        theirs = transformers.GPT2Tokenizer(*map(str, files), **kw)
+        assert ours(texts, **call)["input_ids"] == theirs(texts, **call)["input_ids"], kw
+        assert (ours.unk_token, ours.bos_token, ours.eos_token) == ("<|endoftext|>",) * 3
+        # characters outside this vocabulary become unk_token (transformers 5's Rust BPE, configured without an
+        # unk token, drops them instead): the point here is that encoding no longer fails
+        assert ours.unk_token_id in ours("This is a simple input", **call)["input_ids"]
+
+
 def test_special_tokens_mask_input_pairs_and_bos_token(upstream_dir):
     tokenizer = GPT2Tokenizer.from_pretrained(upstream_dir, bos_token="<|endoftext|>", add_bos_token=True)
     sequence_0, sequence_1 = "lower newer", "newer lower"

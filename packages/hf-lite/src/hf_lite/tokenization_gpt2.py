@@ -86,6 +86,9 @@ class GPT2Tokenizer(PreTrainedTokenizer, reads_byte_level_files=True):
         self.ignore_merges = ignore_merges
         self.cache: dict[str, list[str]] = {}
         self._post_processor = post_processor
+        if "<|endoftext|>" in self.encoder:  # transformers' defaults for unk, bos and eos (GPT-2's one special token)
+            for name in ("unk_token", "bos_token", "eos_token"):
+                kwargs.setdefault(name, "<|endoftext|>")
         super().__init__(**kwargs)
         self._set_post_processor(post_processor)
 
