@@ -1,11 +1,22 @@
-"""pytest plugin (entry point ``pytest11``): markers for GPU and multi-rank tests, pool teardown."""
+"""pytest plugin (entry point ``pytest11``): markers for GPU and multi-rank tests, Triton's interpreter on machines
+without CUDA, pool teardown."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 
 def pytest_configure(config):
+    # Triton chooses interpreted or compiled kernels once per process, and some test dependencies (evaluate among
+    # them) import it while their test modules are collected, long before paged-serve's conftest could set this:
+    # decide for the whole session before anything is collected.
+    if "TRITON_INTERPRET" not in os.environ:
+        from harness import cuda_device_count
+
+        if cuda_device_count() == 0:
+            os.environ["TRITON_INTERPRET"] = "1"
     config.addinivalue_line("markers", "gpu(n=1): needs n CUDA devices; skipped otherwise")
     config.addinivalue_line("markers", "world_size(n): the number of ranks a multi-rank test runs on")
     config.addinivalue_line("markers", "slow: long-running; still part of the default suite")
