@@ -199,3 +199,16 @@ def test_prompt_logprobs_match_transformers(checkpoint, engine_kw):
         LLM(path, num_gpu_blocks=16, enable_prefix_caching=True).generate(
             [prompt], SamplingParams(prompt_logprobs=1), use_tqdm=False
         )
+
+
+def test_token_ids_of_any_integer_type_are_accepted(llm):
+    """numpy / torch integers (what users get from a tokenizer's tensors) work as vLLM's int lists do."""
+    import numpy as np
+
+    ids = [5, 6, 7]
+    want = _tokens(llm.generate(prompt_token_ids=[ids], sampling_params=GREEDY, use_tqdm=False))
+    assert _tokens(llm.generate(prompt_token_ids=[np.array(ids)], sampling_params=GREEDY, use_tqdm=False)) == want
+    assert _tokens(llm.generate({"prompt_token_ids": torch.tensor(ids).tolist()}, GREEDY, use_tqdm=False)) == want
+    assert _tokens(llm.generate([list(np.array(ids, dtype=np.int64))], GREEDY, use_tqdm=False)) == want
+    with pytest.raises(TypeError, match="prompt_token_ids"):
+        llm.generate({"prompt_token_ids": [5, True]}, GREEDY, use_tqdm=False)

@@ -7,6 +7,7 @@ raises ``TypeError`` naming the type of anything else.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import TypedDict
 
@@ -28,8 +29,17 @@ PromptType = str | TextPrompt | TokensPrompt
 _EXPECTED = "a string, a TextPrompt {'prompt': str} or a TokensPrompt {'prompt_token_ids': [int, ...]} (PromptType)"
 
 
+def _is_token_id(t) -> bool:
+    """An int, or any integer type (numpy, a 0-d torch tensor) that ``operator.index`` takes; never a bool."""
+    try:
+        operator.index(t)
+    except TypeError:
+        return False
+    return not isinstance(t, bool)
+
+
 def _is_ids(value) -> bool:
-    return isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    return isinstance(value, (list, tuple)) and all(_is_token_id(t) for t in value)
 
 
 def parse_prompt(prompt) -> tuple[str | None, list[int] | None]:
@@ -43,7 +53,7 @@ def parse_prompt(prompt) -> tuple[str | None, list[int] | None]:
             ids = prompt["prompt_token_ids"]
             if not _is_ids(ids):
                 raise TypeError(f"prompt_token_ids must be a list of ints, got {type(ids).__name__}")
-            return None, list(ids)
+            return None, [operator.index(t) for t in ids]
         if "prompt" in prompt:
             if not isinstance(prompt["prompt"], str):
                 raise TypeError(f"TextPrompt 'prompt' must be a str, got {type(prompt['prompt']).__name__}")
@@ -63,7 +73,7 @@ def parse_prompts(prompts, prompt_token_ids: Sequence[Sequence[int]] | None = No
     if isinstance(prompts, (str, dict)):
         return [parse_prompt(prompts)]
     if _is_ids(prompts) and prompts:
-        return [(None, list(prompts))]
+        return [parse_prompt({"prompt_token_ids": prompts})]
     if isinstance(prompts, (list, tuple)):
-        return [(None, list(p)) if _is_ids(p) and p else parse_prompt(p) for p in prompts]
+        return [parse_prompt({"prompt_token_ids": p}) if _is_ids(p) and p else parse_prompt(p) for p in prompts]
     raise TypeError(f"prompts must be a PromptType or a list of them ({_EXPECTED}), got {type(prompts).__name__}")

@@ -118,7 +118,7 @@ class LLMEngine:
         any thread, so a server can refuse a bad request before it answers anything."""
         if (prompt is None) == (prompt_token_ids is None):
             raise ValueError("give exactly one of prompt and prompt_token_ids")
-        text, ids = parse_prompt(prompt) if prompt is not None else (None, list(prompt_token_ids))
+        text, ids = parse_prompt(prompt if prompt is not None else {"prompt_token_ids": list(prompt_token_ids)})
         params = (params or SamplingParams()).clone()
         if self.tokenizer is None:
             if ids is None:
@@ -130,7 +130,7 @@ class LLMEngine:
             ids = self.tokenizer.encode(text)
         if not ids:
             raise ValueError("the prompt is empty (no tokens)")
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         if params.logprobs is not None and params.logprobs > self.engine_args.max_logprobs:

@@ -17,7 +17,6 @@ import threading
 import time
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -56,11 +55,6 @@ def build_app(
     created = int(time.time())
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
-
-    @app.exception_handler(RequestValidationError)
-    async def on_validation(_, exc: RequestValidationError):
-        message, param = _validation_message(exc.errors())
-        return OpenAIError(message, 400, param=param).response()
 
     @app.exception_handler(OpenAIError)
     async def on_openai_error(_, exc: OpenAIError):
