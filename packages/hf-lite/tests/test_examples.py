@@ -29,7 +29,7 @@ IMPORTS = [
     ("from hf_lite.utils import ", "from transformers.utils import "),
     ("from hf_lite.utils.versions import ", "from transformers.utils.versions import "),
 ]
-ACCURACY = '''
+ACCURACY = """
 import datasets
 import evaluate
 
@@ -45,7 +45,7 @@ class Accuracy(evaluate.Metric):
 
     def _compute(self, predictions, references):
         return {"accuracy": float(sum(p == r for p, r in zip(predictions, references)) / len(predictions))}
-'''
+"""
 
 
 def upstream_source(name: str) -> str:
@@ -149,14 +149,36 @@ def test_run_clm_ends_with_transformers_eval_loss(workdir, one_process):
     _same_model_in_both_libraries(workdir / "out_t")
 
 
-def test_run_clm_under_torchrun_two_ranks_equals_one_process(workdir, one_process):
-    """2 ranks with batch 2 each train and evaluate as one process with batch 4 (hf-lite's data sharding)."""
-    theirs, _, _ = one_process
-    ours, proc = _run(workdir, os.path.join(EXAMPLES, "run_clm.py"), "out_ddp", 2, nproc=2, cache="cache_ddp")
+TIMINGS = ("_runtime", "_per_second")
+
+
+def _results(directory, name):
+    """A results file without its timings, which differ run to run."""
+    results = json.loads((directory / name).read_text())
+    return {k: v for k, v in results.items() if not k.endswith(TIMINGS)}
+
+
+def test_run_clm_under_torchrun_two_ranks_equals_transformers_two_ranks(workdir, one_process):
+    """The same torchrun command under both libraries: DDP through each Trainer logs the same loss each step and
+    writes the same results files (same keys; values to fp32 rounding) and a checkpoint both libraries load. Its 2
+    ranks of batch 2 also end as one process of batch 4 did."""
+    _run(workdir, workdir / "run_clm_upstream.py", "out_ddp_t", 2, nproc=2, cache="cache_ddp_t")
+    _, proc = _run(workdir, os.path.join(EXAMPLES, "run_clm.py"), "out_ddp_o", 2, nproc=2, cache="cache_ddp_o")
     assert "distributed training: True" in proc.stdout + proc.stderr
-    assert ours["eval_loss"] == pytest.approx(theirs["eval_loss"], rel=1e-5)
-    assert ours["eval_accuracy"] == pytest.approx(theirs["eval_accuracy"], rel=1e-6)
-    t_train = json.loads((workdir / "out_t" / "train_results.json").read_text())
-    o_train = json.loads((workdir / "out_ddp" / "train_results.json").read_text())
-    assert o_train["train_loss"] == pytest.approx(t_train["train_loss"], rel=1e-5)
-    _same_model_in_both_libraries(workdir / "out_ddp")
+    for name in ("train_results.json", "eval_results.json", "all_results.json"):
+        theirs, ours = _results(workdir / "out_ddp_t", name), _results(workdir / "out_ddp_o", name)
+        assert sorted(ours) == sorted(theirs), name
+        assert ours == pytest.approx(theirs, rel=1e-6), name
+    t_state = json.loads((workdir / "out_ddp_t" / "trainer_state.json").read_text())
+    o_state = json.loads((workdir / "out_ddp_o" / "trainer_state.json").read_text())
+    t_losses = [h["loss"] for h in t_state["log_history"] if "loss" in h]
+    assert len(t_losses) == 6 and [h["loss"] for h in o_state["log_history"] if "loss" in h] == pytest.approx(
+        t_losses, rel=1e-6
+    )
+    assert o_state["global_step"] == t_state["global_step"] == 6
+    one_process_eval = one_process[0]
+    assert _results(workdir / "out_ddp_o", "eval_results.json")["eval_loss"] == pytest.approx(
+        one_process_eval["eval_loss"], rel=1e-5
+    )
+    _same_model_in_both_libraries(workdir / "out_ddp_o")
+    _same_model_in_both_libraries(workdir / "out_ddp_t")

@@ -62,6 +62,34 @@ def test_return_dict_false_gives_the_tuple_transformers_gives(kind, tmp_path):
         assert len(base) == 1 and base[0].shape == (2, 7, 32)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_config_return_dict_false_gives_tuples_and_generate_still_works(kind, tmp_path):
+    """``from_pretrained(dir, return_dict=False)`` sets ``config.return_dict``, which forwards read when called
+    without ``return_dict`` (transformers' ``can_return_tuple``); the base model's tuple equals transformers'. (5.24's
+    own heads break on it: their base returns the tuple the head reads ``.last_hidden_state`` from.)"""
+    import hf_lite
+
+    ours, theirs = _pair(kind, tmp_path)
+    ids, _ = _batch()
+    tuples = hf_lite.AutoModelForCausalLM.from_pretrained(tmp_path / kind, return_dict=False)
+    theirs_tuples = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / kind, return_dict=False)
+    assert tuples.config.return_dict is False
+    with torch.no_grad():
+        out = tuples(input_ids=ids, labels=ids)
+        assert isinstance(out, tuple) and len(out) == 3
+        torch.testing.assert_close(out[1], ours(input_ids=ids).logits)
+        assert tuples(input_ids=ids, return_dict=True).logits.shape == (2, 7, 97)
+        base, theirs_base = (m.transformer if kind == "gpt2" else m.model for m in (tuples, theirs_tuples))
+        a, b = base(input_ids=ids, use_cache=False), theirs_base(input_ids=ids, use_cache=False)
+        assert isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 1
+        torch.testing.assert_close(a[0], b[0], rtol=1e-5, atol=1e-5)
+    for kw in ({}, {"num_beams": 2}):
+        torch.testing.assert_close(
+            tuples.generate(ids, max_new_tokens=4, do_sample=False, **kw),
+            ours.generate(ids, max_new_tokens=4, do_sample=False, **kw),
+        )
+
+
 def test_gpt2_token_type_ids_match_transformers(tmp_path):
     ours, theirs = _pair("gpt2", tmp_path)
     ids, mask = _batch()

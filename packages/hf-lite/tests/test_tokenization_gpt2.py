@@ -112,6 +112,11 @@ def test_unsupported_tokenizer_json_pipelines_raise_clear_errors(trained_tokeniz
     assert PreTrainedTokenizerFast.from_pretrained(tmp_path).encode("a b") != []  # Rust handles any pipeline
     with pytest.raises(OSError, match="neither tokenizer.json nor vocab.json"):
         GPT2Tokenizer.from_pretrained(tmp_path / "missing")
+    spec = json.loads(open(os.path.join(trained_tokenizer_dir, "tokenizer.json"), encoding="utf-8").read())
+    spec["model"]["unk_token"] = "<unk>"  # GPT2Tokenizer drops unknown bytes; a BPE unk token would map them
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(ValueError, match="BPE unk_token='<unk>' is not supported by GPT2Tokenizer"):
+        GPT2Tokenizer.from_pretrained(tmp_path)
 
 
 # ---------------------------------------------------------------- ports of transformers' test_tokenization_gpt2.py
@@ -228,9 +233,12 @@ def test_upstream_vocab_defaults_unk_bos_eos_to_endoftext_as_transformers(upstre
         theirs = transformers.GPT2Tokenizer(*map(str, files), **kw)
         assert ours(texts, **call)["input_ids"] == theirs(texts, **call)["input_ids"], kw
         assert (ours.unk_token, ours.bos_token, ours.eos_token) == ("<|endoftext|>",) * 3
-        # characters outside this vocabulary become unk_token (transformers 5's Rust BPE, configured without an
-        # unk token, drops them instead): the point here is that encoding no longer fails
-        assert ours.unk_token_id in ours("This is a simple input", **call)["input_ids"]
+        # characters outside this vocabulary ('T', 'h', ...) are dropped, as transformers 5's Rust BPE (built
+        # without an unk token) drops them; a token looked up by name still maps to unk_token
+        sentences = ["This is a simple input", "This is a simple input looooooooong", "This is T"]
+        assert ours(sentences, **call)["input_ids"] == theirs(sentences, **call)["input_ids"], kw
+        assert ours.tokenize("This is T") == theirs.tokenize("This is T") == ["i", "s", "\u0120", "i", "s", "\u0120"]
+        assert ours.convert_tokens_to_ids(["T", "l"]) == theirs.convert_tokens_to_ids(["T", "l"]) == [20, 0]
 
 
 def test_special_tokens_mask_input_pairs_and_bos_token(upstream_dir):

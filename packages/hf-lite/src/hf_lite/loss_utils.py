@@ -41,6 +41,11 @@ LOSS_MAPPING = {"ForCausalLM": ForCausalLMLoss}
 LOSS_KWARGS = ("num_items_in_batch", "ignore_index", "shift_labels")
 
 
+def _return_dict(model, return_dict) -> bool:
+    """``return_dict`` when given, else ``config.return_dict`` (transformers' ``can_return_tuple``)."""
+    return return_dict if return_dict is not None else getattr(model.config, "return_dict", True)
+
+
 def causal_lm_output(model, base_output, labels=None, logits_to_keep: int = 0, return_dict=None, **loss_kwargs):
     """The shared tail of every ``*ForCausalLM.forward``: project the last ``logits_to_keep`` positions (all when 0)
     through the LM head, add ``model.loss_function``'s loss when labels are given."""
@@ -61,4 +66,4 @@ def causal_lm_output(model, base_output, labels=None, logits_to_keep: int = 0, r
         hidden_states=base_output.hidden_states,
         attentions=base_output.attentions,
     )
-    return out if return_dict is not False else out.to_tuple()
+    return out if _return_dict(model, return_dict) else out.to_tuple()

@@ -2,7 +2,8 @@
 
 1. The GPT-2 regex pre-splits text into words, digits, punctuation runs and whitespace, so merges never cross them.
 2. Each word's UTF-8 bytes are mapped to printable unicode characters (``bytes_to_unicode``), so every byte is a
-   base token and no text is ever "unknown".
+   base token and no text is ever "unknown" (a vocabulary missing some bytes drops them, as tokenizers' BPE
+   without an ``unk_token``, which transformers 5's GPT2Tokenizer builds).
 3. Merges are applied by rank: repeatedly merge the adjacent pair with the lowest rank, until none is mergeable.
 Results are cached per word. Reads ``vocab.json`` + ``merges.txt`` or a ``tokenizer.json``.
 """
@@ -102,7 +103,7 @@ class GPT2Tokenizer(PreTrainedTokenizer, reads_byte_level_files=True):
             return self.cache[token]
         if self.ignore_merges and token in self.encoder:
             return [token]
-        word = list(token)
+        word = [c for c in token if c in self.encoder]  # a byte outside the vocabulary is dropped
         while len(word) > 1:
             ranked = [(self.bpe_ranks.get(pair, float("inf")), pair) for pair in zip(word, word[1:])]
             rank, best = min(ranked, key=lambda x: x[0])

@@ -38,6 +38,8 @@ def read_byte_level_bpe(spec: dict, path: str) -> dict:
     for key in ("continuing_subword_prefix", "end_of_word_suffix", "dropout"):
         if model.get(key):
             raise ValueError(f"{path}: BPE {key}={model[key]!r} is not supported by GPT2Tokenizer")
+    if model.get("unk_token") is not None:  # byte-level BPE has every byte; GPT2Tokenizer drops what is not
+        raise ValueError(f"{path}: BPE unk_token={model['unk_token']!r} is not supported by GPT2Tokenizer")
     if model.get("byte_fallback"):
         raise ValueError(f"{path}: BPE byte_fallback is not byte-level BPE; use PreTrainedTokenizerFast")
     pattern, add_prefix_space = _split_pattern(spec.get("pre_tokenizer") or {}, path)

@@ -335,6 +335,8 @@ class PrinterCallback(TrainerCallback):
     """Prints each log dict (used instead of the bars when ``disable_tqdm``): user-facing output, so ``print``."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None:
+            logs.pop("total_flos", None)  # from the caller's dict, as transformers' (train_results.json lacks it)
         if state.is_local_process_zero and logs is not None:
             print(_format_logs(logs))
 

@@ -70,6 +70,7 @@ def beam_search(model, input_ids, attention_mask, position_ids, processors, crit
             past_key_values=cache,
             use_cache=gc.use_cache,
             logits_to_keep=1,
+            return_dict=True,
         )
         logits = out.logits[:, -1].to(dtype=torch.float32, copy=True)
         log_probs = processors(flat_running, torch.log_softmax(logits, dim=-1))

@@ -243,6 +243,7 @@ class GenerationMixin:
                 past_key_values=cache,
                 use_cache=gc.use_cache,
                 logits_to_keep=1,
+                return_dict=True,
             )
             logits = out.logits[:, -1].to(dtype=torch.float32, copy=True)
             next_scores = processors(input_ids, logits)

@@ -14,7 +14,7 @@ from ...activations import get_activation
 from ...attention_utils import attention_forward
 from ...cache_utils import DynamicCache, prepare_past_key_values
 from ...generation.utils import GenerationMixin
-from ...loss_utils import causal_lm_output
+from ...loss_utils import _return_dict, causal_lm_output
 from ...masking_utils import create_causal_mask
 from ...modeling_layers import GradientCheckpointingLayer, use_cache_under_checkpointing
 from ...modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -178,7 +178,7 @@ class GPT2Model(GPT2PreTrainedModel):
             hidden_states=(*all_hidden, hidden) if output_hidden_states else None,
             attentions=tuple(all_attn) if output_attentions else None,
         )
-        return out if return_dict is not False else out.to_tuple()
+        return out if _return_dict(self, return_dict) else out.to_tuple()
 
 
 class GPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
@@ -218,5 +218,6 @@ class GPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         return causal_lm_output(self, out, labels, logits_to_keep, return_dict, **loss_kwargs)
