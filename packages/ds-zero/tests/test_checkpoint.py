@@ -72,7 +72,7 @@ def _resume_cases_body(rank, world, root):
         resumed = lib.train_ds(fresh, x[3:], y[3:], rank, world, MICRO, 1, dtype)
         out[(stage, fp16)] = dict(first=first, straight=straight, resumed=resumed, client=client, crashed=crashed,
                                   steps=fresh.global_steps, final=final, resumed_final=lib.full_params(fresh),
-                                  path=path, scale=fresh.loss_scale)
+                                  path=path, scale=fresh.optimizer.loss_scale)
         fresh.save_checkpoint(save_dir, tag="final")
         fresh.destroy()
     return out

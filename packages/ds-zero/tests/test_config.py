@@ -1,5 +1,7 @@
 """The DeepSpeed config subset: batch-size triangle, defaults, clear errors naming key and allowed values,
-unknown keys logged and ignored. Also DeepSpeed's tests/unit/runtime/zero/test_zero_config.py, ported."""
+unknown keys refused where DeepSpeed refuses them and logged and ignored elsewhere, the legacy spellings
+(``"bfloat16"``, ``"zero_optimization": true``) read as DeepSpeed reads them. Also DeepSpeed's
+tests/unit/runtime/zero/test_zero_config.py, ported."""
 
 import json
 import logging
@@ -98,15 +100,76 @@ def test_unknown_keys_warn_and_are_ignored(caplog):
     """DeepSpeed ignores unknown top-level keys; a config written for another DeepSpeed still runs here."""
     with caplog.at_level(logging.WARNING, logger="ds_zero.config"):
         cfg = load({"train_batch_size": 8, "zero_optimisation": {}, "steps_per_print": 5,
-                    "zero_optimization": {"stage": 2, "bucket": 1, "round_robin_gradients": True},
+                    "zero_optimization": {"stage": 2, "round_robin_gradients": True},
                     "optimizer": {"type": "Adam", "params": {"lr": 0.1, "momentum": 0.9}}})
     text = caplog.text
     assert "unknown config key 'zero_optimisation' at the top level" in text
-    assert "unknown config key 'bucket' in 'zero_optimization'" in text
     assert "unknown config key 'momentum' in 'optimizer.params'" in text
     assert "'round_robin_gradients' in 'zero_optimization' is a DeepSpeed option ds_zero does not implement" in text
     assert "'steps_per_print' at the top level is a DeepSpeed option" in text
     assert cfg.zero.stage == 2 and cfg.optimizer_params == {"lr": 0.1}
+
+
+# Sections DeepSpeed validates with pydantic (extra="forbid") refuse a key they do not know; the others ignore it.
+SECTION_CASES = {
+    "zero typo": ({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_sz": 10}}, "stage3_prefetch_bucket_sz"),
+    "offload_param": ({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "bogus": 1}}}, "bogus"),
+    "offload_optimizer": ({"zero_optimization": {"stage": 2, "offload_optimizer": {"bogus": 1}}}, "bogus"),
+    "fp16": ({"fp16": {"enabled": False, "loss_scal": 0}}, "loss_scal"),
+    "bf16": ({"bf16": {"enabled": False, "enable": True}}, "enable"),
+    "bfloat16": ({"bfloat16": {"enabled": False, "enable": True}}, "enable"),
+    "top level": ({"bogus_top": 1}, None),
+    "activation_checkpointing": ({"activation_checkpointing": {"bogus": 1}}, None),
+    "aio": ({"aio": {"bogus": 1}}, None),
+    "pipeline": ({"pipeline": {"bogus": 1}}, None),
+}
+
+
+def _deepspeed_refuses(cfg) -> bool:
+    ds_config = pytest.importorskip("deepspeed.runtime.config")
+    try:
+        ds_config.DeepSpeedConfig(cfg, mpu=None)
+    except Exception as e:  # pydantic's ValidationError
+        assert "Extra inputs are not permitted" in str(e)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("case", list(SECTION_CASES))
+def test_unknown_keys_refused_where_deepspeed_refuses_them(case):
+    extra, bad_key = SECTION_CASES[case]
+    cfg = {"train_batch_size": 2, **extra}
+    assert _deepspeed_refuses(cfg) == (bad_key is not None)
+    if bad_key is None:
+        load(cfg)
+        return
+    with pytest.raises(DeepSpeedConfigError, match=rf"unknown config key '{bad_key}' in '.*'; allowed: \["):
+        load(cfg)
+
+
+@pytest.mark.parametrize(("extra", "stage", "allgather"), [
+    ({"zero_optimization": True}, 1, 500_000_000),
+    ({"zero_optimization": True, "allgather_size": 1000}, 1, 1000),
+    ({"zero_optimization": False}, 0, 500_000_000),
+])
+def test_legacy_boolean_zero_optimization_is_stage_1_as_in_deepspeed(extra, stage, allgather):
+    """DeepSpeed's getting-started page sets "zero_optimization": true (read_zero_config_deprecated)."""
+    ds_config = pytest.importorskip("deepspeed.runtime.config")
+    theirs = ds_config.DeepSpeedConfig({"train_batch_size": 2, **extra}, mpu=None)
+    ours = load({"train_batch_size": 2, **extra})
+    assert ours.zero.stage == theirs.zero_optimization_stage == stage
+    assert ours.zero.allgather_bucket_size == theirs.zero_config.allgather_bucket_size == allgather
+
+
+@pytest.mark.parametrize(("extra", "enabled"), [
+    ({"bfloat16": {"enabled": True}}, True),
+    ({"bf16": {"enabled": True}, "bfloat16": {"enabled": False}}, True),
+    ({"bf16": {"enabled": False}, "bfloat16": {"enabled": True}}, False),
+])
+def test_bfloat16_section_is_read_as_bf16(extra, enabled):
+    ds_config = pytest.importorskip("deepspeed.runtime.config")
+    theirs = ds_config.DeepSpeedConfig({"train_batch_size": 2, **extra}, mpu=None)
+    assert load({"train_batch_size": 2, **extra}).bf16_enabled == theirs.bfloat16_config.enabled == enabled
 
 
 def test_values_deepspeed_accepts():

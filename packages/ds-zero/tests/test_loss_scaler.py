@@ -33,7 +33,7 @@ def _mixed_cases_body(rank, world):
             dtype = torch.float16 if prec == "fp16" else torch.bfloat16
             engine, *_ = ds_zero.initialize(model=lib.make_model(), config=cfg)
             losses = lib.train_ds(engine, x, y, rank, world, MICRO, 1, dtype)
-            out[(stage, prec)] = (losses, lib.full_params(engine), engine.loss_scale)
+            out[(stage, prec)] = (losses, lib.full_params(engine), engine.optimizer.loss_scale)
             engine.destroy()
         # Overflow: rank 1 feeds an inf at step 2; hysteresis 1 so the first overflow halves the scale.
         cfg = lib.base_config(stage, world, micro=MICRO)
@@ -53,7 +53,7 @@ def _mixed_cases_body(rank, world):
             engine.step()
             after = lib.full_params(engine)
             changed = any(not torch.equal(before[k], after[k]) for k in before)
-            trace.append((engine.loss_scale, changed, engine.get_lr()[0], engine.skipped_steps))
+            trace.append((engine.optimizer.loss_scale, changed, engine.get_lr()[0], engine.skipped_steps))
         out[(stage, "overflow")] = trace
         engine.destroy()
     # Stage 0 (DeepSpeed's FP16_Optimizer): the default hysteresis 2 does not delay the halving, and overflowing
@@ -69,7 +69,7 @@ def _mixed_cases_body(rank, world):
             xb[0, 0] = float("inf")
         engine.backward(torch.nn.functional.mse_loss(engine(xb).float(), yb))
         engine.step()
-        trace.append((engine.loss_scale, engine.skipped_steps))
+        trace.append((engine.optimizer.loss_scale, engine.skipped_steps))
     out[(0, "overflow")] = trace
     engine.destroy()
     return out

@@ -119,7 +119,7 @@ def _grid_cases_body(rank, world):
             xb[0, 0] = float("inf")
         engine.backward(torch.nn.functional.mse_loss(engine(xb).float(), yb))
         engine.step()
-    out["overflow"] = (engine.skipped_steps, engine.loss_scale)
+    out["overflow"] = (engine.skipped_steps, engine.optimizer.loss_scale)
     engine.destroy()
     return out
 

@@ -3,8 +3,9 @@
 Mirrors ``deepspeed/runtime/config.py`` (``DeepSpeedConfig``): the batch-size triangle
 ``train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp_world_size``
 is completed from any two of its sides, and every value is checked before any communication.
-A bad value raises :class:`DeepSpeedConfigError` naming the key and what is allowed; an unknown
-key (or a DeepSpeed key ds_zero does not implement) is logged and ignored.
+A bad value raises :class:`DeepSpeedConfigError` naming the key and what is allowed. An unknown key
+is refused where DeepSpeed's pydantic models refuse it (``zero_optimization``, ``fp16``, ``bf16``) and
+logged and ignored elsewhere, as DeepSpeed ignores it; ``"bfloat16"`` is read as ``"bf16"``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ __all__ = ["DeepSpeedConfig", "DeepSpeedConfigError"]
 
 _TOP_KEYS = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-    "optimizer", "scheduler", "fp16", "bf16", "zero_optimization", "activation_checkpointing", "pipeline", "aio",
+    "optimizer", "scheduler", "fp16", "bf16", "bfloat16", "zero_optimization", "activation_checkpointing",
+    "pipeline", "aio", "allgather_size",
 }
 # DeepSpeed's other top-level options: accepted, logged, no effect here.
 _TOP_IGNORED = {
@@ -139,12 +141,14 @@ class DeepSpeedConfig:
         if "scheduler" in known:
             out.scheduler_name, out.scheduler_params = _scheduler(known["scheduler"])
         out.fp16 = _fp16(known.get("fp16", {}))
-        bf16 = split_keys("bf16", known.get("bf16", {}), _BF16_KEYS, _BF16_IGNORED)
-        out.bf16_enabled = as_bool("bf16.enabled", bf16.get("enabled", False))
+        # DeepSpeed's get_bfloat16_config: "bf16", else the older "bfloat16" (ignored when both are given)
+        bf16_key = "bf16" if "bf16" in known or "bfloat16" not in known else "bfloat16"
+        bf16 = split_keys(bf16_key, known.get(bf16_key, {}), _BF16_KEYS, _BF16_IGNORED, strict=True)
+        out.bf16_enabled = as_bool(f"{bf16_key}.enabled", bf16.get("enabled", False))
         if out.fp16.enabled and out.bf16_enabled:
             raise DeepSpeedConfigError(
                 "config keys 'fp16.enabled' and 'bf16.enabled' are both true; enable at most one")
-        out.zero = parse_zero_config(known.get("zero_optimization", {}))
+        out.zero = parse_zero_config(known.get("zero_optimization", {}), known.get("allgather_size", 500_000_000))
         out.activation_checkpointing = parse_activation_checkpointing(known.get("activation_checkpointing", {}))
         out.pipeline = _pipeline(known.get("pipeline", {}))
         out.aio = _aio(known.get("aio", {}))
@@ -229,7 +233,7 @@ def _scheduler(section: Any) -> tuple[str, dict]:
 
 
 def _fp16(section: Any) -> FP16Config:
-    split_keys("fp16", section, _FP16_KEYS)
+    split_keys("fp16", section, _FP16_KEYS, _FP16_IGNORED, strict=True)
     out = FP16Config()
     out.enabled = as_bool("fp16.enabled", section.get("enabled", False))
     if section.get("auto_cast", False):

@@ -1,8 +1,10 @@
 """Value checks shared by every config section (DeepSpeed's ``deepspeed/runtime/config_utils.py``).
 
-A bad value raises :class:`DeepSpeedConfigError` naming the key, the value and what is allowed. A key
-the section does not know is logged and ignored, never fatal: DeepSpeed ignores unknown top-level keys,
-and a config written for a newer DeepSpeed should still run.
+A bad value raises :class:`DeepSpeedConfigError` naming the key, the value and what is allowed. A key a
+section does not know is an error in the sections DeepSpeed validates with pydantic (``extra="forbid"``:
+``zero_optimization`` and its offload sub-sections, ``fp16``, ``bf16``), so a typo never trains with the
+default; elsewhere (the top level, ``optimizer.params``, ...) DeepSpeed reads keys one by one and ignores the
+rest, and so do we, with a warning.
 """
 
 from __future__ import annotations
@@ -21,11 +23,17 @@ def config_err(key: str, value: Any, allowed: str) -> DeepSpeedConfigError:
     return DeepSpeedConfigError(f"config key {key!r} has invalid value {value!r}; allowed: {allowed}")
 
 
-def split_keys(section: str, d: Any, allowed: set, ignored: set = frozenset()) -> dict:
-    """Check ``d`` is an object; warn about keys outside ``allowed`` and return only the allowed ones."""
+def split_keys(section: str, d: Any, allowed: set, ignored: set = frozenset(), strict: bool = False) -> dict:
+    """Check ``d`` is an object and return only its ``allowed`` keys. ``ignored`` keys (DeepSpeed options not
+    built here) are logged; other keys are logged, or with ``strict`` refused naming the key and the allowed ones."""
     if not isinstance(d, dict):
         raise config_err(section or "config", d, "a JSON object")
     where = f"in {section!r}" if section else "at the top level"
+    unknown = sorted(set(d) - allowed - ignored)
+    if strict and unknown:
+        raise DeepSpeedConfigError(
+            f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} {where}; allowed: "
+            f"{sorted(allowed | ignored)}")
     for key in sorted(set(d) - allowed):
         if key in ignored:
             logger.warning("config key %r %s is a DeepSpeed option ds_zero does not implement; ignored", key, where)

@@ -104,6 +104,8 @@ class DeepSpeedEngine(torch.nn.Module):
         self.global_steps = 0
         self.global_samples = 0
         self.skipped_steps = 0
+        self._step_applied = False
+        self._stepped = False  # get_global_grad_norm is None until the first optimizer step, as DeepSpeed's
         self._in_engine_backward = False
         self._torch_style_backward = False
 
@@ -177,15 +179,39 @@ class DeepSpeedEngine(torch.nn.Module):
     def config(self) -> DeepSpeedConfig:
         return self._config
 
-    @property
     def loss_scale(self) -> float:
-        return self.loss_scaler.loss_scale
+        """The configured ``fp16.loss_scale`` (0 = dynamic), as DeepSpeed's; the current scale is
+        ``engine.optimizer.loss_scale`` (or ``cur_scale``)."""
+        return self._config.fp16.loss_scale
+
+    def was_step_applied(self) -> bool:
+        """Whether the last ``step()`` updated the parameters (False off a boundary or on an fp16 overflow)."""
+        return self._step_applied
 
     def get_lr(self) -> list[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
 
     def get_global_grad_norm(self):
-        return self.optimizer.get_global_grad_norm()
+        """The last step's gradient norm: a 0-dim tensor at ZeRO stages 1-3, a float at stage 0, inf after an
+        overflow, None before the first step (DeepSpeed's types)."""
+        return self.optimizer.get_global_grad_norm() if self._stepped else None
+
+    @property
+    def _global_grad_norm(self):
+        return self.get_global_grad_norm()
+
+    def __getattr__(self, name):
+        """Attributes the engine does not have come from the wrapped module (DeepSpeed's ``__getattr__``)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules", {})
+            if "module" in modules:
+                try:
+                    return getattr(modules["module"], name)
+                except AttributeError:
+                    pass
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'") from None
 
     # --- the training step --------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
@@ -239,8 +265,10 @@ class DeepSpeedEngine(torch.nn.Module):
         return loss
 
     def step(self) -> None:
+        self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             took = self.optimizer.step()
+            self._stepped, self._step_applied = True, bool(took)
             if took:
                 if self.lr_scheduler is not None:
                     self.lr_scheduler.step()

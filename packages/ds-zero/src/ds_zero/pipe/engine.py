@@ -264,7 +264,9 @@ class PipelineEngine(DeepSpeedEngine):
         self.optimizer.post_backward(True)
 
     def _exec_optimizer_step(self) -> None:
-        if self.optimizer.step():
+        took = self.optimizer.step()
+        self._stepped, self._step_applied = True, bool(took)
+        if took:
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
         else:

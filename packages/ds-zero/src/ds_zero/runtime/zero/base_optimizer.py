@@ -53,7 +53,8 @@ class ZeroOptimizerBase(abc.ABC):
         self.loss_scaler = loss_scaler
         self.clip_grad = float(clip_grad)
         self.overflow = False
-        self._global_grad_norm = None
+        self._norm = 0.0  # DeepSpeed's optimizers start at 0.0
+        self._pending_norm = None
         self.client_optimizer = init_optimizer
         self.device = device or torch.device("cpu")
         # nccl reduces only CUDA tensors; the host-side norms of ZeRO-Offload travel through this device.
@@ -168,7 +169,7 @@ class ZeroOptimizerBase(abc.ABC):
         for group in groups[:-1]:
             dist.all_reduce(sq, group=group)
         work = dist.all_reduce(sq, group=groups[-1], async_op=True) if groups else None
-        self._global_grad_norm = (sq, work, scale)
+        self._pending_norm = (sq, work, scale)
 
     def step(self) -> bool:
         """One optimizer step; returns False when fp16 overflow made it skip."""
@@ -179,6 +180,7 @@ class ZeroOptimizerBase(abc.ABC):
         if self.loss_scaler.dynamic:
             self.overflow = has_overflow(grads, self._reduce_groups(), self.comm_device)
             if self.overflow:
+                self._norm, self._pending_norm = float("inf"), None  # DeepSpeed's norm of a skipped step
                 self.zero_grad()
                 self.loss_scaler.update_scale(True)
                 return False
@@ -186,7 +188,7 @@ class ZeroOptimizerBase(abc.ABC):
         combined = scale
         if self.clip_grad > 0:
             norm = self.get_global_norm(grads) / scale
-            self._global_grad_norm = norm
+            self._set_norm(norm)
             # DeepSpeed's unscale_and_clip_grads: one multiply by 1 / (scale * clip factor).
             clip = (norm + 1e-6) / self.clip_grad
             if clip > 1:
@@ -227,12 +229,22 @@ class ZeroOptimizerBase(abc.ABC):
         for t, master in zip(lowp, self.master_partitions):
             t.copy_(master, non_blocking=True)
 
-    def get_global_grad_norm(self) -> float | None:
-        if isinstance(self._global_grad_norm, tuple):
-            sq, work, scale = self._global_grad_norm
+    def _set_norm(self, norm: float) -> None:
+        # DeepSpeed's types: a 0-dim fp32 tensor from the ZeRO optimizers (stages 1-3), a float at stage 0
+        self._norm = torch.tensor(norm, dtype=torch.float32) if self.partitioned else norm
+        self._pending_norm = None
+
+    @property
+    def _global_grad_norm(self):
+        """The last step's gradient norm (unscaled), the attribute DeepSpeed's optimizers keep."""
+        if self._pending_norm is not None:
+            sq, work, scale = self._pending_norm
             if work is not None:
                 work.wait()
-            self._global_grad_norm = math.sqrt(sq.item()) / scale
+            self._set_norm(math.sqrt(sq.item()) / scale)
+        return self._norm
+
+    def get_global_grad_norm(self):
         return self._global_grad_norm
 
     def state_dict(self) -> dict:

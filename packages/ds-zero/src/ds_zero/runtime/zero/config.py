@@ -2,8 +2,9 @@
 
 Mirrors ``deepspeed/runtime/zero/config.py`` and ``offload_config.py``: the same keys, aliases
 (``stage3_prefetch_bucket_size`` = ``prefetch_bucket_size``, ...) and defaults (``overlap_comm``
-defaults to true at stage 3 only). Keys DeepSpeed knows but ds_zero does not implement, and keys
-nobody knows, are logged and ignored.
+defaults to true at stage 3 only). Keys DeepSpeed knows but ds_zero does not implement are logged and
+ignored; a key DeepSpeed does not know is refused, as its pydantic model (``extra="forbid"``) refuses it.
+``"zero_optimization": true`` is DeepSpeed's legacy spelling of stage 1 (``read_zero_config_deprecated``).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _offload(key: str, section: Any, param: bool) -> DeepSpeedZeroOffloadConfig:
     if section is None:
         return DeepSpeedZeroOffloadConfig()
     allowed = _OFFLOAD_PARAM_KEYS if param else _OFFLOAD_OPTIMIZER_KEYS
-    section = split_keys(key, section, allowed, _OFFLOAD_IGNORED)
+    section = split_keys(key, section, allowed, _OFFLOAD_IGNORED, strict=True)
     out = DeepSpeedZeroOffloadConfig(buffer_count=5 if param else 4)
     out.device = section.get("device", "none")
     if out.device not in OFFLOAD_DEVICES:
@@ -179,10 +180,15 @@ class DeepSpeedZeroConfig:
         return self.offload_param.device
 
 
-def parse_zero_config(section: Any) -> DeepSpeedZeroConfig:
+def parse_zero_config(section: Any, allgather_size: Any = 500_000_000) -> DeepSpeedZeroConfig:
+    """``allgather_size``: the legacy top-level key read with ``"zero_optimization": true``."""
     key = "zero_optimization"
+    if isinstance(section, bool):
+        logger.warning("config key %r: the boolean form is deprecated (true is stage 1, false stage 0); use "
+                       "{'stage': N, ...}", key)
+        section = {"stage": 1, "allgather_bucket_size": allgather_size} if section else {"stage": 0}
     allowed = {"stage", "offload_optimizer", "offload_param"} | _BOOL_KEYS | set(_INT_KEYS)
-    section = split_keys(key, section, allowed, _ZERO_IGNORED)
+    section = split_keys(key, section, allowed, _ZERO_IGNORED, strict=True)
     out = DeepSpeedZeroConfig()
     stage = section.get("stage", 0)
     if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
