@@ -1,17 +1,23 @@
 """When ZeRO-3 gathers, prefetches and releases each submodule's parameters (DeepSpeed's
 ``PartitionedParameterCoordinator`` in ``deepspeed/runtime/zero/partitioned_param_coordinator.py``).
 
-The first step records the order modules run in (the trace), per phase. Later steps follow it: at
+One trace per training step, as DeepSpeed's ``__submodule_order``: every module fetch of a forward and
+the backward after it, in the order they happen, an activation-checkpoint recompute included (it runs
+inside backward, so it lands in the backward part). The first step records it; later steps validate
+each fetch against it (a mismatch invalidates it and the next step records again) and follow it: at
 each module the next ones' parameters are gathered asynchronously, up to ``prefetch_bucket_size``
-elements and never beyond ``max_live_parameters`` live; a module's parameters are kept after it ran
-when the trace shows them used again within ``max_reuse_distance`` elements (tied weights). Anything
-that runs off the trace (a data-dependent branch, an activation-checkpoint recompute) is gathered on
-demand and does not disturb it.
+elements and never beyond ``max_live_parameters`` live. A module's parameters stay gathered after it
+ran when the trace uses them again within ``max_reuse_distance`` elements, across the forward/backward
+boundary too (so a model within the distance is gathered once per step). ``max_live_parameters`` bounds
+what is kept: a fetch or prefetch that needs room releases kept parameters, those used last first.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import enum
+import logging
 
 import torch
 
@@ -22,19 +28,22 @@ from ds_zero.runtime.zero.partition_parameters import (
     release_param,
 )
 
-_off_trace_depth = 0
+logger = logging.getLogger(__name__)
+
+
+class ZeroTraceMode(enum.Enum):
+    """DeepSpeed's ``ZeRoTraceMode``."""
+
+    RECORD = 1  # this step's fetches are being recorded
+    COMPLETE = 2  # a recorded trace drives prefetching and reuse
+    INVALID = 3  # the trace did not match; on demand until the next step records again
 
 
 @contextlib.contextmanager
 def off_trace():
-    """Fetches inside are on demand and unrecorded, for every coordinator: activation checkpointing wraps its
-    recompute in this, as DeepSpeed keeps recompute out of its step trace."""
-    global _off_trace_depth
-    _off_trace_depth += 1
-    try:
-        yield
-    finally:
-        _off_trace_depth -= 1
+    """Kept for callers written when recomputes stayed off the trace; the trace now records a recompute where
+    it runs (in backward), as DeepSpeed's does, so this changes nothing."""
+    yield
 
 
 class PartitionedParameterCoordinator:
@@ -44,63 +53,141 @@ class PartitionedParameterCoordinator:
         self.max_live_parameters = int(max_live_parameters)
         self.max_reuse_distance = int(max_reuse_distance)
         self.swapper = swapper  # NVMe parameter offload: reads a partition in before it is gathered
-        self.trace = {"fwd": [], "bwd": []}
-        self.trace_complete = False
-        self.position = {"fwd": 0, "bwd": 0}
+        self.mode = ZeroTraceMode.INVALID  # the first step's begin_phase("fwd") starts recording
+        self.order: list[torch.nn.Module] = []  # the step's module fetches, forward then backward
+        self.fwd_len = 0  # how many of them the forward made
+        self.step_id = 0  # fetches so far in this step
+        self.recordings = 0  # traces completed (1 on a static model)
         self.inflight: dict[int, object] = {}  # param ds_id -> AllGatherHandle
         self.all_params: list[torch.nn.Parameter] = []
-        self._keep: dict[str, list[set[int]]] = {}  # per phase, per trace position: ds_ids reused soon
-        self._at: dict[int, int] = {}  # id(module) -> its trace position in the current pass
+        self._uses: dict[int, list[int]] = {}  # ds_id -> the trace positions whose module uses it
+        self._cum: list[int] = [0]  # elements fetched by order[:i]
+        self._kept: dict[int, torch.nn.Parameter] = {}  # ds_id -> gathered, not in use, reused soon
+        self._horizon = -1  # the furthest trace position the prefetcher has looked at in this step
 
     @staticmethod
     def _own(module) -> list:
         return [p for p in module.parameters(recurse=False) if is_zero_param(p)]
 
+    @property
+    def trace_complete(self) -> bool:
+        return self.mode == ZeroTraceMode.COMPLETE
+
+    @property
+    def trace(self) -> dict[str, list]:
+        """The step trace split where backward began."""
+        return {"fwd": self.order[:self.fwd_len], "bwd": self.order[self.fwd_len:]}
+
     def live_numel(self) -> int:
         return sum(p.ds_numel for p in self.all_params if p.ds_status != ZeroParamStatus.NOT_AVAILABLE)
 
-    @property
-    def recomputing(self) -> bool:
-        return _off_trace_depth > 0
+    # --- the step trace (DeepSpeed's trace_prologue / record_module / reset_step) -------------------------
+    def begin_phase(self, phase: str) -> None:
+        """``"fwd"``: a step starts (DeepSpeed's ``reset_step`` at the root's forward); ``"bwd"``: its backward."""
+        if phase == "fwd":
+            self.step_id, self._horizon = 0, -1
+            if self.mode != ZeroTraceMode.COMPLETE:
+                self.mode, self.order, self.fwd_len = ZeroTraceMode.RECORD, [], 0
+        elif self.mode == ZeroTraceMode.RECORD:
+            self.fwd_len = len(self.order)
 
+    def end_phase(self, phase: str) -> None:
+        """After a backward, or a forward with no backward to come: finish prefetches, release everything not
+        persistent; a recorded training step becomes the trace."""
+        self._drain()
+        self._kept.clear()
+        for p in self.all_params:
+            release_param(p)
+        if self.mode == ZeroTraceMode.RECORD:
+            if phase == "bwd" and self.order:
+                self._complete()
+            else:  # an inference forward is no training step: record the next one
+                self.order, self.fwd_len = [], 0
+        self.step_id, self._horizon = 0, -1
+
+    def _complete(self) -> None:
+        self.mode = ZeroTraceMode.COMPLETE
+        self.recordings += 1
+        self._uses, self._cum = {}, [0]
+        for i, module in enumerate(self.order):
+            own = self._own(module)
+            for p in own:
+                self._uses.setdefault(p.ds_id, []).append(i)
+            self._cum.append(self._cum[-1] + sum(p.ds_numel for p in own))
+        logger.debug("ZeRO-3 trace recorded: %d module fetches (%d forward)", len(self.order), self.fwd_len)
+
+    def _check_trace(self, module) -> None:
+        if self.step_id < len(self.order) and self.order[self.step_id] is module:
+            return
+        logger.info("ZeRO-3 trace invalidated at fetch %d (%s): the module order changed; recording again next "
+                    "step", self.step_id, type(module).__name__)
+        self.mode = ZeroTraceMode.INVALID
+        mine = {p.ds_id for p in self._own(module)}
+        for p in self._drain() + list(self._kept.values()):
+            if p.ds_id not in mine:
+                release_param(p)
+        self._kept.clear()
+
+    def _drain(self) -> list:
+        """Wait for every prefetch; return the params they gathered."""
+        handles = {id(h): h for h in self.inflight.values()}.values()
+        done = [p for h in handles for p in h.params]
+        for h in handles:
+            h.wait()
+        self.inflight.clear()
+        if self.swapper is not None:
+            self.swapper.drain()
+        return done
+
+    # --- fetch and release -----------------------------------------------------------------------------
     def fetch_sub_module(self, module, phase: str) -> None:
+        if self.mode == ZeroTraceMode.COMPLETE:
+            self._check_trace(module)
+        if self.mode == ZeroTraceMode.RECORD:
+            self.order.append(module)
         params = self._own(module)
+        for p in params:
+            self._kept.pop(p.ds_id, None)  # in use again
+        need = sum(p.ds_numel for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE
+                   and p.ds_id not in self.inflight)
+        if need:
+            self._evict(self.live_numel(), need)
         for p in params:
             handle = self.inflight.pop(p.ds_id, None)
             if handle is not None:
+                for q in handle.params:
+                    self.inflight.pop(q.ds_id, None)
                 handle.wait()
-                for q in list(self.inflight):
-                    if self.inflight[q] is handle:
-                        del self.inflight[q]
         gather_params(params)  # reads NVMe partitions in first (waiting for a prefetch already under way)
-        if self.recomputing:
-            return
-        if not self.trace_complete:
-            self._at[id(module)] = len(self.trace[phase])
-            self.trace[phase].append(module)
-        else:
-            self._prefetch(module, phase)
+        if self.mode == ZeroTraceMode.COMPLETE:
+            self._prefetch(self.step_id)
+        self.step_id += 1
 
-    def _prefetch(self, module, phase: str) -> None:
-        trace = self.trace[phase]
-        pos = self.position[phase]
-        if pos >= len(trace) or trace[pos] is not module:
-            return  # the order changed; fall back to on-demand gathers for this pass
-        self._at[id(module)] = pos
-        self.position[phase] = pos + 1
-        budget, live, todo = self.prefetch_bucket_size, self.live_numel(), []
-        for nxt in trace[pos + 1:]:
-            for p in self._own(nxt):
+    def _prefetch(self, pos: int) -> None:
+        """Gather the next modules' params asynchronously, added while the bucket holds fewer than
+        ``prefetch_bucket_size`` elements (DeepSpeed's rule: the last one may overflow it), never beyond
+        ``max_live_parameters`` live."""
+        room, live, todo, full = self.prefetch_bucket_size, self.live_numel(), [], False
+        # One pass over the trace per step, as DeepSpeed's fetch queue: what lies before the horizon was
+        # gathered or skipped as gathered (and is kept until used, see _reused_soon).
+        for j in range(max(pos, self._horizon) + 1, len(self.order)):
+            for p in self._own(self.order[j]):
+                if room <= 0:
+                    full = True
+                    break
                 if p.ds_status != ZeroParamStatus.NOT_AVAILABLE or any(p is q for q in todo):
                     continue
-                if p.ds_numel > budget or live + p.ds_numel > self.max_live_parameters:
-                    budget = -1
-                    break
+                if live + p.ds_numel > self.max_live_parameters:
+                    live = self._evict(live, p.ds_numel, used_after=j)
+                    if live + p.ds_numel > self.max_live_parameters:
+                        full = True
+                        break
                 todo.append(p)
-                budget -= p.ds_numel
+                room -= p.ds_numel
                 live += p.ds_numel
-            if budget <= 0:
+            if full:
                 break
+            self._horizon = max(self._horizon, j)  # every use up to here is gathered or skipped as gathered
         if todo:
             if self.swapper is not None:
                 self.swapper.swap_in(todo, async_op=True)
@@ -109,47 +196,38 @@ class PartitionedParameterCoordinator:
             for p in todo:
                 self.inflight[p.ds_id] = handle
 
-    def release_sub_module(self, module, phase: str = "fwd", keep_ids=frozenset()) -> None:
-        keep = set()
-        if self.trace_complete and not self.recomputing and id(module) in self._at:
-            positions = self._keep.get(phase, [])
-            at = self._at[id(module)]
-            keep = positions[at] if at < len(positions) else set()
-        for p in self._own(module):
-            if p.ds_id not in self.inflight and p.ds_id not in keep and id(p) not in keep_ids:
-                release_param(p)
+    def _next_use(self, p) -> float:
+        uses = self._uses.get(p.ds_id, [])
+        i = bisect.bisect_left(uses, self.step_id)
+        return uses[i] if i < len(uses) else float("inf")
 
-    def _compute_reuse(self) -> None:
-        """Per trace position, the params used again before ``max_reuse_distance`` more elements are fetched."""
-        for phase, trace in self.trace.items():
-            keep = []
-            for i, module in enumerate(trace):
-                mine, found, traversed = {p.ds_id for p in self._own(module)}, set(), 0
-                for nxt in trace[i + 1:]:
-                    if traversed >= self.max_reuse_distance or not mine - found:
-                        break
-                    own = self._own(nxt)
-                    found |= mine & {p.ds_id for p in own}
-                    traversed += sum(p.ds_numel for p in own)
-                keep.append(found)
-            self._keep[phase] = keep
-
-    def begin_phase(self, phase: str) -> None:
-        self.position[phase] = 0
-        self._at.clear()
-        if not self.trace_complete:
-            self.trace[phase] = []
-
-    def end_phase(self, phase: str) -> None:
-        """After a full forward or backward: finish prefetches, release everything not persistent."""
-        for handle in {id(h): h for h in self.inflight.values()}.values():
-            handle.wait()
-        self.inflight.clear()
-        if self.swapper is not None:
-            self.swapper.drain()
-        for p in self.all_params:
+    def _evict(self, live: int, need: int, used_after: float = -1) -> int:
+        """Release kept params, the latest-used first (those used after trace position ``used_after`` only),
+        until ``need`` more elements fit under ``max_live_parameters``; returns the live count left."""
+        for p in sorted(self._kept.values(), key=self._next_use, reverse=True):
+            if live + need <= self.max_live_parameters or self._next_use(p) <= used_after:
+                break
+            del self._kept[p.ds_id]
             release_param(p)
-        self.position[phase] = 0
-        if phase == "bwd" and self.trace["fwd"] and not self.trace_complete:
-            self.trace_complete = True
-            self._compute_reuse()
+            live -= p.ds_numel
+        return live
+
+    def _reused_soon(self, p) -> bool:
+        """Is ``p`` used again before ``max_reuse_distance`` more elements are fetched, or at a use the
+        prefetcher already passed over because ``p`` was gathered (DeepSpeed's ``__params_to_release``)?"""
+        j = self._next_use(p)
+        if j == float("inf"):
+            return False
+        return j <= self._horizon or self._cum[j] - self._cum[self.step_id] < self.max_reuse_distance
+
+    def release_sub_module(self, module, phase: str = "fwd", keep_ids=frozenset()) -> None:
+        params = [p for p in self._own(module) if p.ds_id not in self.inflight and id(p) not in keep_ids
+                  and p.ds_status == ZeroParamStatus.AVAILABLE and not p.ds_persist]
+        complete = self.mode == ZeroTraceMode.COMPLETE
+        live = self.live_numel() if complete and params else 0
+        for p in params:
+            if complete and live <= self.max_live_parameters and self._reused_soon(p):
+                self._kept[p.ds_id] = p
+                continue
+            release_param(p)
+            live -= p.ds_numel

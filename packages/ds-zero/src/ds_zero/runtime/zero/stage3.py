@@ -2,9 +2,10 @@
 
 Parameters live partitioned (:mod:`partition_parameters`). Module hooks make them whole only while
 needed: a forward pre-hook gathers a module's own parameters (the coordinator prefetches the next
-ones, :mod:`partitioned_param_coordinator`), a forward post-hook releases them and wraps the outputs
-(tensors anywhere in tuples, lists, dicts) so that backward gathers them again before the module's
-gradient is computed. Each gradient is reduce-scattered as soon as autograd accumulates it and the
+ones, :mod:`partitioned_param_coordinator`), a forward post-hook releases them unless the step's trace
+uses them again within ``stage3_max_reuse_distance``, and wraps the outputs (tensors anywhere in
+tuples, lists, dicts) so that backward gathers them, if released, before the module's gradient is
+computed. Each gradient is reduce-scattered as soon as autograd accumulates it and the
 parameter is released. Parameters of at most ``stage3_param_persistence_threshold`` elements stay
 gathered for good. With ``offload_param`` the partitions live in host memory (or on NVMe,
 :mod:`ds_zero.runtime.swap_tensor`) and are fetched just before they are gathered.
@@ -29,13 +30,15 @@ from ds_zero.runtime.zero.reduce_scatter import GradientBucketReducer
 
 
 class _PreBackward(torch.autograd.Function):
-    """Identity on a module's outputs whose backward gathers the module's params first."""
+    """Identity on a module's outputs whose backward gathers the module's params first (DeepSpeed's
+    ``PreBackwardFunctionForModule``; every module gets one, so the trace's backward part is DeepSpeed's)."""
 
     @staticmethod
     def forward(ctx, coordinator, module, *outputs):
         ctx.coordinator, ctx.module = coordinator, module
-        # Fresh views, so autograd records this node as their producer.
-        outs = tuple(o.view_as(o) for o in outputs)
+        # Detached aliases, not views: autograd makes this node their producer, and the caller may still
+        # modify them in place (a view made inside a custom Function may not be).
+        outs = tuple(o.detach() for o in outputs)
         return outs[0] if len(outs) == 1 else outs
 
     @staticmethod
@@ -137,7 +140,7 @@ class DeepSpeedZeroOptimizer_Stage3(ZeroOptimizerBase):  # noqa: N801 - DeepSpee
             # whole; its gradient hook releases it.
             returned = {id(t) for t in pytree.tree_leaves(output) if isinstance(t, torch.nn.Parameter)}
             coord.release_sub_module(mod, "fwd", keep_ids=returned)
-            if not torch.is_grad_enabled() or not coord._own(mod):
+            if not torch.is_grad_enabled():
                 return output
             return wrap_outputs(coord, mod, output)
 
