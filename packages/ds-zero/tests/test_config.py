@@ -99,14 +99,14 @@ def test_engine_rejects_bad_config_before_any_communication():
 def test_unknown_keys_warn_and_are_ignored(caplog):
     """DeepSpeed ignores unknown top-level keys; a config written for another DeepSpeed still runs here."""
     with caplog.at_level(logging.WARNING, logger="ds_zero.config"):
-        cfg = load({"train_batch_size": 8, "zero_optimisation": {}, "steps_per_print": 5,
+        cfg = load({"train_batch_size": 8, "zero_optimisation": {}, "wall_clock_breakdown": True,
                     "zero_optimization": {"stage": 2, "round_robin_gradients": True},
                     "optimizer": {"type": "Adam", "params": {"lr": 0.1, "momentum": 0.9}}})
     text = caplog.text
     assert "unknown config key 'zero_optimisation' at the top level" in text
     assert "unknown config key 'momentum' in 'optimizer.params'" in text
     assert "'round_robin_gradients' in 'zero_optimization' is a DeepSpeed option ds_zero does not implement" in text
-    assert "'steps_per_print' at the top level is a DeepSpeed option" in text
+    assert "'wall_clock_breakdown' at the top level is a DeepSpeed option" in text
     assert cfg.zero.stage == 2 and cfg.optimizer_params == {"lr": 0.1}
 
 
@@ -231,3 +231,11 @@ def test_zero_offload_optimizer_config_pipeline():
     for read, write in ((True, False), (False, True), (True, True)):
         z = parse_zero_config({"stage": 3, "offload_optimizer": {"pipeline_read": read, "pipeline_write": write}})
         assert z.offload_optimizer.pipeline is True
+
+
+def test_gradient_clipping_defaults_to_deepspeeds_1():
+    """DeepSpeed 0.19 clips at 1.0 unless told otherwise (GRADIENT_CLIPPING_DEFAULT); 0 turns clipping off."""
+    ds_config = pytest.importorskip("deepspeed.runtime.config")
+    theirs = ds_config.DeepSpeedConfig({"train_batch_size": 2}, mpu=None).gradient_clipping
+    assert load({"train_batch_size": 2}).gradient_clipping == theirs == 1.0
+    assert load({"train_batch_size": 2, "gradient_clipping": 0}).gradient_clipping == 0.0

@@ -181,6 +181,7 @@ def _small_cases_body(rank, world):
         "train_batch_size": 2,
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 2,
+        "gradient_clipping": 0.0,  # as upstream's config: DeepSpeed clips at 1.0 by default
         "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
         "pipeline": {"activation_checkpoint_interval": 0},
     }

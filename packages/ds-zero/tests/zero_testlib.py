@@ -45,7 +45,7 @@ def make_data(steps: int, global_batch: int, seed: int = 1):
 
 def base_config(stage: int, world: int, micro: int = 4, gas: int = 1, **extra) -> dict:
     cfg = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
-           "train_batch_size": micro * gas * world,
+           "train_batch_size": micro * gas * world, "gradient_clipping": 0.0,  # DeepSpeed's default is 1.0
            "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.01, "torch_adam": True}},
            "zero_optimization": {"stage": stage, "reduce_bucket_size": 100, "allgather_bucket_size": 100,
                                  "stage3_prefetch_bucket_size": 200, "stage3_param_persistence_threshold": 10}}

@@ -24,11 +24,11 @@ __all__ = ["DeepSpeedConfig", "DeepSpeedConfigError"]
 _TOP_KEYS = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
     "optimizer", "scheduler", "fp16", "bf16", "bfloat16", "zero_optimization", "activation_checkpointing",
-    "pipeline", "aio", "allgather_size",
+    "pipeline", "aio", "allgather_size", "steps_per_print",
 }
 # DeepSpeed's other top-level options: accepted, logged, no effect here.
 _TOP_IGNORED = {
-    "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "dump_state",
+    "wall_clock_breakdown", "zero_allow_untested_optimizer", "dump_state",
     "zero_force_ds_cpu_optimizer", "prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "amp",
     "communication_data_type", "seq_parallel_communication_data_type", "flops_profiler", "tensorboard", "wandb",
     "csv_monitor", "comet", "elasticity", "checkpoint", "data_efficiency", "data_types", "compile",
@@ -104,7 +104,7 @@ class DeepSpeedConfig:
     train_batch_size: int
     train_micro_batch_size_per_gpu: int
     gradient_accumulation_steps: int
-    gradient_clipping: float = 0.0
+    gradient_clipping: float = 1.0  # DeepSpeed's GRADIENT_CLIPPING_DEFAULT (0.19)
     optimizer_name: str | None = None
     optimizer_params: dict = field(default_factory=dict)
     scheduler_name: str | None = None
@@ -115,6 +115,7 @@ class DeepSpeedConfig:
     activation_checkpointing: ActivationCheckpointingConfig = field(default_factory=ActivationCheckpointingConfig)
     pipeline: dict = field(default_factory=dict)
     aio: AioConfig = field(default_factory=AioConfig)
+    steps_per_print: int | None = None  # DeepSpeed's default: no progress lines
     raw: dict = field(default_factory=dict)
 
     @property
@@ -134,6 +135,8 @@ class DeepSpeedConfig:
         known = split_keys("", raw, _TOP_KEYS, _TOP_IGNORED)
         train, micro, gas = _batch_triangle(known, world_size)
         out = cls(train, micro, gas, raw=raw)
+        if known.get("steps_per_print") is not None:
+            out.steps_per_print = as_int("steps_per_print", known["steps_per_print"])
         if "gradient_clipping" in known:
             out.gradient_clipping = as_float("gradient_clipping", known["gradient_clipping"])
         if "optimizer" in known:

@@ -31,18 +31,36 @@ from ds_zero.utils.groups import ParallelGroups, mpu_data_parallel_world_size
 logger = logging.getLogger(__name__)
 
 
-def init_distributed(dist_init_required, distributed_port: int = 29500) -> None:
-    """DeepSpeed's ``init_distributed``: join the job torchrun (or the environment) describes, else one process."""
+def _default_timeout() -> datetime.timedelta:
+    return datetime.timedelta(minutes=int(os.environ.get("DEEPSPEED_TIMEOUT", "30")))  # DeepSpeed's default
+
+
+def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool = True, distributed_port: int = 29500,
+                     verbose: bool = True, timeout: datetime.timedelta | None = None, init_method: str | None = None,
+                     dist_init_required: bool | None = None, config=None, rank: int = -1,
+                     world_size: int = -1) -> None:
+    """``deepspeed.init_distributed``: join the job torchrun (or the environment) describes. Without the launcher's
+    variables it is one process on this machine (DeepSpeed tries MPI discovery there; mpi4py is not used here).
+    ``dist_backend`` defaults to nccl with CUDA, else gloo; ``DEEPSPEED_TIMEOUT`` (minutes) sets the timeout."""
     if dist.is_initialized():
         return
     if dist_init_required is False:
         raise RuntimeError("torch.distributed is not initialised and dist_init_required=False; call "
                            "dist.init_process_group first")
-    for key, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
-                         ("MASTER_PORT", str(distributed_port))):
-        os.environ.setdefault(key, default)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
+    if timeout is not None and not isinstance(timeout, datetime.timedelta):
+        raise TypeError(f"timeout={timeout!r} must be a datetime.timedelta")
+    if init_method is None:
+        if verbose and "RANK" not in os.environ:
+            logger.info("no launcher environment (RANK, WORLD_SIZE, ...): one process on 127.0.0.1:%d",
+                        distributed_port)
+        for key, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                             ("MASTER_PORT", str(distributed_port))):
+            os.environ.setdefault(key, default)
+    backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    kwargs = {"timeout": timeout or _default_timeout(), "init_method": init_method}
+    if rank >= 0 or world_size >= 0:  # a tcp:// or file:// init_method needs them
+        kwargs.update(rank=rank, world_size=world_size)
+    dist.init_process_group(backend, **kwargs)
 
 
 class DeepSpeedEngine(torch.nn.Module):
@@ -66,7 +84,7 @@ class DeepSpeedEngine(torch.nn.Module):
             model_parameters = model.parameters()
         model_parameters = list(model_parameters)
         check_nvme_space(cfg, model_parameters, world)
-        init_distributed(dist_init_required, distributed_port)
+        init_distributed(dist_init_required=dist_init_required, distributed_port=distributed_port)
         self.mpu = mpu
         self.groups = ParallelGroups(mpu)
         self.dp_process_group = self.groups.dp_group
@@ -165,6 +183,9 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def is_gradient_accumulation_boundary(self) -> bool:
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def steps_per_print(self) -> int | None:
+        return self._config.steps_per_print
 
     def zero_optimization_stage(self) -> int:
         return self._config.zero.stage
@@ -276,6 +297,9 @@ class DeepSpeedEngine(torch.nn.Module):
                 self.skipped_steps += 1
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
+            every = self.steps_per_print()
+            if every is not None and self.global_steps % every == 0 and self.global_rank == 0:
+                logger.info("step=%d, skipped=%d, lr=%s", self.global_steps, self.skipped_steps, self.get_lr())
         self.micro_steps += 1
 
     def zero_grad(self) -> None:

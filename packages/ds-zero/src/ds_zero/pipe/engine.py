@@ -24,6 +24,7 @@ from ds_zero.engine import DeepSpeedEngine
 from ds_zero.pipe import schedule
 from ds_zero.pipe.module import PipelineError, PipelineModule
 from ds_zero.pipe.p2p import P2P, _as_tuple
+from ds_zero.runtime.dataloader import RepeatingLoader
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,18 @@ class PipelineEngine(DeepSpeedEngine):
         self._last_mb = None
         self.agg_train_loss = None
         self._data_iter = None
+        self._progress_t0 = None
+
+    def _configure_dataloader(self, data, collate_fn):
+        """DeepSpeed's ``_build_data_iter``: this data-parallel rank's share of ``training_data`` in order (no
+        shuffling), micro-batch by micro-batch, repeated without end (``RepeatingLoader``)."""
+        if data is None:
+            return None
+        sampler = torch.utils.data.DistributedSampler(data, num_replicas=self.dp_world_size, rank=self.groups.dp_rank,
+                                                      shuffle=False)
+        loader = torch.utils.data.DataLoader(data, batch_size=self.train_micro_batch_size_per_gpu(), sampler=sampler,
+                                             collate_fn=collate_fn)
+        return RepeatingLoader(loader)
 
     # --- public API ---------------------------------------------------------------------------------------------
     def train_batch(self, data_iter=None) -> torch.Tensor:
@@ -73,8 +86,18 @@ class PipelineEngine(DeepSpeedEngine):
             raise PipelineError("train_batch() needs gradients enabled (it runs backward)")
         self.module.train()
         self._set_data_iter(data_iter)
+        if self._progress_t0 is None:
+            self._progress_t0 = time.perf_counter()
         self._exec_schedule(self.train_schedule(self.micro_batches, self.num_stages, self.stage_id))
         self.agg_train_loss = self._aggregate_total_loss()
+        every = self.steps_per_print()
+        if every is not None and self.global_steps % every == 0:
+            iter_time = (time.perf_counter() - self._progress_t0) / every
+            self._progress_t0 = None
+            if self.global_rank == 0:
+                # DeepSpeed's progress line, printed as it prints it (scripts and log scrapers read it)
+                print(f"steps: {self.global_steps} loss: {self.agg_train_loss:0.4f} iter time (s): {iter_time:0.3f} "
+                      f"samples/sec: {self.train_batch_size() / iter_time:0.3f}", flush=True)
         return self.agg_train_loss
 
     def eval_batch(
