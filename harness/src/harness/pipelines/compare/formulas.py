@@ -57,9 +57,10 @@ def expected_comm(name: str, n: int, shape: dict, param_numels: list[int], unit_
         return {"all_reduce": psi * bytes_per}
     norm = 4  # the gradient norm's all-reduce (one fp32)
     if name in ("zero-1", "zero-2", "zero-2-offload", "zero-3"):
-        if name == "zero-3":  # every parameter gathered in forward and in backward, each padded to N chunks
+        if name == "zero-3":  # every parameter gathered once, each padded to N chunks: the default
+            # stage3_max_reuse_distance (1e9 elements) covers the model, so forward's gathers are kept for backward
             flat = sum(padded(k, n) for k in param_numels) * bytes_per
-            out = {"all_gather_into_tensor": 2 * flat}
+            out = {"all_gather_into_tensor": flat}
         else:  # one flat buffer padded to N partitions, gathered once after the step
             flat = padded(psi, n) * bytes_per
             out = {"all_gather_into_tensor": flat}

@@ -27,7 +27,7 @@ NOTES = {
     "deepspeed-zero-2": "on gloo DeepSpeed all-reduces the gradient buckets, then all-gathers: 3Ψ",
     "deepspeed-zero-3": "DeepSpeed keeps parameters gathered from forward to backward when they are reused within "
                         "stage3_max_reuse_distance (1e9 elements by default: this whole model), so it gathers once: "
-                        "2Ψ; ds-zero, given the same JSON, gathers again in backward (3Ψ)",
+                        "2Ψ, as ds-zero does given the same JSON",
     "tp": "4 all-reduces of b·s·h per layer, the embedding's forward and the output layer's backward all-reduce, "
           "the vocab-parallel cross entropy's 3 of b·s, the grad norm",
     "tp-sp": "all-gathers and reduce-scatters of b·s·h replace the all-reduces (same volume); the norm weights' "
