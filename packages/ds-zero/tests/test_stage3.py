@@ -27,7 +27,7 @@ def _stage3_cases_body(rank, world):
     from ds_zero.zero import GatheredParameters, Init, ZeroParamStatus
 
     out = {}
-    with Init():
+    with Init(dtype=torch.float32):
         torch.manual_seed(rank)  # different seeds: Init must broadcast rank 0's values
         model = lib.TinyMLP()
 

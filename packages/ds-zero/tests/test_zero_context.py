@@ -99,12 +99,12 @@ def _context_cases_body(rank, world):
 
     out = {}
     # TestSerialContext.test_subclass_param
-    with Init():
+    with Init(dtype=torch.float32):
         net = ConvNet()
     out["subclass_param"] = (net.param.ds_status == ZeroParamStatus.NOT_AVAILABLE
                              and net.conv1.param_in.ds_status == ZeroParamStatus.NOT_AVAILABLE)
     # TestScatterGather: partitioned inside, untouched outside the context
-    with Init():
+    with Init(dtype=torch.float32):
         lin = torch.nn.Linear(6, 3)
     plain = torch.nn.Linear(6, 3)
     scattered = lin.weight.ds_status == ZeroParamStatus.NOT_AVAILABLE and lin.weight.numel() == 0
@@ -112,7 +112,7 @@ def _context_cases_body(rank, world):
         gathered = lin.weight.ds_status == ZeroParamStatus.AVAILABLE and lin.weight.numel() == 18
     out["scatter_gather"] = (scattered, gathered, not hasattr(plain.weight, "ds_status"), lin.weight.numel() == 0)
     # TestGatherUpdate: modifier rank 1's change is everyone's
-    with Init():
+    with Init(dtype=torch.float32):
         lin = torch.nn.Linear(4, 2)
     with GatheredParameters(lin.weight, modifier_rank=1):
         if dist.get_rank() == 1:
@@ -121,12 +121,24 @@ def _context_cases_body(rank, world):
     with GatheredParameters(lin.weight):
         out["gather_update"] = torch.equal(lin.weight, torch.zeros_like(lin.weight))
     # TestNestingInit: nested contexts partition once
-    with Init(), Init():
+    with Init(dtype=torch.float32), Init(dtype=torch.float32):
         nested = torch.nn.Linear(4, 4)
     out["nested"] = hasattr(nested.weight, "ds_id") and nested.weight.ds_tensor.numel() == 8
+    # DeepSpeed's Init._set_dtype: without a config or dtype the model is built in half precision (bf16 on CPU);
+    # a config's fp16/bf16 sections decide when one is given; DeepSpeed's own Init side by side
+    import deepspeed
+
+    dtypes = {}
+    for name, impl in (("deepspeed", deepspeed), ("ds_zero", ds_zero)):
+        with impl.zero.Init():
+            default = torch.nn.Linear(4, 4)
+        with impl.zero.Init(config_dict_or_path={"train_batch_size": world, "bf16": {"enabled": False}}):
+            fp32 = torch.nn.Linear(4, 4)
+        dtypes[name] = (default.weight.ds_tensor.dtype, fp32.weight.ds_tensor.dtype)
+    out["init_dtypes"] = dtypes
 
     # apply() from a parent, a subclass's own adjustment, skip_init.
-    with Init():
+    with Init(dtype=torch.float32):
         torch.manual_seed(rank)
         post = PostInit()
         zeroed = ZeroedLinear(DIM, DIM)
@@ -161,6 +173,8 @@ def test_zero_init_gathered_parameters_and_module_outputs():
     _check_deepspeed_context_cases(results)
     _check_apply_subclass_and_skip_init_under_init(results)
     _check_list_dict_and_returned_param_outputs_train_like_torch(results)
+    for r in results:
+        assert r["init_dtypes"]["ds_zero"] == r["init_dtypes"]["deepspeed"] == (torch.bfloat16, torch.float32)
 
 
 def _check_deepspeed_context_cases(results):

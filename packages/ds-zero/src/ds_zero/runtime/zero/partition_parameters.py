@@ -206,8 +206,36 @@ class Init:
     partitioned after ``to_empty`` gives it real storage.
     """
 
-    def __init__(self, module=None, data_parallel_group=None, enabled: bool = True, dtype=None,
-                 config_dict_or_path=None, mpu=None):
+    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear: bool = True, remote_device=None,
+                 pin_memory: bool = False, config_dict_or_path=None, config=None, enabled: bool = True, dtype=None,
+                 mpu=None, zero_param_parallel_group=None, zero_quantized_weights: bool = False,
+                 zero_quantized_nontrainable_weights: bool = False, sequence_data_parallel_group=None,
+                 param_swapper=None):
+        """DeepSpeed's signature and order. ``config_dict_or_path`` (or ``config``) gives the dtype when ``dtype``
+        is not set (fp16 / bf16 sections). ``remote_device`` is where the partitions live: None, "none" or "cpu"
+        for parameters built on the CPU (CPU offload of CUDA partitions is the engine config's ``offload_param``).
+        ``mem_efficient_linear`` changes nothing here: autograd keeps the parameter, whose data is gathered again
+        for backward, never a gathered copy."""
+        unsupported = {"zero_param_parallel_group": zero_param_parallel_group, "param_swapper": param_swapper,
+                       "sequence_data_parallel_group": sequence_data_parallel_group,
+                       "zero_quantized_weights": zero_quantized_weights or None,
+                       "zero_quantized_nontrainable_weights": zero_quantized_nontrainable_weights or None}
+        for name, value in unsupported.items():
+            if value is not None:
+                raise ValueError(f"ds_zero.zero.Init({name}={value!r}) is not supported by ds_zero")
+        if remote_device not in (None, "none", "cpu"):
+            raise ValueError(f"ds_zero.zero.Init(remote_device={remote_device!r}): allowed None, 'none', 'cpu' (NVMe "
+                             "partitions come from the engine config's zero_optimization.offload_param)")
+        if config_dict_or_path is not None and config is not None:
+            raise ValueError("pass the config as config_dict_or_path= or config=, not both")
+        cfg = config_dict_or_path if config_dict_or_path is not None else config
+        if dtype is None and cfg is not None:
+            from ds_zero.config import DeepSpeedConfig
+
+            cfg = cfg if isinstance(cfg, DeepSpeedConfig) else DeepSpeedConfig.load(cfg, _world(None)[0])
+            dtype = torch.float16 if cfg.fp16.enabled else torch.bfloat16 if cfg.bf16_enabled else None
+        elif dtype is None and enabled:  # DeepSpeed's default without a config: half precision
+            dtype = torch.float16 if torch.cuda.is_available() else torch.bfloat16
         if enabled and not dist.is_initialized():
             raise RuntimeError("ds_zero.zero.Init needs torch.distributed to be initialised first")
         if data_parallel_group is None and mpu is not None:
@@ -215,6 +243,7 @@ class Init:
         self.group = data_parallel_group
         self.enabled = enabled
         self.dtype = dtype
+        self.remote_device = remote_device
         self._patched: list = []
         if module is not None and enabled:
             for m in module.modules():
@@ -226,6 +255,9 @@ class Init:
                 continue
             if self.dtype is not None and p.is_floating_point():
                 p.data = p.data.to(self.dtype)
+            if self.remote_device == "cpu" and p.device.type != "cpu":
+                raise ValueError(f"ds_zero.zero.Init(remote_device='cpu') got a parameter on {p.device}: use the "
+                                 "engine config's zero_optimization.offload_param for CPU partitions of it")
             partition_param(p, self.group)
 
     def _wrap(self, cls) -> None:
