@@ -21,13 +21,13 @@ import time
 logger = logging.getLogger("bench_zero")
 
 
-def _config(stage: int, micro: int, dtype: str = "bf16") -> dict:
+def _config(stage: int, micro: int, dtype: str = "bf16", clip: float = 1.0) -> dict:
     return {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": 1,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
         "bf16": {"enabled": dtype == "bf16"},
-        "gradient_clipping": 1.0,
+        "gradient_clipping": clip,  # 0 turns clipping off
         "zero_optimization": {
             "stage": stage,
             "overlap_comm": True,
@@ -72,7 +72,7 @@ def bench_rank(rank, world, args):
         for impl, init in (("deepspeed", deepspeed.initialize), ("ds_zero", ds_zero.initialize)):
             model = _model(hidden, layers)
             row["numel"] = sum(p.numel() for p in model.parameters())
-            cfg = _config(stage, micro, args["dtype"])
+            cfg = _config(stage, micro, args["dtype"], args["clip"])
             engines[impl], *_ = init(model=model, model_parameters=model.parameters(), config=cfg)
         times = {impl: [] for impl in engines}
         for i in range(warmup + steps):  # interleaved, so both see the same machine load
@@ -102,6 +102,7 @@ def main(argv=None) -> int:
     parser.add_argument("--micro", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--clip", type=float, default=1.0, help="gradient_clipping (0: off)")
     parser.add_argument("--quick", action="store_true", help="tiny model, 3 steps")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -121,12 +122,14 @@ def main(argv=None) -> int:
         "micro": args.micro,
         "steps": args.steps,
         "dtype": args.dtype,
+        "clip": args.clip,
     }
     results = run_ranks(mod.bench_rank, 2, params, timeout=900, fresh=True)
     rows = results[0]
     numel = rows[0]["numel"]
     logger.info(
-        f"ZeRO world_size=2, CPU/gloo, {args.dtype}, Adam; MLP {args.layers}x{args.hidden} "
+        f"ZeRO world_size=2, CPU/gloo, {args.dtype}, Adam, gradient_clipping={args.clip:g}; "
+        f"MLP {args.layers}x{args.hidden} "
         f"({numel / 1e6:.2f} M params), micro batch {args.micro}; median of {args.steps} interleaved steps (rank 0)"
     )
     logger.info(

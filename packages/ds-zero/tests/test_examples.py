@@ -145,7 +145,7 @@ def test_pipeline_example_trains_as_under_deepspeed(tmp_path):
     assert len(theirs_lines) == 2 and ours_lines == theirs_lines
 
 
-# ---------------------------------------------------------------- docs/_tutorials/zero.md: zero.Init, GatheredParameters
+# ---------------------------------------------------------------- docs/_tutorials/zero.md: Init, GatheredParameters
 def test_zero3_init_and_gathered_parameters_train_as_under_deepspeed(tmp_path):
     """The model is built partitioned (zero.Init, remote_device="cpu"), its embeddings initialised on rank 0 inside
     GatheredParameters(modifier_rank=0), then trained with the page's ZeRO-Infinity block (CPU offload of
@@ -169,7 +169,7 @@ def test_zero3_init_and_gathered_parameters_train_as_under_deepspeed(tmp_path):
     def values(out, prefix):
         return [float(ln.split()[-1]) for ln in out.splitlines() if ln.startswith(prefix)]
 
-    # rank 0's initialisation inside GatheredParameters(modifier_rank=0) reaches every partition: exactly equal
+    # rank 0's initialisation in GatheredParameters(modifier_rank=0) reaches every partition: exactly equal
     assert values(o_out, "position_embeddings initialised") == values(t_out, "position_embeddings initialised")
     # bf16 training: the tolerance of test_deepspeed_parity.py's bf16 case (one bf16 ulp in a step's gradient
     # moves an Adam update by up to lr)

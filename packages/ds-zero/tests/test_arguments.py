@@ -1,0 +1,52 @@
+"""``add_config_arguments`` and ``initialize(args=...)``: DeepSpeed's tests/unit/launcher/test_ds_arguments.py cases
+(the parser ones; core binding is the launcher's, which refuses it), rewritten for ds_zero and checked against
+DeepSpeed's own parser on the same argument lists."""
+
+import argparse
+import types
+
+import ds_zero
+import pytest
+import torch
+
+CASES = [
+    ["--num_epochs", "2"],
+    ["--num_epochs", "2", "--deepspeed_config", "foo.json"],
+    ["--num_epochs", "2", "--deepspeed"],
+    ["--num_epochs", "2", "--deepspeed", "--deepspeed_config", "foo.json"],
+    ["--num_epochs", "2", "--deepscale", "--deepscale_config", "old.json"],
+]
+
+
+def basic_parser():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--num_epochs", type=int)
+    return parser
+
+
+@pytest.mark.parametrize("argv", CASES)
+def test_parsed_arguments_equal_deepspeeds(argv):
+    deepspeed = pytest.importorskip("deepspeed")
+    ours = vars(ds_zero.add_config_arguments(basic_parser()).parse_args(argv))
+    theirs = vars(deepspeed.add_config_arguments(basic_parser()).parse_args(argv))
+    assert ours == theirs
+    assert ours["num_epochs"] == 2 and isinstance(ours["deepspeed"], bool)
+
+
+def test_no_ds_parser_refuses_the_flags():
+    with pytest.raises(SystemExit):
+        basic_parser().parse_args(["--num_epochs", "2", "--deepspeed"])
+    assert not hasattr(basic_parser().parse_args(["--num_epochs", "2"]), "deepspeed_config")
+
+
+def test_initialize_reads_the_config_from_args_and_refuses_two_configs(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{"train_batch_size": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}')
+    args = ds_zero.add_config_arguments(basic_parser()).parse_args(["--deepscale_config", str(path)])
+    assert ds_zero.config_from_args(args) == str(path)
+    both = types.SimpleNamespace(deepspeed_config=str(path), deepscale_config=str(path))
+    with pytest.raises(ValueError, match="both --deepspeed_config"):
+        ds_zero.config_from_args(both)
+    args = types.SimpleNamespace(deepspeed_config=str(path))
+    with pytest.raises(ValueError, match="a config was given both to initialize"):
+        ds_zero.initialize(args=args, model=torch.nn.Linear(2, 2), config={"train_batch_size": 1})
