@@ -50,3 +50,21 @@ def test_initialize_reads_the_config_from_args_and_refuses_two_configs(tmp_path)
     args = types.SimpleNamespace(deepspeed_config=str(path))
     with pytest.raises(ValueError, match="a config was given both to initialize"):
         ds_zero.initialize(args=args, model=torch.nn.Linear(2, 2), config={"train_batch_size": 1})
+
+
+def test_subpackages_are_reachable_after_import_as_in_deepspeed():
+    """``deepspeed.checkpointing.checkpoint(...)`` right after ``import deepspeed``: the same for ds_zero's
+    ``checkpointing``, ``zero``, ``pipe``, ``runtime``, ``ops`` and ``utils`` (a fresh interpreter, so no other test
+    has imported them)."""
+    import subprocess
+    import sys
+
+    names = ["checkpointing.checkpoint", "zero.Init", "zero.GatheredParameters", "pipe.PipelineModule",
+             "runtime.utils.set_random_seed", "utils.RepeatingLoader", "ops.adam.DeepSpeedCPUAdam",
+             "init_distributed", "add_config_arguments", "PipelineModule"]
+    code = ("import functools, sys\nimport {lib}\n"
+            "for n in sys.argv[1:]: functools.reduce(getattr, n.split('.'), {lib})\n")
+    for lib in ("ds_zero", "deepspeed"):
+        proc = subprocess.run([sys.executable, "-c", code.format(lib=lib), *names], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, f"{lib}: {proc.stderr[-2000:]}"

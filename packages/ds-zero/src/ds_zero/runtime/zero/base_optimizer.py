@@ -162,8 +162,8 @@ class ZeroOptimizerBase(abc.ABC):
         return math.sqrt(sq.item())
 
     def _start_global_norm(self, grads: list[torch.Tensor], scale: float) -> None:
-        """Without clipping the norm is only reported: its last all-reduce runs while the step goes on, and
-        ``get_global_grad_norm`` waits for it (every rank still issues it at the same point)."""
+        """Without clipping the norm is only reported: its last all-reduce runs while the update goes on, and the
+        end of ``step`` waits for it (every rank issues it at the same point)."""
         sq = self._local_norm_sq(grads)
         groups = self._reduce_groups()
         for group in groups[:-1]:
@@ -173,7 +173,6 @@ class ZeroOptimizerBase(abc.ABC):
 
     def step(self) -> bool:
         """One optimizer step; returns False when fp16 overflow made it skip."""
-        self.get_global_grad_norm()  # the previous step's deferred norm, so its all-reduce is done
         if self.grad_offloader is not None:
             self.grad_offloader.synchronize()
         grads = self.reduced_grad_partitions()
@@ -213,6 +212,10 @@ class ZeroOptimizerBase(abc.ABC):
         self._after_write_back()
         self.zero_grad()
         self.loss_scaler.update_scale(False)
+        # The norm's all-reduce ran under the update; it finishes before step returns, so no collective is ever
+        # left in flight: one left pending when a script ended made gloo abort the rank whose peer exited first
+        # ("terminate called without an active exception", issue 36).
+        _ = self._global_grad_norm
         return True
 
     def _run_optimizer(self) -> None:
