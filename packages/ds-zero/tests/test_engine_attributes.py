@@ -76,7 +76,7 @@ def _attributes(rank, world):
 
 
 def test_engine_and_optimizer_attributes_have_deepspeeds_types_and_values():
-    results = run_ranks(_attributes, 2, timeout=300)
+    results = run_ranks(_attributes, 2, timeout=300, fresh=True)  # DeepSpeed leaves process-wide state
     for rank_results in results:
         for stage in (1, 2, 3):
             theirs, ours = rank_results[(stage, "deepspeed")], rank_results[(stage, "ds_zero")]

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 import pathlib
 import runpy
 import sys
@@ -49,6 +48,8 @@ def _run_script(rank, world, script, argv):
 
 
 def _runs(rank, world, plan):
+    """Fresh rank processes (``fresh=True``): DeepSpeed keeps process-wide state (its comm backend, groups, mpu)
+    that a pooled rank would carry over from another test's DeepSpeed engine."""
     import deepspeed.ops
     import torch
 
@@ -83,7 +84,7 @@ def test_getting_started_trains_saves_and_resumes_as_deepspeed(tmp_path):
         plan += [(str(script), [*common, "--steps", "10"]),
                  (str(script), [*common, "--steps", "5", "--save_dir", ckpt]),
                  (str(script), [*common, "--load_dir", ckpt])]
-    out = run_ranks(_runs, 1, plan, timeout=300)[0]  # one rank: see the header (each rank's tag is its own loss)
+    out = run_ranks(_runs, 1, plan, timeout=300, fresh=True)[0]  # one rank: see the header (tags are rank losses)
     t_full, t_first, t_resumed, o_full, o_first, o_resumed = (_step_losses(s) for s in out)
     assert len(t_full) == 10 and o_full == pytest.approx(t_full, rel=1e-5)
     assert o_first == pytest.approx(t_first, rel=1e-5) and t_first == t_full[:5]
@@ -138,8 +139,7 @@ def test_pipeline_example_trains_as_under_deepspeed(tmp_path):
     cfg["optimizer"]["params"].update(lr=1e-5, torch_adam=True)
     (tmp_path / "ds_config.json").write_text(json.dumps(cfg))
     argv = ["--deepspeed_config", str(tmp_path / "ds_config.json"), "-p", "2", "--steps", "2", "--backend", "gloo"]
-    os.environ.setdefault("LOCAL_RANK", "0")
-    t_out, o_out = run_ranks(_runs, 2, [(str(theirs), argv), (str(ours), argv)], timeout=300)[0]
+    t_out, o_out = run_ranks(_runs, 2, [(str(theirs), argv), (str(ours), argv)], timeout=300, fresh=True)[0]
     strip = lambda lines: [ln.split(" iter time")[0] for ln in lines]  # noqa: E731
     theirs_lines, ours_lines = strip(_losses(t_out, "steps: ")), strip(_losses(o_out, "steps: "))
     assert len(theirs_lines) == 2 and ours_lines == theirs_lines
@@ -164,7 +164,7 @@ def test_zero3_init_and_gathered_parameters_train_as_under_deepspeed(tmp_path):
     cfg["bf16"] = {"enabled": True}  # zero.Init without a config builds in half precision: bf16 on CPU
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     argv = ["--deepspeed_config", str(tmp_path / "cfg.json"), "--remote_device", "cpu", "--steps", "4"]
-    t_out, o_out = run_ranks(_runs, 2, [(str(theirs), argv), (str(ours), argv)], timeout=300)[0]
+    t_out, o_out = run_ranks(_runs, 2, [(str(theirs), argv), (str(ours), argv)], timeout=300, fresh=True)[0]
 
     def values(out, prefix):
         return [float(ln.split()[-1]) for ln in out.splitlines() if ln.startswith(prefix)]

@@ -124,18 +124,6 @@ def _context_cases_body(rank, world):
     with Init(dtype=torch.float32), Init(dtype=torch.float32):
         nested = torch.nn.Linear(4, 4)
     out["nested"] = hasattr(nested.weight, "ds_id") and nested.weight.ds_tensor.numel() == 8
-    # DeepSpeed's Init._set_dtype: without a config or dtype the model is built in half precision (bf16 on CPU);
-    # a config's fp16/bf16 sections decide when one is given; DeepSpeed's own Init side by side
-    import deepspeed
-
-    dtypes = {}
-    for name, impl in (("deepspeed", deepspeed), ("ds_zero", ds_zero)):
-        with impl.zero.Init():
-            default = torch.nn.Linear(4, 4)
-        with impl.zero.Init(config_dict_or_path={"train_batch_size": world, "bf16": {"enabled": False}}):
-            fp32 = torch.nn.Linear(4, 4)
-        dtypes[name] = (default.weight.ds_tensor.dtype, fp32.weight.ds_tensor.dtype)
-    out["init_dtypes"] = dtypes
 
     # apply() from a parent, a subclass's own adjustment, skip_init.
     with Init(dtype=torch.float32):
@@ -173,8 +161,7 @@ def test_zero_init_gathered_parameters_and_module_outputs():
     _check_deepspeed_context_cases(results)
     _check_apply_subclass_and_skip_init_under_init(results)
     _check_list_dict_and_returned_param_outputs_train_like_torch(results)
-    for r in results:
-        assert r["init_dtypes"]["ds_zero"] == r["init_dtypes"]["deepspeed"] == (torch.bfloat16, torch.float32)
+
 
 
 def _check_deepspeed_context_cases(results):
@@ -211,3 +198,26 @@ def _check_list_dict_and_returned_param_outputs_train_like_torch(results):
     assert lib.mean_over_ranks([r["outputs"][0] for r in results]) == pytest.approx(ref_losses, rel=1e-5)
     for name, p in ref.named_parameters():
         torch.testing.assert_close(results[0]["outputs"][1][name], p.detach(), rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _init_dtypes(rank, world):
+    """DeepSpeed's Init._set_dtype: without a config or dtype the model is built in half precision (bf16 on CPU);
+    a config's fp16/bf16 sections decide when one is given. DeepSpeed's own Init side by side."""
+    import deepspeed
+    import ds_zero
+
+    dtypes = {}
+    for name, impl in (("deepspeed", deepspeed), ("ds_zero", ds_zero)):
+        with impl.zero.Init():
+            default = torch.nn.Linear(4, 4)
+        with impl.zero.Init(config_dict_or_path={"train_batch_size": world, "bf16": {"enabled": False}}):
+            fp32 = torch.nn.Linear(4, 4)
+        dtypes[name] = (default.weight.ds_tensor.dtype, fp32.weight.ds_tensor.dtype)
+    return dtypes
+
+
+def test_zero_init_builds_in_deepspeeds_default_dtype():
+    pytest.importorskip("deepspeed")
+    # fresh ranks: DeepSpeed's Init leaves torch.nn.functional.linear replaced in the process after it exits
+    for dtypes in run_ranks(_init_dtypes, 2, timeout=240, fresh=True):
+        assert dtypes["ds_zero"] == dtypes["deepspeed"] == (torch.bfloat16, torch.float32)
