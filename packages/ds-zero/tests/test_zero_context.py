@@ -5,6 +5,7 @@ tests/unit/runtime/zero/test_zero_context.py, test_zero_context_return.py and te
 modules returning lists/dicts/their own parameter trained against plain torch."""
 
 import importlib.util
+import os
 import pathlib
 
 import pytest
@@ -200,24 +201,33 @@ def _check_list_dict_and_returned_param_outputs_train_like_torch(results):
         torch.testing.assert_close(results[0]["outputs"][1][name], p.detach(), rtol=1e-4, atol=1e-6, msg=name)
 
 
-def _init_dtypes(rank, world):
-    """DeepSpeed's Init._set_dtype: without a config or dtype the model is built in half precision (bf16 on CPU);
-    a config's fp16/bf16 sections decide when one is given. DeepSpeed's own Init side by side."""
-    import deepspeed
-    import ds_zero
 
-    dtypes = {}
-    for name, impl in (("deepspeed", deepspeed), ("ds_zero", ds_zero)):
-        with impl.zero.Init():
-            default = torch.nn.Linear(4, 4)
-        with impl.zero.Init(config_dict_or_path={"train_batch_size": world, "bf16": {"enabled": False}}):
-            fp32 = torch.nn.Linear(4, 4)
-        dtypes[name] = (default.weight.ds_tensor.dtype, fp32.weight.ds_tensor.dtype)
-    return dtypes
+INIT_DTYPES = """
+import os, socket, torch, torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+import deepspeed, ds_zero
+for impl in (deepspeed, ds_zero):
+    with impl.zero.Init():
+        default = torch.nn.Linear(4, 4)
+    with impl.zero.Init(config_dict_or_path={"train_batch_size": 1, "bf16": {"enabled": False}}):
+        fp32 = torch.nn.Linear(4, 4)
+    print("DTYPES", impl.__name__, default.weight.ds_tensor.dtype, fp32.weight.ds_tensor.dtype)
+"""
 
 
 def test_zero_init_builds_in_deepspeeds_default_dtype():
+    """DeepSpeed's Init._set_dtype: without a config or dtype the model is built in half precision (bf16 on CPU);
+    a config's fp16/bf16 sections decide when one is given. DeepSpeed's own Init side by side, in a process of its
+    own: DeepSpeed's Init leaves torch.nn.functional.linear replaced after it exits."""
+    import subprocess
+    import sys
+
     pytest.importorskip("deepspeed")
-    # fresh ranks: DeepSpeed's Init leaves torch.nn.functional.linear replaced in the process after it exits
-    for dtypes in run_ranks(_init_dtypes, 2, timeout=240, fresh=True):
-        assert dtypes["ds_zero"] == dtypes["deepspeed"] == (torch.bfloat16, torch.float32)
+    proc = subprocess.run([sys.executable, "-c", INIT_DTYPES], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "LOCAL_RANK": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln.split()[1:] for ln in proc.stdout.splitlines() if ln.startswith("DTYPES")]
+    assert lines == [["deepspeed", "torch.bfloat16", "torch.float32"], ["ds_zero", "torch.bfloat16", "torch.float32"]]
