@@ -45,7 +45,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                   training_data=training_data, lr_scheduler=lr_scheduler, mpu=mpu,
                   dist_init_required=dist_init_required, collate_fn=collate_fn, config=config,
                   distributed_port=distributed_port)
-    if _is_pipeline_module(model):
+    if isinstance(model, PipelineModule):
         from ds_zero.pipe.engine import PipelineEngine
 
         if mpu is not None:
@@ -54,13 +54,3 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     else:
         engine = DeepSpeedEngine(**kwargs)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
-
-
-def _is_pipeline_module(model) -> bool:
-    import importlib.util
-
-    if importlib.util.find_spec("ds_zero.pipe") is None:
-        return False
-    from ds_zero.pipe.module import PipelineModule
-
-    return isinstance(model, PipelineModule)

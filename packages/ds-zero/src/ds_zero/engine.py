@@ -47,6 +47,8 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     if dist_init_required is False:
         raise RuntimeError("torch.distributed is not initialised and dist_init_required=False; call "
                            "dist.init_process_group first")
+    if config is not None:  # DeepSpeed reads only its comms-logger section from it; ds-zero has no comms logger
+        logger.warning("init_distributed(config=...): DeepSpeed's comms logging is not built in ds_zero; ignored")
     if timeout is not None and not isinstance(timeout, datetime.timedelta):
         raise TypeError(f"timeout={timeout!r} must be a datetime.timedelta")
     if init_method is None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import enum
 import functools
 import itertools
+import logging
 
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
 
 _ids = itertools.count()
 
@@ -215,7 +218,8 @@ class Init:
         is not set (fp16 / bf16 sections). ``remote_device`` is where the partitions live: None, "none" or "cpu"
         for parameters built on the CPU (CPU offload of CUDA partitions is the engine config's ``offload_param``).
         ``mem_efficient_linear`` changes nothing here: autograd keeps the parameter, whose data is gathered again
-        for backward, never a gathered copy."""
+        for backward, never a gathered copy. ``pin_memory`` pins CPU partitions in DeepSpeed for copies to a GPU;
+        the partitions kept here are on the parameters' own device, so it is logged and has no effect."""
         unsupported = {"zero_param_parallel_group": zero_param_parallel_group, "param_swapper": param_swapper,
                        "sequence_data_parallel_group": sequence_data_parallel_group,
                        "zero_quantized_weights": zero_quantized_weights or None,
@@ -223,6 +227,8 @@ class Init:
         for name, value in unsupported.items():
             if value is not None:
                 raise ValueError(f"ds_zero.zero.Init({name}={value!r}) is not supported by ds_zero")
+        if pin_memory:
+            logger.warning("ds_zero.zero.Init(pin_memory=True): partitions stay on the parameters' device; no effect")
         if remote_device not in (None, "none", "cpu"):
             raise ValueError(f"ds_zero.zero.Init(remote_device={remote_device!r}): allowed None, 'none', 'cpu' (NVMe "
                              "partitions come from the engine config's zero_optimization.offload_param)")
