@@ -403,3 +403,31 @@ def test_a_cross_memory_copy_the_kernel_splits_is_finished_and_a_stalled_one_rai
     cma._readv = lambda *_: 0
     with pytest.raises(OSError, match="process_vm_readv"):
         cma.read(os.getpid(), src.data_ptr(), dst.data_ptr(), 16)
+
+
+def _late_peer(rank, world_size):
+    util.join(rank, world_size, "shm", key="late")
+    group = pt_dist.GroupMember.WORLD
+    yields, real = [], os.sched_yield
+    os.sched_yield = lambda: yields.append(1) or real()
+    try:
+        pt_dist.barrier()
+        if rank == 1:
+            time.sleep(0.02)  # inside rank 0's 2 ms spin and past it: rank 0 spins, then sleeps on the futex
+        t0 = time.monotonic()
+        group._arrive_and_wait("test")
+        waited = time.monotonic() - t0
+    finally:
+        os.sched_yield = real
+    util.leave()
+    return len(yields), waited
+
+
+def test_a_spinning_waiter_yields_its_core_between_polls():
+    """Issue 34, defect 0: with a third runnable task on the cores (any other process), a waiter that spins
+    without yielding lets the scheduler preempt the very peer it waits for, and small collectives then took a
+    time slice (~2 ms) each. The spin yields between polls whether or not the ranks outnumber the cores (with
+    2 ranks on 2 cores it did not yield at all)."""
+    (yields0, waited0), _ = run_ranks(_late_peer, 2, timeout=60, backend=None)
+    assert yields0 > 0
+    assert waited0 < 1.0  # woken by the peer's arrival, not by a timeout

@@ -89,7 +89,6 @@ class ProcessGroupSHM(SymmetricCollectives, cma.SingleCopyCollectives, CounterBa
                         "collectives stage through shared memory instead", group_name)
         self._scratch = torch.empty(0, dtype=torch.uint8)
         self._pids = None
-        self._oversubscribed = size > len(os.sched_getaffinity(0))
         # True after a collective whose ranks read peers' slots after its last barrier: the next one that
         # stages data before its first barrier must wait for them first
         self._slots_read_late = False

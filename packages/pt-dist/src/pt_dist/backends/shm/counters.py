@@ -3,9 +3,10 @@ segment, one per cache line (no false sharing between spinning ranks).
 
 A barrier bumps this rank's counter and waits until every peer's has reached the same value: spinning first
 (barrier skew between ranks is tens to hundreds of microseconds, about what a futex sleep and wake cost, so
-spinning through it keeps small messages fast; with more ranks than cores the spinner yields its core between
-polls; a collective running on the group's thread, async, does not spin), then sleeping in ``FUTEX_WAIT`` on the
-late peer's counter (``futex.py``). A sleeper checks every 5 ms
+spinning through it keeps small messages fast; the spinner yields its core between polls, so that any other
+runnable thread on the host takes the spinner's core rather than preempting the peer being waited for; a
+collective running on the group's thread, async, does not spin), then sleeping in ``FUTEX_WAIT`` on the late
+peer's counter (``futex.py``). A sleeper checks every 5 ms
 the abort word (control word 0: rank+1 of a rank that gave up), whether this rank is shutting the group down
 (from another thread), whether the ranks it waits for are still alive and still in the group (a rank's
 shutdown clears its pid word), and the timeout, so a failure anywhere becomes a ``DistBackendError`` in
@@ -28,7 +29,7 @@ ABORT = 0
 
 class CounterBarrier:
     """Mixin for ``ProcessGroupSHM``: needs ``_ctl`` (the control words as int64), ``_base`` (their address),
-    ``_futex``, ``_epoch``, ``_oversubscribed``, ``mesh`` and the group's rank, size, timeout and name."""
+    ``_futex``, ``_epoch``, ``mesh`` and the group's rank, size, timeout and name."""
 
     _closing = False
 
@@ -49,13 +50,13 @@ class CounterBarrier:
         # an async collective (the group's thread) overlaps its caller's compute: spinning would hold the GIL that
         # thread needs between kernels (and its core), so it goes to the futex at once
         spin_end = time.monotonic() + (0.0 if on_group_thread() else SPIN_S)
-        yield_ = self._oversubscribed
         while True:
             for _ in range(64):
                 if ctl[idx] >= target:
                     return
-            if yield_:
-                os.sched_yield()
+            # (a no-op when nothing else is runnable; with a third runnable task on the cores, not yielding
+            # lets the scheduler preempt the peer instead, and every barrier then waits out its time slice)
+            os.sched_yield()
             if time.monotonic() >= spin_end:
                 break
         deadline = time.monotonic() + self.timeout
