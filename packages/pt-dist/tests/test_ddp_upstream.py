@@ -1,6 +1,7 @@
 """torch's own DDP tests, ported to pt_dist: test/distributed/test_c10d_common.py (ComputeBucketAssignmentTest,
 CommonDistributedDataParallelTest's ``_test_ddp_with_process_group``, the ``_test_ddp_checkpointing`` cases,
-the dataclass-output and batch-norm multi-forward cases), test/distributed/
+the dataclass-output and batch-norm multi-forward cases), torch/testing/_internal/distributed/distributed_test.py
+(test_ddp_broadcast_buffer), test/distributed/
 test_c10d_gloo.py (DistributedDataParallelTest's unused-parameter, ignored-output and save/load cases; ReducerTest).
 The comm-hook cases are in test_ddp_hooks_upstream.py. Adapted: CPU modules; the checks run inside spawned ranks
 and come back as a list of failures."""
@@ -390,9 +391,35 @@ def reducer_cases(c, pg):
     c.true("optimizer steps through the reducer", model.fc3.weight.grad is not None)
 
 
+def broadcast_reassigned_buffer(c, pg):
+    """torch/testing/_internal/distributed/distributed_test.py::test_ddp_broadcast_buffer: rank 0 replaces its
+    buffer with a new tensor before each forward; DDP broadcasts the module's current buffers, not the tensors
+    it found at construction."""
+    class NetWithBuffers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(10, 10, bias=False), nn.Linear(10, 1, bias=False)
+            self.register_buffer("buffer", torch.randn(1, 2))
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    torch.manual_seed(c.rank)
+    model_ddp = DistributedDataParallel(NetWithBuffers(), process_group=pg)
+    inp = torch.randn(2, 10)
+    for _ in range(2):
+        if c.rank == 0:
+            model_ddp.module.buffer = model_ddp.module.buffer + 1
+        model_ddp(inp).sum().backward()
+        bufs = [torch.empty_like(model_ddp.module.buffer) for _ in range(pg.size())]
+        pt_dist.all_gather(bufs, model_ddp.module.buffer, group=pg)
+        for buf in bufs[1:]:
+            c.equal("reassigned buffer broadcast", bufs[0], buf, rtol=0, atol=0)
+
+
 CASES = [ddp_with_process_group, ddp_checkpointing_cases, global_local_unused_params_grad,
          find_unused_parameters_when_unused_parameters_empty, ignored_output, dataclass_output,
-         buffer_sync_multi_forward_with_batchnorm]
+         buffer_sync_multi_forward_with_batchnorm, broadcast_reassigned_buffer]
 
 
 def _upstream(rank, world, backend, path):

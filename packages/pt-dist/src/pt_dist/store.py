@@ -147,8 +147,9 @@ class PrefixStore(Store):
     def _k(self, key: str) -> str:
         return f"{self.prefix}/{key}"
 
+    # values reach the store under it as bytes, as c10d's PrefixStore (a str arrives there encoded)
     def set(self, key, value):
-        self.underlying_store.set(self._k(key), value)
+        self.underlying_store.set(self._k(key), _b(value))
 
     def get(self, key):
         return self.underlying_store.get(self._k(key))
@@ -157,7 +158,7 @@ class PrefixStore(Store):
         return self.underlying_store.add(self._k(key), amount)
 
     def compare_set(self, key, expected_value, desired_value):
-        return self.underlying_store.compare_set(self._k(key), expected_value, desired_value)
+        return self.underlying_store.compare_set(self._k(key), _b(expected_value), _b(desired_value))
 
     def wait(self, keys, timeout=None):
         self.underlying_store.wait([self._k(k) for k in keys], timeout)
@@ -172,10 +173,10 @@ class PrefixStore(Store):
         return self.underlying_store.num_keys()
 
     def append(self, key, value):
-        self.underlying_store.append(self._k(key), value)
+        self.underlying_store.append(self._k(key), _b(value))
 
     def multi_set(self, keys, values):
-        self.underlying_store.multi_set([self._k(k) for k in keys], values)
+        self.underlying_store.multi_set([self._k(k) for k in keys], [_b(v) for v in values])
 
     def multi_get(self, keys):
         return self.underlying_store.multi_get([self._k(k) for k in keys])

@@ -177,7 +177,9 @@ class DistributedDataParallel(Module):
     def _sync_buffers(self) -> None:
         """Rank 0's buffers (batch-norm statistics) to every rank, before the forward (``broadcast_buffers``).
         Written through aliases with their own version counters: an earlier forward's graph may have saved a buffer
-        (CPU batch norm saves its running statistics), and the write must not invalidate that backward."""
+        (CPU batch norm saves its running statistics), and the write must not invalidate that backward. The list
+        is read again each time (torch's ``_assign_modules_buffers``): a module may have reassigned a buffer."""
+        self.modules_buffers = [b for _, b in self.module.named_buffers()]
         with torch.no_grad():
             aliases = [torch.empty(0, dtype=b.dtype, device=b.device).set_(b.untyped_storage(), b.storage_offset(),
                                                                           b.shape, b.stride())
