@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from mega_par import parallel_state as ps
-from mega_par.models import GPTModel
+from mega_par.models.gpt import GPTModel, get_gpt_layer_local_spec
 from mega_par.pipeline_parallel import schedules
 from mega_par.pipeline_parallel.activation_memory import (
     ActivationMemoryTracker,
@@ -46,13 +46,13 @@ def _stage(dealloc: bool) -> GPTModel:
         ffn_hidden_size=FFN, hidden_dropout=0.0, attention_dropout=0.0, normalization="RMSNorm",
         add_bias_linear=False, gated_linear_unit=True, activation_func=F.silu, deallocate_pipeline_outputs=dealloc,
     )  # fmt: skip
-    return GPTModel(cfg, VOCAB, S, pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-                    position_embedding_type="rope", seed=3)  # fmt: skip
+    return GPTModel(cfg, get_gpt_layer_local_spec(), VOCAB, S, pre_process=ps.is_pipeline_first_stage(),
+                    post_process=ps.is_pipeline_last_stage(), position_embedding_type="rope", seed=3)  # fmt: skip
 
 
 def _step(data_iterator, model):
     tokens = next(data_iterator)
-    out = model(tokens[:, :-1], labels=tokens[:, 1:])
+    out = model(tokens[:, :-1], None, None, labels=tokens[:, 1:])
     return out, lambda o: (o.mean(), {"lm loss": o.mean().detach()})
 
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from mega_par import parallel_state as ps
+from mega_par.models.gpt import get_gpt_layer_local_spec
 from mega_par.pipeline_parallel import schedules
 from mega_par.tensor_parallel.random import model_parallel_cuda_manual_seed
 from mega_par.transformer import TransformerConfig, TransformerLayer
@@ -112,15 +113,15 @@ def tp_worker(rank, world, port, iters, queue):
         cfg = TransformerConfig(num_layers=1, hidden_size=H, num_attention_heads=HEADS, ffn_hidden_size=FFN,
                                 hidden_dropout=0.0, attention_dropout=0.0, normalization="RMSNorm",
                                 add_bias_linear=False, gated_linear_unit=True, activation_func=F.silu,
-                                sequence_parallel=sp)
-        layer = TransformerLayer(cfg, 1)
+                                sequence_parallel=sp, tensor_model_parallel_size=2)
+        layer = TransformerLayer(cfg, get_gpt_layer_local_spec().submodules, 1)
         xs = x.transpose(0, 1).contiguous()
         if sp:
             xs = xs.chunk(2, 0)[ps.get_tensor_model_parallel_rank()].contiguous()
         xs.requires_grad_()
 
         def step(layer=layer, xs=xs):
-            layer(xs).sum().backward()
+            layer(xs)[0].sum().backward()
 
         fns[f"mega_par{'_sp' if sp else ''}"] = step
         with Counter(ps.get_tensor_model_parallel_group(), 2) as c:

@@ -69,7 +69,7 @@ def _run(name, args, save_dir):
     try:
         losses, model = pretrain(args, return_model=True)
         with torch.no_grad():
-            logits = model[0].eval()(PROBE)
+            logits = model[0].eval()(PROBE, None, None)
     finally:
         ps.destroy_model_parallel()
     return losses, logits

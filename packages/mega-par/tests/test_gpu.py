@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from mega_par import parallel_state as ps
-from mega_par.models import GPTModel
+from mega_par.models.gpt import GPTModel, get_gpt_layer_local_spec
 from mega_par.transformer import TransformerConfig
 
 from harness import run_ranks
@@ -18,7 +18,7 @@ def _model():
     cfg = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2,
                             ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0, normalization="RMSNorm",
                             add_bias_linear=False, gated_linear_unit=True, activation_func=F.silu)
-    return GPTModel(cfg, 64, 16, position_embedding_type="rope", seed=3).eval()
+    return GPTModel(cfg, get_gpt_layer_local_spec(), 64, 16, position_embedding_type="rope", seed=3).eval()
 
 
 def _ids():
@@ -31,7 +31,7 @@ def _cuda_loss(rank, world_size, with_cpu_reference):
     try:
         model, ids = _model(), _ids()
         with torch.no_grad():
-            cpu_loss = model(ids, labels=ids) if with_cpu_reference else None  # world 1: no collectives
+            cpu_loss = model(ids, None, None, labels=ids) if with_cpu_reference else None  # world 1: no collectives
             cuda_loss = model.cuda()(ids.cuda(), labels=ids.cuda()).cpu()
         return cuda_loss, cpu_loss
     finally:

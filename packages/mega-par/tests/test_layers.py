@@ -239,16 +239,18 @@ class _Counter:
 def _comm_counts(tp):
     """Per layer and step: TP = 2 all-reduces forward + 2 backward; SP = 2 all-gathers + 2 reduce-scatters
     each way (plus the all-reduce of the norm/bias grads over TP, done once per step after backward)."""
+    from mega_par.models.gpt import get_gpt_layer_local_spec
     from mega_par.transformer import TransformerConfig, TransformerLayer
 
     for sp in (False, True):
         cfg = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=4, ffn_hidden_size=32,
-                                hidden_dropout=0.0, attention_dropout=0.0, sequence_parallel=sp)
+                                hidden_dropout=0.0, attention_dropout=0.0, sequence_parallel=sp,
+                                tensor_model_parallel_size=tp)
         tpl.model_parallel_cuda_manual_seed(1)
-        layer = TransformerLayer(cfg, 1)
+        layer = TransformerLayer(cfg, get_gpt_layer_local_spec().submodules, 1)
         x = torch.randn(8 // (tp if sp else 1), 2, 16, requires_grad=True)
         with _Counter(ps.get_tensor_model_parallel_group()) as fwd:
-            y = layer(x)
+            y, _ = layer(x)
         with _Counter(ps.get_tensor_model_parallel_group()) as bwd:
             y.sum().backward()
         if sp:
@@ -295,7 +297,7 @@ def _pipeline_state():
 def _dtensor_parity():
     """mega_par's TP=2 GPT logits == torch DTensor TP (ColwiseParallel/RowwiseParallel) on the same weights."""
     from mega_par.checkpointing import llama_state_dict
-    from mega_par.models import GPTModel
+    from mega_par.models.gpt import GPTModel, get_gpt_layer_local_spec
     from mega_par.transformer import TransformerConfig
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -307,14 +309,14 @@ def _dtensor_parity():
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
     ps.initialize_model_parallel(1, 1)
     try:
-        full = GPTModel(TransformerConfig(**cfg), **kw).state_dict()
+        full = GPTModel(TransformerConfig(**cfg), get_gpt_layer_local_spec(), **kw).state_dict()
     finally:
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(2, 1)
     try:
-        model = GPTModel(TransformerConfig(**cfg), parallel_output=False, **kw).eval()
+        model = GPTModel(TransformerConfig(**cfg), get_gpt_layer_local_spec(), parallel_output=False, **kw).eval()
         with torch.no_grad():
-            ours = model(ids)
+            ours = model(ids, None, None)
     finally:
         ps.destroy_model_parallel()
     plain = H.PlainLlama(llama_state_dict(full, dict(cfg, num_query_groups=2)), 2, 8)

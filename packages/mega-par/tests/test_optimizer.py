@@ -16,7 +16,7 @@ import pytest
 import torch
 from mega_par import parallel_state as ps
 from mega_par.distributed import DistributedDataParallel, DistributedDataParallelConfig
-from mega_par.models import GPTModel
+from mega_par.models.gpt import GPTModel, get_gpt_layer_local_spec
 from mega_par.optimizer import OptimizerConfig, get_megatron_optimizer
 from mega_par.transformer import TransformerConfig
 
@@ -34,7 +34,7 @@ CONFIG = TransformerConfig(
 
 def _step_with_zero_grads(use_distributed_optimizer, no_weight_decay_cond=None):
     """Every parameter's (name, value before, value after) one AdamW step with zero gradients."""
-    model = GPTModel(CONFIG, 32, 8, position_embedding_type="learned_absolute", seed=0)
+    model = GPTModel(CONFIG, get_gpt_layer_local_spec(), 32, 8, position_embedding_type="learned_absolute", seed=0)
     ddp = DistributedDataParallel(
         CONFIG,
         DistributedDataParallelConfig(use_distributed_optimizer=use_distributed_optimizer, bucket_size=300),

@@ -150,7 +150,7 @@ def _with_interleaving(rank, world):
 
 
 def _gpt_stage(dealloc):
-    from mega_par.models import GPTModel
+    from mega_par.models.gpt import GPTModel, get_gpt_layer_local_spec
     from mega_par.tensor_parallel import model_parallel_cuda_manual_seed
     from mega_par.transformer import TransformerConfig
 
@@ -170,6 +170,7 @@ def _gpt_stage(dealloc):
     )
     return GPTModel(
         cfg,
+        get_gpt_layer_local_spec(),
         64,
         16,
         pre_process=ps.is_pipeline_first_stage(),
@@ -181,7 +182,7 @@ def _gpt_stage(dealloc):
 
 def _gpt_step(data_iterator, model):
     batch = next(data_iterator)
-    out = model(batch["tokens"], labels=batch["labels"])
+    out = model(batch["tokens"], None, None, labels=batch["labels"])
     return out, lambda o: (o.mean(), {"lm loss": o.mean().detach()})
 
 

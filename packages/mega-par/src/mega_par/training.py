@@ -25,8 +25,8 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from mega_par import parallel_state as ps
-from mega_par.distributed import DistributedDataParallel, DistributedDataParallelConfig
-from mega_par.models.gpt import GPTModel
+from mega_par.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from mega_par.models.gpt import GPTModel, get_gpt_layer_local_spec
 from mega_par.optimizer import OptimizerConfig, get_megatron_optimizer
 from mega_par.pipeline_parallel.schedules import get_forward_backward_func
 from mega_par.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -81,7 +81,10 @@ class TrainingArgs:
             normalization=self.normalization, add_bias_linear=self.add_bias_linear,
             gated_linear_unit=self.swiglu, activation_func=torch.nn.functional.silu if self.swiglu
             else torch.nn.functional.gelu, sequence_parallel=self.sequence_parallel,
-            deallocate_pipeline_outputs=True)  # as Megatron's training always does
+            tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
+            virtual_pipeline_model_parallel_size=self.vpp, pipeline_dtype=torch.float32,
+            # as Megatron's training: free sent stage outputs, and the schedule finalises the gradients
+            deallocate_pipeline_outputs=True, finalize_model_grads_func=finalize_model_grads)
 
 
 def _check_args(args: TrainingArgs, world_size: int) -> None:
@@ -109,7 +112,8 @@ def build_model(args: TrainingArgs, config: TransformerConfig) -> list:
     for v in range(args.vpp or 1):
         if args.vpp:
             ps.set_virtual_pipeline_model_parallel_rank(v)
-        model = GPTModel(config, args.vocab_size, args.seq_length, pre_process=ps.is_pipeline_first_stage(),
+        model = GPTModel(config, get_gpt_layer_local_spec(), args.vocab_size, args.seq_length,
+                         pre_process=ps.is_pipeline_first_stage(),
                          post_process=ps.is_pipeline_last_stage(),
                          share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
                          position_embedding_type=args.position_embedding_type, seed=args.seed)

@@ -52,7 +52,13 @@ def _allreduce_embedding_grads(model_chunks) -> None:
     dist.all_reduce(_grad(weight), group=ps.get_embedding_group())
 
 
-def finalize_model_grads(model_chunks) -> None:
+def finalize_model_grads(model_chunks, num_tokens=None) -> None:
+    """Megatron's signature; ``num_tokens`` (the per-token loss normalisation of
+    ``calculate_per_token_loss``) is not implemented, so it must be None."""
+    if num_tokens is not None:
+        raise ValueError("finalize_model_grads: num_tokens (calculate_per_token_loss) is not supported by mega_par")
+    if not isinstance(model_chunks, (list, tuple)):
+        raise TypeError(f"finalize_model_grads expects a list of model chunks, got {type(model_chunks).__name__}")
     for m in model_chunks:
         if hasattr(m, "finish_grad_sync"):
             m.finish_grad_sync()

@@ -8,8 +8,12 @@
   shrinking the bubble to ``(p - 1) / (v * m)`` of the ideal time.
 
 ``forward_step_func(data_iterator, model) -> (output_tensor, loss_func)``; on the last stage
-``loss_func(output_tensor) -> (loss, logged_dict)``. The loss is divided by the number of micro-batches;
-after the last backward, ``finalize_model_grads`` syncs data-parallel, sequence-parallel and embedding grads.
+``loss_func(output_tensor)`` returns ``(loss, logged_dict)`` (the loss is divided by the number of
+micro-batches) or ``(loss, num_tokens, logged_dict)`` (divided by the tokens, then the micro-batches). As in
+Megatron, the schedule calls only the hooks the model's config names: ``config.no_sync_func`` around the
+non-final micro-batches (here, without one, the model's own ``no_sync``), ``config.grad_scale_func`` on the
+loss, and after the last backward ``config.finalize_model_grads_func`` (Megatron's training, and
+``mega_par.training``, set it to ``finalize_model_grads``; a caller that does not calls it itself).
 
 With ``config.deallocate_pipeline_outputs`` a stage's output keeps only its autograd graph once it has been
 sent downstream (``deallocate_output_tensor``), and ``custom_backward`` runs its backward from that graph:
@@ -25,7 +29,6 @@ import torch
 from torch.autograd.variable import Variable
 
 from mega_par import parallel_state as ps
-from mega_par.distributed.finalize_model_grads import finalize_model_grads
 from mega_par.pipeline_parallel import p2p_communication as p2p
 
 
@@ -39,6 +42,9 @@ def get_forward_backward_func():
 
 
 def _no_sync(model):
+    no_sync_func = getattr(_config(model), "no_sync_func", None)
+    if no_sync_func is not None:
+        return no_sync_func()
     return model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
 
 
@@ -78,14 +84,29 @@ def _deallocate(model) -> bool:
 
 
 def forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor, losses_reduced,
-                 forward_only=False):
+                 forward_only=False, collect_non_loss_data=False):
     model.set_input_tensor(input_tensor)
     output_tensor, loss_func = forward_step_func(data_iterator, model)
-    if ps.is_pipeline_last_stage():
-        loss, logged = loss_func(output_tensor)
-        losses_reduced.append(logged)
-        output_tensor = loss / num_microbatches
-    return output_tensor
+    if not ps.is_pipeline_last_stage():
+        return output_tensor
+    if collect_non_loss_data:  # Megatron's: whatever loss_func returns for non-loss data is collected
+        losses_reduced.append(loss_func(output_tensor, non_loss_data=True))
+        return output_tensor
+    outputs = loss_func(output_tensor)
+    if len(outputs) == 3:
+        loss, num_tokens, logged = outputs
+        loss = loss / torch.clamp(torch.as_tensor(num_tokens), min=1)
+    elif len(outputs) == 2:
+        loss, logged = outputs
+    else:
+        raise ValueError(f"loss_func must return (loss, logged) or (loss, num_tokens, logged), got {len(outputs)} "
+                         "values")
+    losses_reduced.append(logged)
+    loss = loss / num_microbatches
+    grad_scale_func = getattr(_config(model), "grad_scale_func", None)
+    if grad_scale_func is not None and not forward_only:
+        loss = grad_scale_func(loss)
+    return loss
 
 
 def backward_step(input_tensor, output_tensor, output_tensor_grad, deallocate_pipeline_outputs: bool = False):
@@ -100,18 +121,28 @@ def backward_step(input_tensor, output_tensor, output_tensor_grad, deallocate_pi
 
 
 def _finish(model_chunks, forward_only):
-    if not forward_only:
-        finalize_model_grads(model_chunks)
+    finalize = getattr(_config(model_chunks[0]), "finalize_model_grads_func", None)
+    if finalize is not None and not forward_only:
+        finalize(model_chunks)
 
 
-def _check(num_microbatches, seq_length, micro_batch_size):
+def _pipeline_dtype(model):
+    """The dtype stages exchange: ``config.pipeline_dtype`` (None: the default dtype, as Megatron's empty buffers)."""
+    return getattr(_config(model), "pipeline_dtype", None) or torch.get_default_dtype()
+
+
+def _check(num_microbatches, seq_length, micro_batch_size, decoder_seq_length=None, adjust_tensor_shapes_fn=None):
     """``seq_length`` / ``micro_batch_size`` may be None: unused without pipelining, and with it the shapes
-    are then sent along with the tensors (as Megatron's ``variable_seq_lengths``)."""
+    are then sent along with the tensors (as Megatron's ``variable_seq_lengths``). ``decoder_seq_length``
+    is for encoder-decoder models, so a decoder-only stack ignores it, as Megatron's schedules do."""
     if not isinstance(num_microbatches, int) or num_microbatches < 1:
         raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
-    for name, v in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size)):
+    for name, v in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size),
+                    ("decoder_seq_length", decoder_seq_length)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise ValueError(f"{name} must be a positive int or None, got {v!r}")
+    if adjust_tensor_shapes_fn is not None:
+        raise ValueError("adjust_tensor_shapes_fn is not supported by mega_par's schedules")
 
 
 def _tensor_shape(model, seq_length, micro_batch_size):
@@ -127,8 +158,12 @@ def _tensor_shape(model, seq_length, micro_batch_size):
 
 
 def forward_backward_no_pipelining(*, forward_step_func, data_iterator, model, num_microbatches: int,
-                                   seq_length: int, micro_batch_size: int, forward_only: bool = False):
-    _check(num_microbatches, seq_length, micro_batch_size)
+                                   seq_length: int | None, micro_batch_size: int | None,
+                                   decoder_seq_length: int | None = None, forward_only: bool = False,
+                                   collect_non_loss_data: bool = False, first_val_step: bool | None = None,
+                                   adjust_tensor_shapes_fn=None):
+    """``first_val_step`` only marks the first micro-batch for fp8 weight caching in Megatron; no effect here."""
+    _check(num_microbatches, seq_length, micro_batch_size, decoder_seq_length, adjust_tensor_shapes_fn)
     model_chunks = _as_list(model)
     if len(model_chunks) != 1:
         raise ValueError(f"no-pipelining schedule needs one model chunk, got {len(model_chunks)}")
@@ -137,10 +172,12 @@ def forward_backward_no_pipelining(*, forward_step_func, data_iterator, model, n
     # gradients are synced once, after the last micro-batch
     with _no_sync(model):
         for _ in range(num_microbatches - 1):
-            out = forward_step(forward_step_func, data_iterator, model, num_microbatches, None, losses, forward_only)
+            out = forward_step(forward_step_func, data_iterator, model, num_microbatches, None, losses, forward_only,
+                               collect_non_loss_data)
             if not forward_only:
                 backward_step(None, out, None)
-    out = forward_step(forward_step_func, data_iterator, model, num_microbatches, None, losses, forward_only)
+    out = forward_step(forward_step_func, data_iterator, model, num_microbatches, None, losses, forward_only,
+                       collect_non_loss_data)
     if not forward_only:
         backward_step(None, out, None)
     _finish(model_chunks, forward_only)
@@ -148,14 +185,17 @@ def forward_backward_no_pipelining(*, forward_step_func, data_iterator, model, n
 
 
 def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_iterator, model,
-                                                     num_microbatches: int, seq_length: int, micro_batch_size: int,
-                                                     forward_only: bool = False):
-    _check(num_microbatches, seq_length, micro_batch_size)
+                                                     num_microbatches: int, seq_length: int | None,
+                                                     micro_batch_size: int | None,
+                                                     decoder_seq_length: int | None = None, forward_only: bool = False,
+                                                     collect_non_loss_data: bool = False,
+                                                     first_val_step: bool | None = None, adjust_tensor_shapes_fn=None):
+    _check(num_microbatches, seq_length, micro_batch_size, decoder_seq_length, adjust_tensor_shapes_fn)
     model_chunks = _as_list(model)
     if len(model_chunks) != 1:
         raise ValueError(f"1F1B needs one model chunk per stage, got {len(model_chunks)}; use interleaving")
     model, data_iterator = model_chunks[0], _as_list(data_iterator)[0]
-    shape = _tensor_shape(model, seq_length, micro_batch_size)
+    shape, dtype = _tensor_shape(model, seq_length, micro_batch_size), _pipeline_dtype(model)
     pp, rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
     num_warmup = min(pp - rank - 1, num_microbatches)
     num_remaining = num_microbatches - num_warmup
@@ -166,24 +206,24 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
     sync.__enter__()
 
     for _ in range(num_warmup):
-        input_tensor = p2p.recv_forward(shape)
+        input_tensor = p2p.recv_forward(shape, dtype)
         output_tensor = forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor, losses,
-                                     forward_only)
+                                     forward_only, collect_non_loss_data)
         p2p.send_forward(output_tensor, shape)
         deallocate_output_tensor(output_tensor, free_sent)
         input_tensors.append(input_tensor)
         output_tensors.append(output_tensor)
 
-    input_tensor = p2p.recv_forward(shape) if num_remaining > 0 else None
+    input_tensor = p2p.recv_forward(shape, dtype) if num_remaining > 0 else None
     for i in range(num_remaining):
         last_iteration = i == num_remaining - 1
         output_tensor = forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor, losses,
-                                     forward_only)
+                                     forward_only, collect_non_loss_data)
         if forward_only:
             p2p.send_forward(output_tensor, shape)
-            input_tensor = None if last_iteration else p2p.recv_forward(shape)
+            input_tensor = None if last_iteration else p2p.recv_forward(shape, dtype)
             continue
-        output_tensor_grad = p2p.send_forward_recv_backward(output_tensor, shape)
+        output_tensor_grad = p2p.send_forward_recv_backward(output_tensor, shape, dtype)
         deallocate_output_tensor(output_tensor, free_sent)
         input_tensors.append(input_tensor)
         output_tensors.append(output_tensor)
@@ -195,14 +235,14 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
             input_tensor = None
             p2p.send_backward(input_tensor_grad, shape)
         else:
-            input_tensor = p2p.send_backward_recv_forward(input_tensor_grad, shape)
+            input_tensor = p2p.send_backward_recv_forward(input_tensor_grad, shape, dtype)
 
     if not forward_only:
         for i in range(num_warmup):
             if i == num_warmup - 1:
                 sync.__exit__(None, None, None)
             input_tensor, output_tensor = input_tensors.pop(0), output_tensors.pop(0)
-            output_tensor_grad = p2p.recv_backward(shape)
+            output_tensor_grad = p2p.recv_backward(shape, dtype)
             input_tensor_grad = backward_step(input_tensor, output_tensor, output_tensor_grad, dealloc)
             p2p.send_backward(input_tensor_grad, shape)
     else:
@@ -212,10 +252,13 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
 
 
 def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_iterator, model,
-                                                  num_microbatches: int, seq_length: int, micro_batch_size: int,
-                                                  forward_only: bool = False):
+                                                  num_microbatches: int, seq_length: int | None,
+                                                  micro_batch_size: int | None,
+                                                  decoder_seq_length: int | None = None, forward_only: bool = False,
+                                                  collect_non_loss_data: bool = False,
+                                                  first_val_step: bool | None = None, adjust_tensor_shapes_fn=None):
     """Interleaved 1F1B over ``vpp`` model chunks per stage; micro-batches advance in groups of ``pp``."""
-    _check(num_microbatches, seq_length, micro_batch_size)
+    _check(num_microbatches, seq_length, micro_batch_size, decoder_seq_length, adjust_tensor_shapes_fn)
     model_chunks, iterators = _as_list(model), _as_list(data_iterator)
     pp, rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
     vpp = ps.get_virtual_pipeline_model_parallel_world_size()
@@ -225,7 +268,7 @@ def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_ite
     if num_microbatches % pp:
         raise ValueError(f"interleaved schedule needs num_microbatches ({num_microbatches}) divisible by "
                          f"pipeline_model_parallel_size ({pp})")
-    shape = _tensor_shape(model_chunks[0], seq_length, micro_batch_size)
+    shape, dtype = _tensor_shape(model_chunks[0], seq_length, micro_batch_size), _pipeline_dtype(model_chunks[0])
     total = num_microbatches * vpp
     all_warmup = num_microbatches == pp or forward_only
     num_warmup = total if all_warmup else min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
@@ -246,7 +289,7 @@ def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_ite
         if ps.is_pipeline_first_stage() and len(input_tensors[c]) == len(output_tensors[c]):
             input_tensors[c].append(None)
         out = forward_step(forward_step_func, iterators[c], model_chunks[c], num_microbatches, input_tensors[c][-1],
-                           losses, forward_only)
+                           losses, forward_only, collect_non_loss_data)
         output_tensors[c].append(out)
         if forward_only:  # nothing to backprop: drop references as we go
             input_tensors[c].pop()
@@ -265,7 +308,7 @@ def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_ite
     for s in syncs:
         s.__enter__()
     ps.set_virtual_pipeline_model_parallel_rank(0)
-    input_tensors[0].append(p2p.recv_forward(shape))
+    input_tensors[0].append(p2p.recv_forward(shape, dtype))
     for k in range(num_warmup):
         out = forward_helper(k)
         next_c = chunk_id(k + 1, True)
@@ -274,10 +317,10 @@ def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_ite
             out = None
         if k == num_warmup - 1 and not all_warmup:
             recv_next = not ps.is_pipeline_last_stage(ignore_virtual=True)
-            inp, grad = p2p.send_forward_backward_recv_forward_backward(out, None, recv_prev, recv_next, shape)
+            inp, grad = p2p.send_forward_backward_recv_forward_backward(out, None, recv_prev, recv_next, shape, dtype)
             output_tensor_grads[vpp - 1].append(grad)
         else:
-            inp = p2p.send_forward_recv_forward(out, recv_prev, shape)
+            inp = p2p.send_forward_recv_forward(out, recv_prev, shape, dtype)
         deallocate_output_tensor(out, dealloc and not forward_only)  # None on the last virtual stage
         input_tensors[next_c].append(inp)
 
@@ -310,7 +353,7 @@ def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_ite
             next_bc = chunk_id(bk + 1, False)
         if k == num_remaining - 1:
             recv_prev = False
-        inp, grad = p2p.send_forward_backward_recv_forward_backward(out, in_grad, recv_prev, recv_next, shape)
+        inp, grad = p2p.send_forward_backward_recv_forward_backward(out, in_grad, recv_prev, recv_next, shape, dtype)
         deallocate_output_tensor(out, dealloc)
         if recv_prev:
             input_tensors[next_fc].append(inp)
@@ -319,7 +362,7 @@ def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_ite
 
     if not forward_only:
         if all_warmup:
-            output_tensor_grads[vpp - 1].append(p2p.recv_backward(shape) if not ps.is_pipeline_last_stage(
+            output_tensor_grads[vpp - 1].append(p2p.recv_backward(shape, dtype) if not ps.is_pipeline_last_stage(
                 ignore_virtual=True) else None)
         if num_remaining == 0:
             for s in syncs:
@@ -330,7 +373,7 @@ def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_ite
             recv_next = not (ps.is_pipeline_last_stage(ignore_virtual=True) and next_bc == vpp - 1) and k != total - 1
             if ps.is_pipeline_first_stage():
                 in_grad = None
-            output_tensor_grads[next_bc].append(p2p.send_backward_recv_backward(in_grad, recv_next, shape))
+            output_tensor_grads[next_bc].append(p2p.send_backward_recv_backward(in_grad, recv_next, shape, dtype))
     else:
         for s in syncs:
             s.__exit__(None, None, None)

@@ -61,13 +61,20 @@ def _divide(numerator: int, denominator: int, what: str) -> int:
     return numerator // denominator
 
 
-def _initialize_affine_weight_cpu(weight, full_shape, per_partition_size, partition_dim, init_method, stride=1):
+def _perform_initialization(config) -> bool:
+    return bool(getattr(config, "perform_initialization", True))
+
+
+def _initialize_affine_weight_cpu(weight, full_shape, per_partition_size, partition_dim, init_method, stride=1,
+                                  perform_initialization: bool = True):
     """Initialise the full weight, then keep this rank's (strided) slice along ``partition_dim``.
 
     ``stride > 1`` is for fused weights such as [gate; up]: the full dim is cut into ``stride * tp``
     chunks and rank r keeps chunks r, r + tp, ... so it holds [gate_r; up_r].
     """
     set_tensor_model_parallel_attributes(weight, True, partition_dim, stride)
+    if not perform_initialization:  # Megatron's perform_initialization=False: left as allocated (to be loaded)
+        return None
     master = torch.empty(full_shape, dtype=torch.float32)
     init_method(master)
     master = master.to(weight.dtype)
@@ -108,7 +115,7 @@ class ColumnParallelLinear(nn.Module):
         else:
             self.weight = nn.Parameter(torch.empty(self.output_size_per_partition, input_size, dtype=dtype))
             _initialize_affine_weight_cpu(self.weight, (output_size, input_size), self.output_size_per_partition, 0,
-                                          init_method, stride)
+                                          init_method, stride, _perform_initialization(config))
         if bias:
             self.bias = nn.Parameter(torch.zeros(self.output_size_per_partition, dtype=dtype))
             set_tensor_model_parallel_attributes(self.bias, True, 0, stride)
@@ -157,7 +164,7 @@ class RowParallelLinear(nn.Module):
         self.sequence_parallel = sequence_parallel
         self.weight = nn.Parameter(torch.empty(output_size, self.input_size_per_partition, dtype=dtype))
         _initialize_affine_weight_cpu(self.weight, (output_size, input_size), self.input_size_per_partition, 1,
-                                      init_method, stride)
+                                      init_method, stride, _perform_initialization(config))
         if bias:
             self.bias = nn.Parameter(torch.zeros(output_size, dtype=dtype))
             # replicated; with SP each rank's gradient covers only its sequence chunk -> all-reduced over TP
@@ -200,7 +207,7 @@ class VocabParallelEmbedding(nn.Module):
         self.reduce_scatter_embeddings = reduce_scatter_embeddings
         self.weight = nn.Parameter(torch.empty(self.num_embeddings_per_partition, embedding_dim, dtype=dtype))
         _initialize_affine_weight_cpu(self.weight, (num_embeddings, embedding_dim), self.num_embeddings_per_partition,
-                                      0, init_method)
+                                      0, init_method, perform_initialization=_perform_initialization(config))
 
     def forward(self, input_):
         if ps.get_tensor_model_parallel_world_size() > 1:

@@ -1,19 +1,24 @@
-"""Self-attention split by heads over TP ranks (Megatron-LM arXiv 1909.08053 §3, Fig. 3b).
+"""Self-attention split by heads over TP ranks (Megatron-LM arXiv 1909.08053 §3, Fig. 3b;
+``megatron/core/transformer/attention.py``).
 
 ``linear_qkv`` is column-parallel (each rank owns whole query groups), ``linear_proj`` row-parallel, so
 the block costs one ``f`` and one ``g``. The fused QKV weight uses Megatron's grouped layout
 ``[group0: q heads, k, v | group1: ...]`` so a contiguous column slice is a set of complete groups.
+The modules come from ``SelfAttentionSubmodules`` (the layer spec): the two linears, the core attention
+and optional per-head q/k norms.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mega_par import parallel_state as ps
-from mega_par.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from mega_par.tensor_parallel.random import get_cuda_rng_tracker
+from mega_par.transformer.enums import AttnMaskType
+from mega_par.transformer.identity_op import IdentityOp
+from mega_par.transformer.spec_utils import build_module
 
 
 class RotaryEmbedding(nn.Module):
@@ -36,11 +41,22 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return t * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+@dataclass
+class SelfAttentionSubmodules:
+    linear_qkv: object = None
+    core_attention: object = None
+    linear_proj: object = None
+    q_layernorm: object = None
+    k_layernorm: object = None
+
+
 class SelfAttention(nn.Module):
-    def __init__(self, config, layer_number: int):
+    def __init__(self, config, submodules: SelfAttentionSubmodules, layer_number: int,
+                 attn_mask_type: AttnMaskType = AttnMaskType.padding, cp_comm_type: str | None = None,
+                 pg_collection=None):
         super().__init__()
         tp = ps.get_tensor_model_parallel_world_size()
-        self.config, self.layer_number = config, layer_number
+        self.config, self.layer_number, self.attn_mask_type = config, layer_number, attn_mask_type
         if config.num_query_groups % tp:
             raise ValueError(f"num_query_groups ({config.num_query_groups}) must be divisible by the "
                              f"tensor-parallel size ({tp})")
@@ -48,30 +64,29 @@ class SelfAttention(nn.Module):
         self.groups_per_partition = config.num_query_groups // tp
         self.heads_per_group = config.num_attention_heads // config.num_query_groups
         qkv_size = (config.num_attention_heads + 2 * config.num_query_groups) * self.hd
-        self.linear_qkv = ColumnParallelLinear(config.hidden_size, qkv_size, config=config,
-                                               init_method=config.init_method,
-                                               bias=config.add_bias_linear or config.add_qkv_bias,
-                                               gather_output=False)
-        self.linear_proj = RowParallelLinear(config.num_attention_heads * self.hd, config.hidden_size, config=config,
-                                             init_method=config.output_layer_init_method,
-                                             bias=config.add_bias_linear, input_is_parallel=True, skip_bias_add=True)
+        self.linear_qkv = build_module(submodules.linear_qkv, config.hidden_size, qkv_size, config=config,
+                                       init_method=config.init_method,
+                                       bias=config.add_bias_linear or config.add_qkv_bias, gather_output=False)
+        self.core_attention = build_module(submodules.core_attention, config=config, layer_number=layer_number,
+                                           attn_mask_type=attn_mask_type, attention_type="self")
+        self.linear_proj = build_module(submodules.linear_proj, config.num_attention_heads * self.hd,
+                                        config.hidden_size, config=config,
+                                        init_method=config.output_layer_init_method, bias=config.add_bias_linear,
+                                        input_is_parallel=True, skip_bias_add=True)
+        norm_kw = dict(hidden_size=self.hd, config=config, eps=config.layernorm_epsilon)
+        self.q_layernorm = build_module(submodules.q_layernorm or IdentityOp, **norm_kw)
+        self.k_layernorm = build_module(submodules.k_layernorm or IdentityOp, **norm_kw)
 
-    def forward(self, hidden_states: torch.Tensor, rotary_pos_emb: torch.Tensor | None = None):
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                rotary_pos_emb: torch.Tensor | None = None):
         """hidden_states: [s(/tp with SP), b, h] -> (output [s(/tp), b, h], bias)."""
         mixed, _ = self.linear_qkv(hidden_states)
         s, b = mixed.shape[:2]
         mixed = mixed.view(s, b, self.groups_per_partition, self.heads_per_group + 2, self.hd)
         q = mixed[:, :, :, : self.heads_per_group].reshape(s, b, -1, self.hd)
         k, v = mixed[:, :, :, -2], mixed[:, :, :, -1]
+        q, k = self.q_layernorm(q), self.k_layernorm(k)
         if rotary_pos_emb is not None:
             q, k = apply_rotary_pos_emb(q, rotary_pos_emb), apply_rotary_pos_emb(k, rotary_pos_emb)
-        if self.heads_per_group > 1:
-            k = k.repeat_interleave(self.heads_per_group, dim=2)
-            v = v.repeat_interleave(self.heads_per_group, dim=2)
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d]
-        p = self.config.attention_dropout if self.training else 0.0
-        # heads are sharded over TP ranks: their dropout masks must differ per rank
-        with get_cuda_rng_tracker().fork():
-            ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        ctx = ctx.permute(2, 0, 1, 3).reshape(s, b, -1)
+        ctx = self.core_attention(q, k, v, attention_mask)
         return self.linear_proj(ctx)

@@ -1,32 +1,39 @@
-"""One pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x)) (``transformer_layer.py``).
+"""One pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))
+(``megatron/core/transformer/transformer_layer.py``), its modules built from ``TransformerLayerSubmodules``.
 
 With sequence parallelism (arXiv 2205.05198 §4.2.2) the norms and dropouts here run on the rank's
 sequence chunk: their parameters are replicated over TP but see different tokens, so their gradients
-are marked ``sequence_parallel`` and all-reduced over the TP group after backward.
+are marked ``sequence_parallel`` and all-reduced over the TP group after backward; the dropouts draw from
+the per-TP-rank RNG state.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mega_par.tensor_parallel.random import get_cuda_rng_tracker
-from mega_par.transformer.attention import SelfAttention
-from mega_par.transformer.mlp import MLP
+from mega_par.transformer.identity_op import IdentityFuncOp, IdentityOp
+from mega_par.transformer.spec_utils import build_module
 
 
-def build_norm(config, hidden_size: int | None = None) -> nn.Module:
-    size = hidden_size or config.hidden_size
-    if config.normalization == "RMSNorm":
-        norm = nn.RMSNorm(size, eps=config.layernorm_epsilon, dtype=config.params_dtype)
-    else:
-        norm = nn.LayerNorm(size, eps=config.layernorm_epsilon, dtype=config.params_dtype)
-    for p in norm.parameters():
-        p.sequence_parallel = config.sequence_parallel
-    return norm
+@dataclass
+class TransformerLayerSubmodules:
+    """Megatron's slots; cross attention (encoder-decoder) has no implementation here and must stay identity."""
+
+    input_layernorm: object = IdentityOp
+    self_attention: object = IdentityOp
+    self_attn_bda: object = IdentityFuncOp
+    pre_cross_attn_layernorm: object = IdentityOp
+    cross_attention: object = IdentityOp
+    cross_attn_bda: object = IdentityFuncOp
+    pre_mlp_layernorm: object = IdentityOp
+    mlp: object = IdentityOp
+    mlp_bda: object = IdentityFuncOp
+    sharded_state_dict_keys_map: dict = field(default_factory=dict)
 
 
 def sequence_parallel_dropout_context(config):
@@ -34,27 +41,41 @@ def sequence_parallel_dropout_context(config):
     return get_cuda_rng_tracker().fork() if config.sequence_parallel else contextlib.nullcontext()
 
 
-def bias_dropout_add(x: torch.Tensor, bias, residual: torch.Tensor, p: float, training: bool, config) -> torch.Tensor:
-    if bias is not None:
-        x = x + bias
-    if training and p > 0:
-        with sequence_parallel_dropout_context(config):
-            x = F.dropout(x, p=p, training=True)
-    return residual + x
-
-
 class TransformerLayer(nn.Module):
-    def __init__(self, config, layer_number: int):
+    def __init__(self, config, submodules: TransformerLayerSubmodules, layer_number: int = 1,
+                 hidden_dropout: float | None = None, pg_collection=None, vp_stage: int | None = None):
         super().__init__()
-        self.config, self.layer_number = config, layer_number  # 1-based global layer number
-        self.input_layernorm = build_norm(config)
-        self.self_attention = SelfAttention(config, layer_number)
-        self.pre_mlp_layernorm = build_norm(config)
-        self.mlp = MLP(config)
+        if not isinstance(submodules, TransformerLayerSubmodules):
+            raise TypeError(f"TransformerLayer needs TransformerLayerSubmodules, got {type(submodules).__name__}")
+        for name in ("pre_cross_attn_layernorm", "cross_attention", "cross_attn_bda"):
+            if getattr(submodules, name) not in (IdentityOp, IdentityFuncOp):
+                raise ValueError(f"TransformerLayer: {name} is not supported by mega_par (decoder-only layers)")
+        self.config, self.submodules_config = config, submodules
+        self.layer_number = layer_number  # 1-based global layer number
+        self.hidden_dropout = config.hidden_dropout if hidden_dropout is None else hidden_dropout
+        norm_kw = dict(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
+        self.input_layernorm = build_module(submodules.input_layernorm, **norm_kw)
+        self.self_attention = build_module(submodules.self_attention, config=config, layer_number=layer_number)
+        self.self_attn_bda = build_module(submodules.self_attn_bda)
+        self.pre_mlp_layernorm = build_module(submodules.pre_mlp_layernorm, **norm_kw)
+        self.mlp = build_module(submodules.mlp, config=config)
+        self.mlp_bda = build_module(submodules.mlp_bda)
 
-    def forward(self, hidden_states: torch.Tensor, rotary_pos_emb: torch.Tensor | None = None) -> torch.Tensor:
-        p = self.config.hidden_dropout
-        out, bias = self.self_attention(self.input_layernorm(hidden_states), rotary_pos_emb)
-        hidden_states = bias_dropout_add(out, bias, hidden_states, p, self.training, self.config)
-        out, bias = self.mlp(self.pre_mlp_layernorm(hidden_states))
-        return bias_dropout_add(out, bias, hidden_states, p, self.training, self.config)
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, context=None,
+                context_mask=None, rotary_pos_emb: torch.Tensor | None = None, **kwargs):
+        """Returns ``(hidden_states, context)`` as Megatron's layer does."""
+        if context is not None or context_mask is not None:
+            raise ValueError("TransformerLayer: context (cross attention) is not supported by mega_par")
+        unknown = sorted(k for k, v in kwargs.items() if v is not None)
+        if unknown:
+            raise ValueError(f"TransformerLayer.forward: unsupported arguments {unknown}")
+        out_with_bias = self.self_attention(self.input_layernorm(hidden_states), attention_mask=attention_mask,
+                                            rotary_pos_emb=rotary_pos_emb)
+        with sequence_parallel_dropout_context(self.config):
+            hidden_states = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)(
+                out_with_bias, hidden_states, self.hidden_dropout)
+        out_with_bias = self.mlp(self.pre_mlp_layernorm(hidden_states))
+        with sequence_parallel_dropout_context(self.config):
+            hidden_states = self.mlp_bda(self.training, self.config.bias_dropout_fusion)(
+                out_with_bias, hidden_states, self.hidden_dropout)
+        return hidden_states, context

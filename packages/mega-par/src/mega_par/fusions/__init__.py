@@ -1,0 +1,1 @@
+"""Elementwise epilogues Megatron fuses (``megatron/core/fusions``); here the unfused math."""

@@ -1,0 +1,1 @@
+"""Modules shared by the models (``megatron/core/models/common``)."""
