@@ -118,6 +118,10 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     _world.split_counts.clear()
     GroupMember.WORLD = pg
     _world.ranks[pg] = list(range(world_size))
+    if not Backend.is_torch_backed(name) and name in ("tcp", "shm"):
+        from pt_dist.backends.torch_backend import share_world
+
+        share_world(pg, name)  # torch.distributed.get_rank(), DistributedSampler() see this world too
     log.info("pt_dist: rank %d/%d joined with backend %s", rank, world_size, name)
 
 
@@ -158,6 +162,10 @@ def destroy_process_group(group=None) -> None:
         store, _world.store = _world.store if _world.owns_store else None, None
         if isinstance(store, TCPStore) and store.is_master:
             store.close()  # first, since the other ranks wait for it below
+        if GroupMember.WORLD is not None:
+            from pt_dist.backends.torch_backend import unshare_world
+
+            unshare_world(GroupMember.WORLD)
         groups, GroupMember.WORLD = sorted(_world.ranks, key=lambda g: g is GroupMember.WORLD), None
         _world.ranks.clear()
         for pg in groups:

@@ -72,6 +72,11 @@ for _name in ("gloo", "nccl", "mpi"):
     Backend.register_backend(_name, _torch(_name), torch_backed=True)
 
 
+from pt_dist.backends.torch_backend import register as _register_with_torch  # noqa: E402
+
+_register_with_torch()  # torch.distributed.init_process_group("pt_shm" | "pt_tcp") from here on
+
+
 def is_backend_available(backend: str) -> bool:
     """Registered here, and for torch's backends runnable in this build and machine (nccl: NCCL and a GPU)."""
     try:
