@@ -317,6 +317,21 @@ def _pp2_forward_backward_func(rank, world):
             ps.destroy_model_parallel()
 
 
+def _p2p_shape_mismatch(rank, world):
+    """The upstream example's model_provider builds pre_process=post_process=True on every stage, so at PP=2
+    stage 0 would send its loss [b, s] where stage 1 waits for [s, b, h]: refused before any message."""
+    from mega_par import parallel_state as ps
+    from mega_par.pipeline_parallel import p2p_communication as p2p
+
+    ps.initialize_model_parallel(1, 2)
+    try:
+        if rank == 0:
+            with pytest.raises(ValueError, match=r"has shape \(4, 16\), the schedule exchanges \(16, 4, 12\)"):
+                p2p.send_forward(torch.zeros(B, S), (S, B, 12))
+    finally:
+        ps.destroy_model_parallel()
+
+
 def _finalize_hook(rank, world):
     """Megatron's schedules call config.finalize_model_grads_func when set (not in forward_only), else nothing."""
     from mega_par import parallel_state as ps
@@ -342,7 +357,8 @@ def _finalize_hook(rank, world):
 
 CASES = {"constructor": _constructor, "attention_mask": _attention_mask, "labels": _labels_give_per_token_loss,
          "tied_one_stage": _tied_one_stage, "tp2_forward_backward_func": _tp2_forward_backward_func,
-         "pp2_forward_backward_func": _pp2_forward_backward_func, "finalize_hook": _finalize_hook}
+         "pp2_forward_backward_func": _pp2_forward_backward_func, "p2p_shape_mismatch": _p2p_shape_mismatch,
+         "finalize_hook": _finalize_hook}
 
 
 def _rank_main(rank, world):

@@ -1,4 +1,4 @@
-"""``TransformerConfig`` / ``ModelParallelConfig`` (``transformer/transformer_config.py``, ``model_parallel_config.py``).
+"""``TransformerConfig`` and ``ModelParallelConfig`` (``transformer_config.py``, ``model_parallel_config.py``).
 
 Checks the fields Megatron-LM's ``examples/run_simple_mcore_train_loop.py`` and its ``tests/unit_tests``
 set (``use_cpu_initialization``, ``pipeline_dtype``, ``params_dtype``, ``bf16``, ``sequence_parallel``,

@@ -68,6 +68,12 @@ def _communicate(tensor_send_next, tensor_send_prev, recv_prev: bool, recv_next:
                                                      device)
     else:
         prev_shape = next_shape = tuple(tensor_shape)
+        for what, t in (("output (sent to the next stage)", send_next), ("input gradient (sent back)", send_prev)):
+            if t is not None and tuple(t.shape) != prev_shape:
+                # the peer posted a buffer of tensor_shape: a different size would hang or corrupt the exchange
+                raise ValueError(f"pipeline p2p: this stage's {what} has shape {tuple(t.shape)}, the schedule "
+                                 f"exchanges {prev_shape} = (seq_length[/tp with SP], micro_batch_size, hidden); "
+                                 "does a non-last stage compute the loss (post_process=True)?")
     from_prev = torch.empty(prev_shape, dtype=dtype, device=device, requires_grad=True) if recv_prev else None
     from_next = torch.empty(next_shape, dtype=dtype, device=device, requires_grad=True) if recv_next else None
     _batched_p2p_ops(send_next, None if from_prev is None else from_prev.data, send_prev,
