@@ -7,6 +7,8 @@ as the median over reps of the two variants' times in that rep. Variants:
 
 * ``torch DDP gloo`` / ``pt DDP gloo``: torch's DDP and ours on torch's gloo group (ours through the adapter);
 * ``pt DDP shm``: ours on pt_dist's shared-memory backend;
+* ``torch DDP pt_shm``: torch's own DDP on a torch group of backend ``pt_shm`` (pt_dist's shared-memory
+  collectives registered with torch: ``backends/torch_backend.py``);
 * ``after backward <b>``: the same model without DDP, its gradients all-reduced in one flat buffer after
   backward (no buckets, no overlap): what bucketing and overlap are measured against;
 * ``torch FSDP2 gloo`` / ``pt FSDP gloo`` / ``pt FSDP shm``: torch's ``fully_shard`` per block and ours.
@@ -27,7 +29,8 @@ import os
 import statistics
 import time
 
-DDP_VARIANTS = ["torch DDP gloo", "pt DDP gloo", "pt DDP shm", "after backward gloo", "after backward shm"]
+DDP_VARIANTS = ["torch DDP gloo", "torch DDP pt_shm", "pt DDP gloo", "pt DDP shm", "after backward gloo",
+                "after backward shm"]
 FSDP_VARIANTS = ["torch FSDP2 gloo", "pt FSDP gloo", "pt FSDP shm"]
 
 
@@ -74,6 +77,8 @@ def _variants(names, rank, world, width, blocks):
         after, extra = None, ()
         if name == "torch DDP gloo":
             run = torch.nn.parallel.DistributedDataParallel(model, process_group=dist.group.WORLD)
+        elif name == "torch DDP pt_shm":
+            run = torch.nn.parallel.DistributedDataParallel(model, process_group=dist.new_group(backend="pt_shm"))
         elif name.startswith("pt DDP"):
             run = pt_dist.DistributedDataParallel(model, process_group=groups[name.split()[-1]])
             extra = [b.buffer for b in run.reducer._buckets]
@@ -220,6 +225,7 @@ def main() -> None:
               f"{bucket} |")
     ratios = [("pt DDP gloo / torch DDP gloo", "pt DDP gloo", "torch DDP gloo", "<= 1.05"),
               ("pt DDP shm / torch DDP gloo", "pt DDP shm", "torch DDP gloo", "<= 0.8"),
+              ("torch DDP pt_shm / torch DDP gloo", "torch DDP pt_shm", "torch DDP gloo", "<= 0.8"),
               ("pt DDP shm / after backward shm (overlap)", "pt DDP shm", "after backward shm", "< 1"),
               ("pt DDP gloo / after backward gloo (overlap)", "pt DDP gloo", "after backward gloo", "< 1"),
               ("pt FSDP gloo / torch FSDP2 gloo", "pt FSDP gloo", "torch FSDP2 gloo", "<= 1.2"),
