@@ -85,3 +85,9 @@ class LocalStateDictConfig(StateDictConfig):
 @dataclass
 class ShardedStateDictConfig(StateDictConfig):
     pass
+
+
+# which config goes with which state-dict type (torch's set_state_dict_type refuses any other pairing)
+STATE_DICT_CONFIG_TYPES = {StateDictType.FULL_STATE_DICT: FullStateDictConfig,
+                           StateDictType.LOCAL_STATE_DICT: LocalStateDictConfig,
+                           StateDictType.SHARDED_STATE_DICT: ShardedStateDictConfig}

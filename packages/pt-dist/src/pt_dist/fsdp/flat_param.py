@@ -101,6 +101,7 @@ class FlatParamHandle:
         self.is_unsharded = False
         self.state = HandleTrainingState.IDLE
         self.post_backward_calls = 0
+        self._kept_grad: torch.Tensor | None = None  # the unsharded gradient summed inside no_sync()
 
     # -- parameters ----------------------------------------------------------------------------------------------
 
@@ -161,11 +162,18 @@ class FlatParamHandle:
 
     # -- gradients -----------------------------------------------------------------------------------------------
 
+    def keep_unsharded_grad(self) -> None:
+        """Inside ``no_sync()``: add this backward's whole gradient to the one kept here, nothing communicated."""
+        grad, self._unsharded.grad = self._unsharded.grad.reshape(-1), None
+        self._kept_grad = grad if self._kept_grad is None else self._kept_grad.add_(grad)
+
     def reduce_grad(self, world: int) -> None:
         """Start averaging this unit's gradient over ``world`` data-parallel ranks: reduce-scatter within the shard
-        group (each rank its shard), or all-reduce when not sharded."""
+        group (each rank its shard), or all-reduce when not sharded (plus what ``no_sync()`` kept)."""
         grad, self._unsharded.grad = self._unsharded.grad, None
         flat = grad.reshape(-1)
+        if self._kept_grad is not None:
+            flat, self._kept_grad = self._kept_grad.add_(flat), None
         if self.padded_numel == self.numel and grad.dtype == self.reduce_dtype:
             padded = flat.div_(world)  # divide first: no overflow in fp16 (the gradient is ours to change)
         else:

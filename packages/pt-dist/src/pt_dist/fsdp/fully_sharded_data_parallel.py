@@ -25,9 +25,17 @@ import torch
 from torch import nn
 
 from pt_dist import distributed_c10d as c10d
+from pt_dist.fsdp import _unshard_param_utils as _unshard
 from pt_dist.fsdp import state_dict as _sd
 from pt_dist.fsdp._init_utils import _check_arguments, _init_process_groups
-from pt_dist.fsdp.api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy, StateDictType
+from pt_dist.fsdp.api import (
+    STATE_DICT_CONFIG_TYPES,
+    BackwardPrefetch,
+    CPUOffload,
+    MixedPrecision,
+    ShardingStrategy,
+    StateDictType,
+)
 from pt_dist.fsdp.flat_param import FlatParamHandle, HandleTrainingState
 from pt_dist.fsdp.wrap import _as_policy, _recursive_wrap
 from pt_dist.list_collectives import _broadcast_coalesced
@@ -128,6 +136,7 @@ class FullyShardedDataParallel(nn.Module):
         self._is_root: bool | None = None
         self._root_ref: weakref.ref | None = None
         self._state_dict_type, self._state_dict_config = StateDictType.FULL_STATE_DICT, None
+        self._sync_gradients = True  # False inside no_sync()
 
     # -- the root ------------------------------------------------------------------------------------------------
 
@@ -243,8 +252,11 @@ class FullyShardedDataParallel(nn.Module):
                 "FullyShardedDataParallel: a unit's gradient arrived in two parts (a reentrant "
                 "activation checkpoint inside it); use torch.utils.checkpoint with use_reentrant=False"
             )
-        handle.reduce_grad(self._dp_world)
-        self._root._reduce_order.append(handle)
+        if self._sync_gradients:
+            handle.reduce_grad(self._dp_world)
+            self._root._reduce_order.append(handle)
+        else:
+            handle.keep_unsharded_grad()
         if self.sharding_strategy is not ShardingStrategy.NO_SHARD:
             handle.reshard()
         handle.state = HandleTrainingState.BACKWARD_POST
@@ -288,11 +300,21 @@ class FullyShardedDataParallel(nn.Module):
                 g.mul_(coef)
         return total.to(torch.float32)
 
-    def state_dict(self, *args, **kwargs):
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """nn.Module's protocol (``destination``, ``prefix``; positionally too), so a unit inside a plain parent
+        (``checkpoint_wrapper(FSDP(...))``) adds its entries to the parent's state dict under its prefix."""
+        if args:  # nn.Module's deprecated positional form: (destination, prefix, keep_vars)
+            destination, prefix, keep_vars = (list(args) + [destination, prefix, keep_vars][len(args):])[:3]
         self._lazy_init()
         if self._state_dict_type is StateDictType.FULL_STATE_DICT:
-            return _sd.full_state_dict(self, rank0_only=getattr(self._state_dict_config, "rank0_only", False))
-        return _sd.sharded_state_dict(self)
+            own = _sd.full_state_dict(self, rank0_only=getattr(self._state_dict_config, "rank0_only", False))
+        else:
+            own = _sd.sharded_state_dict(self)
+        if destination is None:
+            destination = type(own)()
+        for k, v in own.items():
+            destination[prefix + k] = v
+        return destination
 
     def load_state_dict(self, state_dict, strict: bool = True):
         self._lazy_init()
@@ -320,6 +342,9 @@ class FullyShardedDataParallel(nn.Module):
         """torch's spelling: inside, ``module.state_dict()`` / ``load_state_dict`` are full or sharded."""
         if not isinstance(state_dict_type, StateDictType):
             raise TypeError(f"state_dict_type must be a StateDictType, got {state_dict_type!r}")
+        want = STATE_DICT_CONFIG_TYPES.get(state_dict_type)
+        if want is not None and state_dict_config is not None and type(state_dict_config) is not want:
+            raise RuntimeError(f"Expected state_dict_config of type {want} but got {type(state_dict_config)}")
         units = [m for m in module.modules() if isinstance(m, FullyShardedDataParallel)]
         saved = [(u._state_dict_type, u._state_dict_config) for u in units]
         for u in units:
@@ -329,6 +354,11 @@ class FullyShardedDataParallel(nn.Module):
         finally:
             for u, (t, c) in zip(units, saved):
                 u._state_dict_type, u._state_dict_config = t, c
+
+    summon_full_params = staticmethod(_unshard.summon_full_params)
+
+    def no_sync(self):
+        return _unshard.no_sync(self)
 
     @property
     def module(self) -> nn.Module:

@@ -8,11 +8,15 @@ the root keeps what is left (embeddings, final norm, head).
 
 from __future__ import annotations
 
+import contextlib
+
 from torch import nn
 
 __all__ = [
     "ModuleWrapPolicy",
     "always_wrap_policy",
+    "enable_wrap",
+    "wrap",
     "lambda_auto_wrap_policy",
     "size_based_auto_wrap_policy",
     "transformer_auto_wrap_policy",
@@ -102,3 +106,35 @@ def _as_policy(auto_wrap_policy):
             f"got {auto_wrap_policy!r}"
         )
     return auto_wrap_policy
+
+
+class _WrapContext:
+    """What ``enable_wrap`` set: the wrapper class and its arguments, for ``wrap`` calls inside (torch's
+    ``_ConfigAutoWrap``)."""
+
+    active = False
+    wrapper_cls = None
+    kwargs: dict = {}
+
+
+@contextlib.contextmanager
+def enable_wrap(*, wrapper_cls, **wrapper_kwargs):
+    """Inside, ``wrap(module)`` returns ``wrapper_cls(module, **wrapper_kwargs)``; outside it returns the module."""
+    if _WrapContext.active:
+        raise NotImplementedError(
+            "You are already within an autowrap context and we currently do not supported nested autowrap."
+        )
+    _WrapContext.active, _WrapContext.wrapper_cls, _WrapContext.kwargs = True, wrapper_cls, dict(wrapper_kwargs)
+    try:
+        yield
+    finally:
+        _WrapContext.active, _WrapContext.wrapper_cls, _WrapContext.kwargs = False, None, {}
+
+
+def wrap(module: nn.Module, **wrap_overrides) -> nn.Module:
+    """Wrap ``module`` as ``enable_wrap`` says, ``wrap_overrides`` over its arguments (and over both, a module's
+    own ``_wrap_overrides``, as torch's); a no-op outside ``enable_wrap``."""
+    if not _WrapContext.active:
+        return module
+    kwargs = {**_WrapContext.kwargs, **wrap_overrides, **getattr(module, "_wrap_overrides", {})}
+    return _WrapContext.wrapper_cls(module, **kwargs)

@@ -1,0 +1,122 @@
+"""``summon_full_params`` and ``no_sync``: the whole parameters outside forward, gradients kept unsharded
+(torch/distributed/fsdp/_unshard_param_utils.py and ``FullyShardedDataParallel.no_sync``).
+
+Inside ``summon_full_params`` each unit's flat parameter is all-gathered in its own dtype (never the mixed
+precision one) into a buffer of its own; the module's original parameters are registered again as
+``nn.Parameter`` views of it (the flat parameter is taken out of ``parameters()`` meanwhile, as torch's
+``_unflatten_as_params``), so ``model.parameters()``, ``named_parameters()`` and ``model.weight`` are the full
+tensors. With ``writeback`` the rank copies its shard's range of that buffer back into its flat parameter at
+exit; ``rank0_only`` gathers on every rank but shows the full parameters on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from torch import nn
+
+from pt_dist.fsdp.flat_param import HandleTrainingState
+
+FLAT_PARAM = "_flat_param"
+
+
+def _validate(unit, writeback: bool, rank0_only: bool, offload_to_cpu: bool, with_grads: bool) -> None:
+    """torch's ``_validate_unshard_params_args``, for a unit whose optimizer steps the flat parameter
+    (``use_orig_params=False``, the only form here)."""
+    if with_grads:
+        raise NotImplementedError(f"with_grads={with_grads}, use_orig_params=False, offload_to_cpu={offload_to_cpu} "
+                                  f"is not supported yet")
+    if offload_to_cpu and unit._handle is not None and not unit._handle.sharded:
+        raise NotImplementedError("offload_to_cpu=True and NO_SHARD is not supported yet")
+    if writeback and rank0_only:
+        raise NotImplementedError("writeback=True and rank0_only=True is not supported yet")
+
+
+@contextlib.contextmanager
+def _summon_unit(unit, writeback: bool, rank0_only: bool):
+    handle = unit._handle
+    if any(h.state is not HandleTrainingState.IDLE for h in _handles(unit._root)):
+        raise AssertionError("Cannot manually unshard parameters during forward/backward")
+    if getattr(unit, "_summoned", False):
+        raise AssertionError("Cannot manually unshard parameters when already unsharding parameters")
+    if handle is None:
+        unit._summoned = True
+        try:
+            yield
+        finally:
+            unit._summoned = False
+        return
+    if handle.is_unsharded:  # the root's buffer kept after a forward without backward: stale once written back
+        handle.reshard()
+    full = handle.full_flat()  # collective within the shard group: every rank, rank0_only or not
+    show = not rank0_only or handle.shard_group.rank() == 0 and _replica_rank(handle) == 0
+    owner = unit._fsdp_wrapped_module
+    saved: list = []
+    if show:
+        owner._parameters.pop(FLAT_PARAM)
+        pieces = full.narrow(0, 0, handle.numel).split(handle._numels)
+        made = {}
+        for info, piece in zip(handle.infos, handle._piece_of):
+            if piece not in made:  # a tied parameter is one Parameter, registered in each place
+                made[piece] = nn.Parameter(pieces[piece].view(info.shape), requires_grad=handle.requires_grad)
+            saved.append((info, info.module.__dict__.pop(info.name, None)))
+            info.module.register_parameter(info.name, made[piece])
+    unit._summoned = True
+    try:
+        yield
+    finally:
+        unit._summoned = False
+        if show:
+            for info, old in reversed(saved):
+                info.module._parameters.pop(info.name, None)
+                if old is not None:
+                    info.module.__dict__[info.name] = old
+            owner.register_parameter(FLAT_PARAM, handle.flat_param)
+        if writeback and show:
+            handle.load_full_flat(full)
+
+
+def _replica_rank(handle) -> int:
+    group = handle.replicate_group
+    return 0 if group is None else group.rank()
+
+
+def _handles(root):
+    return [u._handle for u in root._units if u._handle is not None]
+
+
+@contextlib.contextmanager
+def summon_full_params(module: nn.Module, recurse: bool = True, writeback: bool = True, rank0_only: bool = False,
+                       offload_to_cpu: bool = False, with_grads: bool = False):
+    """The full parameters of every FSDP unit in ``module`` (``recurse``) or of ``module``'s own unit only."""
+    from pt_dist.fsdp.fully_sharded_data_parallel import FullyShardedDataParallel
+
+    units = [m for m in module.modules() if isinstance(m, FullyShardedDataParallel)]
+    if not recurse:
+        units = units[:1] if isinstance(module, FullyShardedDataParallel) else []
+    for unit in units:
+        _validate(unit, writeback, rank0_only, offload_to_cpu, with_grads)
+    with contextlib.ExitStack() as stack:
+        for unit in units:
+            unit._lazy_init()
+            stack.enter_context(_summon_unit(unit, writeback, rank0_only))
+        yield
+
+
+@contextlib.contextmanager
+def no_sync(root):
+    """Backward passes inside keep each unit's whole gradient on this rank, summed, with no communication; the
+    first backward outside adds it to its own and reduce-scatters the sum (torch's: on the root only)."""
+    root._lazy_init()
+    if not root._is_root:
+        raise RuntimeError("`no_sync()` on inner FSDP instances is not supported. Please call `no_sync()` on root "
+                           "FSDP module.")
+    units = root._units
+    old = [u._sync_gradients for u in units]
+    for u in units:
+        u._sync_gradients = False
+    try:
+        yield
+    finally:
+        for u, o in zip(units, old):
+            u._sync_gradients = o

@@ -1,0 +1,184 @@
+"""More of torch's FSDP1 tests, ported to pt_dist (issue 34, defect 5): test/distributed/fsdp/
+test_fsdp_grad_acc.py (``no_sync`` accumulation against synced steps; no communication inside),
+test_fsdp_summon_full_params.py (full values, writeback on and off, ``rank0_only``, ``recurse=False``, refused
+inside forward and when nested, the unsupported argument pairs), test_wrap.py (``enable_wrap``/``wrap`` as its
+``TestFSDPWrap``/``TestAutoWrap`` use them) and test_fsdp_state_dict.py (a unit inside a plain parent such as
+``checkpoint_wrapper``: its entries under the parent's prefix; ``state_dict_type`` refusing a config of the
+wrong kind). Adapted: CPU, checks collected inside the ranks."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pt_dist
+import pytest
+import torch
+from pt_dist.fsdp import FullStateDictConfig, LocalStateDictConfig, StateDictType
+from pt_dist.fsdp import FullyShardedDataParallel as FSDP
+from pt_dist.fsdp.wrap import enable_wrap, wrap
+from torch import nn
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ddp_testutil as dutil  # noqa: E402
+import ptdist_testutil as util  # noqa: E402
+
+
+def _raises(c, what, exc, fn, match=""):
+    try:
+        fn()
+    except exc as e:
+        c.true(f"{what}: message {e}", match in str(e))
+        return
+    except Exception as e:  # noqa: BLE001 - a wrong kind is a failure to report
+        c.true(f"{what}: raised {type(e).__name__}({e}) instead of {exc.__name__}", False)
+        return
+    c.true(f"{what}: raised nothing", False)
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 7), nn.ReLU(), nn.Sequential(nn.Linear(7, 5), nn.Tanh()), nn.Linear(5, 3))
+
+
+def _wrapped(pg):
+    model = _net()
+    model[2] = FSDP(model[2], process_group=pg)
+    return FSDP(model, process_group=pg)
+
+
+def _batch(rank, i):
+    return torch.randn(4, 6, generator=torch.Generator().manual_seed(100 * rank + i))
+
+
+def grad_acc_cases(c, pg):
+    """test_fsdp_grad_acc.py: gradients accumulated over micro-batches inside no_sync, then one synced backward,
+    equal the gradients of synced backward passes on the same micro-batches; nothing is reduced inside."""
+    real = pg.reduce_scatter_tensor
+    for configs in ((True, True, False), (True, False, True, False)):  # no_sync? per micro-batch; the last synced
+        acc, ref = _wrapped(pg), _wrapped(pg)
+        calls = []
+        pg.reduce_scatter_tensor = lambda *a, calls=calls, **k: (calls.append(1), real(*a, **k))[1]
+        try:
+            for i, skip in enumerate(configs):
+                ctx = acc.no_sync() if skip else torch.enable_grad()
+                before = len(calls)
+                with ctx:
+                    acc(_batch(c.rank, i)).sum().backward()
+                c.true(f"no_sync={skip}: reduce-scatters {len(calls) - before}", (len(calls) > before) != skip)
+        finally:
+            pg.reduce_scatter_tensor = real
+        for i in range(len(configs)):
+            ref(_batch(c.rank, i)).sum().backward()
+        for (n, a), b in zip(acc.named_parameters(), ref.parameters()):
+            c.equal(f"accumulated gradient {n} {configs}", a.grad, b.grad, rtol=1e-5, atol=1e-6)
+    inner = _wrapped(pg)
+    inner(_batch(c.rank, 0))
+    _raises(c, "no_sync on an inner unit", RuntimeError, lambda: inner[2].no_sync().__enter__(), "root FSDP")
+
+
+def summon_cases(c, pg):
+    """test_fsdp_summon_full_params.py."""
+    local, model = _net(), _wrapped(pg)
+    with FSDP.summon_full_params(model):
+        names = [n for n, _ in model.named_parameters()]
+        c.true(f"the originals are the parameters inside: {names}", all("flat_param" not in n for n in names)
+               and len(names) == len(list(local.parameters())))
+        for (n, p), q in zip(model.named_parameters(), local.parameters()):
+            c.equal(f"full value {n}", p, q, rtol=0, atol=0)
+    c.true("the flat parameters are back after", all("flat_param" in n for n, _ in model.named_parameters()))
+    x = _batch(c.rank, 0)
+    with FSDP.summon_full_params(model, writeback=False):
+        for p in model.parameters():
+            p.data.zero_()
+    c.equal("writeback=False discards the change", model(x), local(x), rtol=1e-6, atol=1e-6)
+    with FSDP.summon_full_params(model, writeback=True):
+        model.module[0].weight.data.fill_(0.5)
+    with torch.no_grad():
+        local[0].weight.fill_(0.5)
+    c.equal("writeback=True keeps the change", model(x), local(x), rtol=1e-6, atol=1e-6)
+    with FSDP.summon_full_params(model, rank0_only=True, writeback=False):
+        full = [n for n, _ in model.named_parameters() if "flat_param" not in n]
+        c.true(f"rank0_only: full parameters on rank 0 only ({full})", bool(full) == (c.rank == 0))
+    with FSDP.summon_full_params(model, recurse=False):
+        names = [n for n, _ in model.named_parameters()]
+        c.true(f"recurse=False: the inner unit stays flat ({names})", any("flat_param" in n for n in names)
+               and any(n.endswith("0.weight") for n in names))
+    _raises(c, "writeback with rank0_only", NotImplementedError,
+            lambda: FSDP.summon_full_params(model, writeback=True, rank0_only=True).__enter__(), "rank0_only")
+    _raises(c, "with_grads without use_orig_params", NotImplementedError,
+            lambda: FSDP.summon_full_params(model, with_grads=True).__enter__(), "with_grads")
+    with FSDP.summon_full_params(model):
+        _raises(c, "nested", AssertionError, lambda: FSDP.summon_full_params(model).__enter__(), "already")
+
+    class Summoner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 3)
+
+        def forward(self, x):
+            with FSDP.summon_full_params(outer):
+                return self.lin(x)
+
+    outer = FSDP(Summoner(), process_group=pg)
+    _raises(c, "inside forward", AssertionError, lambda: outer(x), "during forward/backward")
+
+
+def wrap_api_cases(c, pg):
+    """test_wrap.py: wrap() inside enable_wrap wraps with its arguments, overrides win, outside it is a no-op,
+    enable_wrap does not nest."""
+    lin = nn.Linear(5, 5)
+    c.true("wrap outside enable_wrap is the module", wrap(lin) is lin)
+    with enable_wrap(wrapper_cls=FSDP, process_group=pg):
+        layer = wrap(nn.Linear(5, 5))
+        c.true("wrapped", isinstance(layer, FSDP) and layer.process_group is pg)
+        solo = pt_dist.new_group([c.rank], use_local_synchronization=True)
+        other = wrap(nn.Linear(5, 5), process_group=solo)
+        c.true("overrides", other.process_group is solo)
+        _raises(c, "nested enable_wrap", NotImplementedError,
+                lambda: enable_wrap(wrapper_cls=FSDP).__enter__(), "already within an autowrap context")
+    c.true("after the context, wrap is a no-op again", wrap(lin) is lin)
+
+
+def state_dict_cases(c, pg):
+    """test_fsdp_state_dict.py: a unit inside a plain parent (torch's checkpoint_wrapper) contributes its entries
+    under the parent's prefix, as torch's FSDP does; the wrong config for a type is refused."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    local = _net()
+    # checkpoint_wrapper's own post-hook strips the "_checkpoint_wrapped_module." FSDP's entries arrive under
+    for parent, prefix in ((checkpoint_wrapper(FSDP(copy.deepcopy(local), process_group=pg)), ""),
+                           (nn.Sequential(FSDP(copy.deepcopy(local), process_group=pg)), "0.")):
+        sd = parent.state_dict()
+        want = {f"{prefix}{k}": v for k, v in local.state_dict().items()}
+        c.true(f"keys under the parent's prefix: {sorted(sd)}", sorted(sd) == sorted(want))
+        for k, v in want.items():
+            if k in sd:
+                c.equal(f"value {k}", sd[k], v, rtol=0, atol=0)
+    model = _wrapped(pg)
+    _raises(c, "FULL_STATE_DICT with LocalStateDictConfig", RuntimeError,
+            lambda: FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, LocalStateDictConfig()).__enter__(),
+            "Expected state_dict_config of type")
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig()):
+        c.true("the right config is taken", len(model.state_dict()) == len(local.state_dict()))
+
+
+def _cases(rank, world, backend):
+    util.join(rank, world, backend, timeout=60)
+    try:
+        c = dutil.Case(rank, world)
+        pg = pt_dist.group.WORLD
+        for case in (grad_acc_cases, summon_cases, wrap_api_cases, state_dict_cases):
+            case(c, pg)
+        return c.fails
+    finally:
+        util.leave()
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_upstream_fsdp1_cases(backend):
+    for fails in run_ranks(_cases, 2, backend, backend=None, timeout=180):
+        assert not fails, fails[:8]
