@@ -23,6 +23,12 @@ from mega_par.tensor_parallel.layers import ColumnParallelLinear
 from mega_par.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 from mega_par.transformer.attention import RotaryEmbedding
 from mega_par.transformer.transformer_block import TransformerBlock
+from mega_par.transformer.utils import (
+    make_sharded_tensors_for_checkpoint,
+    make_tp_sharded_tensor_for_checkpoint,
+    replace_prefix_for_sharding,
+    tp_axis_map,
+)
 
 _POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
 
@@ -151,6 +157,30 @@ class GPTModel(nn.Module):
             logits = logits.float()
         loss = vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous())
         return loss.transpose(0, 1).contiguous()
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        """``{state-dict key: ShardedTensor}`` for ``dist_checkpointing`` (Megatron's
+        ``TransformerBlock`` / ``LanguageModule.sharded_state_dict``): layer ``i`` is saved under
+        ``decoder.layers.<name>`` at index ``layer_number - 1`` of a prepended ``num_layers`` axis, so any PP
+        split finds its layers; TP-split weights are chunks along their partition dim. A tied output weight on
+        the last stage is a replica of the first stage's ``embedding.word_embeddings.weight``."""
+        if sharded_offsets:
+            raise ValueError(f"GPTModel.sharded_state_dict: unexpected sharded_offsets {sharded_offsets}")
+        layers_prefix, out = f"{prefix}decoder.layers.", {}
+        for i, layer in enumerate(self.decoder.layers):
+            sub = make_sharded_tensors_for_checkpoint(layer.state_dict(keep_vars=True), f"{layers_prefix}{i}.",
+                                                      tp_axis_map(layer),
+                                                      ((0, layer.layer_number - 1, self.config.num_layers),))
+            replace_prefix_for_sharding(sub, f"{layers_prefix}{i}.", layers_prefix)
+            out.update(sub)
+        rest = {k: v for k, v in self.state_dict(keep_vars=True).items() if not k.startswith("decoder.layers.")}
+        axes = {k: v for k, v in tp_axis_map(self).items() if not k.startswith("decoder.layers.")}
+        out.update(make_sharded_tensors_for_checkpoint(rest, prefix, axes))
+        if self.share_embeddings_and_output_weights and self.post_process and not self.pre_process:
+            out[f"{prefix}output_layer.weight"] = make_tp_sharded_tensor_for_checkpoint(
+                self.output_layer.weight, f"{prefix}embedding.word_embeddings.weight",
+                replica_id=(1, 0, ps.get_data_parallel_rank()), allow_shape_mismatch=True)
+        return out
 
     def _full_seq_len(self, decoder_input, input_ids) -> int:
         if decoder_input is None:
