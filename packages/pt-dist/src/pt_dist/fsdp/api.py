@@ -87,7 +87,32 @@ class ShardedStateDictConfig(StateDictConfig):
     pass
 
 
+@dataclass
+class OptimStateDictConfig:
+    offload_to_cpu: bool = True
+
+
+@dataclass
+class FullOptimStateDictConfig(OptimStateDictConfig):
+    """``rank0_only``: ``FSDP.optim_state_dict`` returns the gathered state on rank 0 only, as torch's."""
+
+    rank0_only: bool = False
+
+
+@dataclass
+class LocalOptimStateDictConfig(OptimStateDictConfig):
+    offload_to_cpu: bool = False
+
+
+@dataclass
+class ShardedOptimStateDictConfig(OptimStateDictConfig):
+    pass
+
+
 # which config goes with which state-dict type (torch's set_state_dict_type refuses any other pairing)
 STATE_DICT_CONFIG_TYPES = {StateDictType.FULL_STATE_DICT: FullStateDictConfig,
                            StateDictType.LOCAL_STATE_DICT: LocalStateDictConfig,
                            StateDictType.SHARDED_STATE_DICT: ShardedStateDictConfig}
+OPTIM_STATE_DICT_CONFIG_TYPES = {StateDictType.FULL_STATE_DICT: FullOptimStateDictConfig,
+                                 StateDictType.LOCAL_STATE_DICT: LocalOptimStateDictConfig,
+                                 StateDictType.SHARDED_STATE_DICT: ShardedOptimStateDictConfig}

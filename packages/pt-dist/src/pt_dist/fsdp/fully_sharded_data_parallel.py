@@ -25,10 +25,12 @@ import torch
 from torch import nn
 
 from pt_dist import distributed_c10d as c10d
+from pt_dist.fsdp import _optim_utils as _optim
 from pt_dist.fsdp import _unshard_param_utils as _unshard
 from pt_dist.fsdp import state_dict as _sd
 from pt_dist.fsdp._init_utils import _check_arguments, _init_process_groups
 from pt_dist.fsdp.api import (
+    OPTIM_STATE_DICT_CONFIG_TYPES,
     STATE_DICT_CONFIG_TYPES,
     BackwardPrefetch,
     CPUOffload,
@@ -137,6 +139,7 @@ class FullyShardedDataParallel(nn.Module):
         self._root_ref: weakref.ref | None = None
         self._state_dict_type, self._state_dict_config = StateDictType.FULL_STATE_DICT, None
         self._sync_gradients = True  # False inside no_sync()
+        self._optim_state_dict_config = None
 
     # -- the root ------------------------------------------------------------------------------------------------
 
@@ -342,23 +345,36 @@ class FullyShardedDataParallel(nn.Module):
         """torch's spelling: inside, ``module.state_dict()`` / ``load_state_dict`` are full or sharded."""
         if not isinstance(state_dict_type, StateDictType):
             raise TypeError(f"state_dict_type must be a StateDictType, got {state_dict_type!r}")
-        want = STATE_DICT_CONFIG_TYPES.get(state_dict_type)
-        if want is not None and state_dict_config is not None and type(state_dict_config) is not want:
-            raise RuntimeError(f"Expected state_dict_config of type {want} but got {type(state_dict_config)}")
+        for config, types, what in (
+            (state_dict_config, STATE_DICT_CONFIG_TYPES, "state_dict_config"),
+            (optim_state_dict_config, OPTIM_STATE_DICT_CONFIG_TYPES, "optim_state_dict_config"),
+        ):
+            want = types.get(state_dict_type)
+            if want is not None and config is not None and type(config) is not want:
+                raise RuntimeError(f"Expected {what} of type {want} but got {type(config)}")
         units = [m for m in module.modules() if isinstance(m, FullyShardedDataParallel)]
-        saved = [(u._state_dict_type, u._state_dict_config) for u in units]
+        saved = [(u._state_dict_type, u._state_dict_config, u._optim_state_dict_config) for u in units]
         for u in units:
             u._state_dict_type, u._state_dict_config = state_dict_type, state_dict_config
+            u._optim_state_dict_config = optim_state_dict_config
         try:
             yield
         finally:
-            for u, (t, c) in zip(units, saved):
-                u._state_dict_type, u._state_dict_config = t, c
+            for u, (t, c, o) in zip(units, saved):
+                u._state_dict_type, u._state_dict_config, u._optim_state_dict_config = t, c, o
 
     summon_full_params = staticmethod(_unshard.summon_full_params)
+    optim_state_dict = staticmethod(_optim.optim_state_dict)
+    optim_state_dict_to_load = staticmethod(_optim.optim_state_dict_to_load)
 
     def no_sync(self):
         return _unshard.no_sync(self)
+
+    def named_parameters(self, *args, **kwargs):
+        """Inside ``summon_full_params`` the plain module's names (FSDP's prefixes dropped), as torch's."""
+        clean = getattr(self, "_summoned", False)
+        for name, p in super().named_parameters(*args, **kwargs):
+            yield (name.replace(FSDP_WRAPPED_MODULE + ".", "") if clean else name), p
 
     @property
     def module(self) -> nn.Module:
