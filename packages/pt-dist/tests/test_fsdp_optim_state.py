@@ -82,7 +82,15 @@ def _parity(rank, world, backend):
         with FSDP.state_dict_type(ours, StateDictType.FULL_STATE_DICT, None, FullOptimStateDictConfig(rank0_only=True)):
             rank0_only = FSDP.optim_state_dict(ours, opt_o)
         full_model = FSDP.state_dict(ours)
-        return osd_t, osd_o, resumed, bool(rank0_only), full_model, FSDP.optim_state_dict(ours, opt_o)
+        # the older spellings, as torch's: full_optim_state_dict (rank 0 only by default) and
+        # shard_full_optim_state_dict (without the optimizer: one group over model.parameters())
+        legacy = (FSDP.full_optim_state_dict(ours, opt_o), TorchFSDP.full_optim_state_dict(theirs, opt_t))
+        full = FSDP.full_optim_state_dict(ours, opt_o, rank0_only=False)
+        sharded = FSDP.shard_full_optim_state_dict(full, ours)
+        legacy += (sorted(sharded["state"]) == sorted(opt_o.state_dict()["state"]) and all(
+            torch.equal(sharded["state"][i][k], v) for i, st in opt_o.state_dict()["state"].items()
+            for k, v in st.items()),)
+        return osd_t, osd_o, resumed, bool(rank0_only), full_model, FSDP.optim_state_dict(ours, opt_o), legacy
     finally:
         leave()
         dist.destroy_process_group()
@@ -135,7 +143,11 @@ def _two_rank_next_step(rank, world, full_model, osd):
 @pytest.mark.parametrize("backend", ["tcp", "shm"])
 def test_optim_state_dict_matches_torchs_fsdp_and_round_trips(backend):
     results = run_ranks(_parity, 2, backend, backend=None, timeout=180)
-    for rank, (osd_t, osd_o, resumed, rank0_only, _, _) in enumerate(results):
+    for rank, (osd_t, osd_o, resumed, rank0_only, _, _, (ours_legacy, theirs_legacy, reshard)) in enumerate(results):
+        assert bool(ours_legacy) == bool(theirs_legacy) == (rank == 0)  # rank0_only=True by default
+        if rank == 0:
+            assert sorted(ours_legacy["state"]) == sorted(theirs_legacy["state"])
+        assert reshard  # shard_full_optim_state_dict gives back this rank's optimizer state exactly
         assert sorted(osd_o["state"]) == sorted(osd_t["state"])
         for name, st in osd_t["state"].items():
             assert sorted(st) == sorted(osd_o["state"][name]), name
@@ -147,7 +159,7 @@ def test_optim_state_dict_matches_torchs_fsdp_and_round_trips(backend):
 
 
 def test_a_full_optimizer_state_saved_on_2_ranks_loads_on_1():
-    _, _, _, _, full_model, osd = run_ranks(_parity, 2, "tcp", backend=None, timeout=180)[0]
+    _, _, _, _, full_model, osd, _ = run_ranks(_parity, 2, "tcp", backend=None, timeout=180)[0]
     want = run_ranks(_two_rank_next_step, 2, full_model, osd, backend=None, timeout=120)[0]
     before, after, refused = run_ranks(_reload_at_world_1, 1, full_model, osd, backend=None, timeout=120)[0]
     for name, p in full_model.items():

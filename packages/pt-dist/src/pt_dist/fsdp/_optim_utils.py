@@ -11,6 +11,8 @@ full optimizer state dict saved at one world size loads at another.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from pt_dist import distributed_c10d as c10d
@@ -61,7 +63,26 @@ def optim_state_dict(model, optim, optim_state_dict=None, group=None) -> dict:
         raise ValueError("FSDP.optim_state_dict: group= is not supported; units use their own groups")
     osd = optim.state_dict() if optim_state_dict is None else optim_state_dict
     config = getattr(model, "_optim_state_dict_config", None)
-    keep = not getattr(config, "rank0_only", False) or c10d.get_rank() == 0
+    return _gathered(model, optim, osd, keep=not getattr(config, "rank0_only", False) or c10d.get_rank() == 0)
+
+
+def full_optim_state_dict(model, optim, optim_input=None, rank0_only: bool = True, group=None) -> dict:
+    """torch's older spelling of ``optim_state_dict`` (same name-keyed result; rank 0 only by default)."""
+    if optim_input is not None or group is not None:
+        raise ValueError("FSDP.full_optim_state_dict: optim_input= and group= are not supported; pass the optimizer")
+    return _gathered(model, optim, optim.state_dict(), keep=not rank0_only or c10d.get_rank() == 0)
+
+
+def shard_full_optim_state_dict(full_optim_state_dict: dict, model, optim_input=None, optim=None) -> dict:
+    """torch's older spelling of ``optim_state_dict_to_load``; without ``optim``, for an optimizer built over
+    ``model.parameters()`` in one group."""
+    if optim_input is not None:
+        raise ValueError("FSDP.shard_full_optim_state_dict: optim_input= is not supported; pass optim=")
+    optim = optim or SimpleNamespace(param_groups=[{"params": list(model.parameters())}])
+    return optim_state_dict_to_load(model, optim, full_optim_state_dict)
+
+
+def _gathered(model, optim, osd: dict, keep: bool) -> dict:
     state, names_of = {}, {}
     for idx, entry in enumerate(_layout(model, optim)):
         own = osd["state"].get(idx, {})

@@ -366,6 +366,8 @@ class FullyShardedDataParallel(nn.Module):
     summon_full_params = staticmethod(_unshard.summon_full_params)
     optim_state_dict = staticmethod(_optim.optim_state_dict)
     optim_state_dict_to_load = staticmethod(_optim.optim_state_dict_to_load)
+    full_optim_state_dict = staticmethod(_optim.full_optim_state_dict)
+    shard_full_optim_state_dict = staticmethod(_optim.shard_full_optim_state_dict)
 
     def no_sync(self):
         return _unshard.no_sync(self)
