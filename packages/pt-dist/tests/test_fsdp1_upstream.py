@@ -1,10 +1,11 @@
 """More of torch's FSDP1 tests, ported to pt_dist (issue 34, defect 5): test/distributed/fsdp/
 test_fsdp_grad_acc.py (``no_sync`` accumulation against synced steps; no communication inside),
-test_fsdp_summon_full_params.py (full values, writeback on and off, ``rank0_only``, ``recurse=False``, refused
-inside forward and when nested, the unsupported argument pairs), test_wrap.py (``enable_wrap``/``wrap`` as its
-``TestFSDPWrap``/``TestAutoWrap`` use them) and test_fsdp_state_dict.py (a unit inside a plain parent such as
-``checkpoint_wrapper``: its entries under the parent's prefix; ``state_dict_type`` refusing a config of the
-wrong kind). Adapted: CPU, checks collected inside the ranks."""
+test_fsdp_checkpoint.py (reentrant activation checkpointing around FSDP units), test_fsdp_summon_full_params.py
+(full values, writeback on and off, ``rank0_only``, ``recurse=False``, refused inside forward and when nested,
+the unsupported argument pairs), test_wrap.py (``enable_wrap``/``wrap`` as its ``TestFSDPWrap``/``TestAutoWrap``
+use them) and test_fsdp_state_dict.py (a unit inside a plain parent such as ``checkpoint_wrapper``: its entries
+under the parent's prefix; ``state_dict_type`` refusing a config of the wrong kind). Adapted: CPU, checks
+collected inside the ranks."""
 
 from __future__ import annotations
 
@@ -166,12 +167,36 @@ def state_dict_cases(c, pg):
         c.true("the right config is taken", len(model.state_dict()) == len(local.state_dict()))
 
 
+def checkpoint_cases(c, pg):
+    """test_fsdp_checkpoint.py (test_checkpoint_fsdp_wrapping, reentrant): an FSDP model run under
+    torch.utils.checkpoint(..., use_reentrant=True), and checkpoint_wrapper(FSDP(seq)) with the reentrant
+    implementation, train as the plain FSDP model (the flat parameter got no gradient before)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.utils.checkpoint import checkpoint
+
+    base = FSDP(_net(), process_group=pg)
+    direct = FSDP(_net(), process_group=pg)
+    wrapped = checkpoint_wrapper(FSDP(_net(), process_group=pg), checkpoint_impl=CheckpointImpl.REENTRANT)
+    runs = [(base, lambda m, x: m(x)), (direct, lambda m, x: checkpoint(m, x, use_reentrant=True)),
+            (wrapped, lambda m, x: m(x))]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m, _ in runs]
+    for step in range(3):
+        x = _batch(c.rank, step).requires_grad_()  # (reentrant checkpointing needs an input that requires grad)
+        for (m, fwd), opt in zip(runs, opts):
+            opt.zero_grad()
+            fwd(m, x).sum().backward()
+            opt.step()
+        for name, (m, _) in zip(("checkpoint(use_reentrant=True)", "checkpoint_wrapper REENTRANT"), runs[1:]):
+            for a, b in zip(m.parameters(), base.parameters()):
+                c.equal(f"{name} step {step}", a, b, rtol=1e-6, atol=1e-7)
+
+
 def _cases(rank, world, backend):
     util.join(rank, world, backend, timeout=60)
     try:
         c = dutil.Case(rank, world)
         pg = pt_dist.group.WORLD
-        for case in (grad_acc_cases, summon_cases, wrap_api_cases, state_dict_cases):
+        for case in (grad_acc_cases, summon_cases, wrap_api_cases, state_dict_cases, checkpoint_cases):
             case(c, pg)
         return c.fails
     finally:

@@ -139,6 +139,7 @@ class FullyShardedDataParallel(nn.Module):
         self._root_ref: weakref.ref | None = None
         self._state_dict_type, self._state_dict_config = StateDictType.FULL_STATE_DICT, None
         self._sync_gradients = True  # False inside no_sync()
+        self._forward_built_graph = False  # the last forward ran with grad enabled
         self._optim_state_dict_config = None
 
     # -- the root ------------------------------------------------------------------------------------------------
@@ -199,9 +200,14 @@ class FullyShardedDataParallel(nn.Module):
             return out
         if torch._C._current_graph_task_id() != -1:  # a checkpoint re-running this unit inside backward
             handle.unshard()
-            handle.use_unsharded_views(new_leaf=False)
+            fresh = torch.is_grad_enabled() and handle.requires_grad and not self._forward_built_graph
+            # fresh: a reentrant checkpoint, whose forward ran without grad; the graph built now is the one its
+            # backward runs, so the gradient hook goes on a new leaf here (and the end-of-backward callback)
+            handle.use_unsharded_views(new_leaf=fresh)
+            if fresh:
+                self._pre_backward()
             return self._fsdp_wrapped_module(*args, **kwargs)
-        grad = torch.is_grad_enabled()
+        grad = self._forward_built_graph = torch.is_grad_enabled()
         handle.state = HandleTrainingState.FORWARD
         handle.unshard()
         handle.use_unsharded_views(new_leaf=grad)
