@@ -228,6 +228,36 @@ def test_a_callback_waiting_on_a_then_chained_future_of_a_later_op_completes(bac
         assert results[1][2][0].startswith("pt_dist-"), results[1][2]  # rank 1's callback ran on the worker
 
 
+def _a_callback_waits_through_add_done_callback(rank, world_size, backend):
+    """Issue 34, defect 2: the first op's callback attaches to the second op's ``then``-chained future with
+    ``add_done_callback`` and waits on an Event that callback sets (a wait the future cannot see)."""
+    util.join(rank, world_size, backend, timeout=20)
+    try:
+        if rank == 0:
+            time.sleep(0.3)  # so rank 1's callback is attached before its first all-reduce ends: it runs on the worker
+        a, b = torch.full((256,), float(rank + 1)), torch.full((4,), float(rank + 1))
+        fut_a = pt_dist.all_reduce(a, async_op=True).get_future()
+        fut_b = pt_dist.all_reduce(b, async_op=True).get_future().then(lambda f: f.value()[0] * 10)
+
+        def both(f):
+            seen, box = threading.Event(), []
+            fut_b.add_done_callback(lambda g: (box.append(g.value()[0].item()), seen.set()))
+            return seen.wait(10), f.value()[0][0].item(), box[:1], threading.current_thread().name
+        return fut_a.then(both).wait()
+    finally:
+        util.leave()
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
+def test_a_callback_waiting_on_a_later_ops_future_through_add_done_callback_completes(backend):
+    """On torch's gloo the second op completes on its other thread and runs its chained callbacks there; on tcp and
+    shm the callback sat on the group's only thread, the second op queued behind it, and the wait ran out."""
+    results = run_ranks(_a_callback_waits_through_add_done_callback, 2, backend, backend=None, timeout=60)
+    assert [r[:3] for r in results] == [(True, 3.0, [30.0])] * 2
+    if backend != "gloo":
+        assert results[1][3].startswith("pt_dist-"), results[1][3]  # rank 1's callback ran on the worker
+
+
 def test_errors_surface_through_wait_and_the_future():
     q = OpQueue("t")
 

@@ -42,7 +42,19 @@ class _WorkFuture(torch.futures.Future):
             work._before_blocking()
         return super().wait()
 
+    def add_done_callback(self, callback):
+        """A callback on the group's thread attaching to a later op's future may go on to wait for it by means this
+        future cannot see (an Event its callback sets): the queue runs up to that op first, as for ``wait``."""
+        self._help_along()
+        super().add_done_callback(callback)
+
+    def _help_along(self) -> None:
+        work = self._work()
+        if work is not None and not self.done():
+            work._before_blocking()  # (only on the group's own thread; anywhere else nothing happens)
+
     def then(self, callback):
+        self._help_along()
         child = _WorkFuture(ref=self._work)
 
         def go(fut):
