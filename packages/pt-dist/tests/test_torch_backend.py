@@ -161,8 +161,12 @@ def _world_for_torch(rank, world_size, backend, port_key):
     t = torch.ones(3)
     dist.all_reduce(t)  # torch's call, pt-dist's world group
     sampler = list(DistributedSampler(range(6), shuffle=False))
-    seen = (dist.get_rank(), dist.get_world_size(), dist.get_backend(), sampler,
-            t.tolist())
+    later = []  # groups torch makes on the shared world meet through pt-dist's store (gloo's too)
+    for kind in ("gloo", f"pt_{backend}"):
+        u = torch.full((2,), float(rank + 1))
+        dist.all_reduce(u, group=dist.new_group(backend=kind))
+        later.append(u.tolist())
+    seen = (dist.get_rank(), dist.get_world_size(), dist.get_backend(), sampler, t.tolist(), later)
     pt_dist.barrier()
     pt_dist.destroy_process_group()
     return seen, dist.is_initialized()
@@ -174,5 +178,5 @@ def test_torch_utilities_see_pt_dists_world(backend):
     pt_dist.init_process_group raised 'Default process group has not been initialized'."""
     results = run_ranks(_world_for_torch, 2, backend, f"tw_{backend}", backend=None, timeout=60)
     for rank, (seen, still) in enumerate(results):
-        assert seen == (rank, 2, f"pt_{backend}", [rank, rank + 2, rank + 4], [2.0] * 3)
+        assert seen == (rank, 2, f"pt_{backend}", [rank, rank + 2, rank + 4], [2.0] * 3, [[3.0, 3.0]] * 2)
         assert not still  # pt_dist.destroy_process_group took torch's view of it down too

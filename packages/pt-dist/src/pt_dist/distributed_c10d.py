@@ -121,7 +121,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if not Backend.is_torch_backed(name) and name in ("tcp", "shm"):
         from pt_dist.backends.torch_backend import share_world
 
-        share_world(pg, name)  # torch.distributed.get_rank(), DistributedSampler() see this world too
+        share_world(pg, name, PrefixStore("torch", store))  # torch.distributed.get_rank(), DistributedSampler() too
     log.info("pt_dist: rank %d/%d joined with backend %s", rank, world_size, name)
 
 

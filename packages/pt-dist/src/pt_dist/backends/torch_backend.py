@@ -7,9 +7,11 @@ group's collective with ``async_op=True`` and hands torch a ``Work`` made from t
 (``_create_work_from_future``), so torch's ``DistributedDataParallel``, FSDP, ``DistributedSampler`` and
 ``torch.distributed.get_rank()`` run on pt-dist's shared-memory or TCP collectives.
 
-The group's store is torch's (a ``PrefixStore`` over the job's TCPStore). The socket mesh the native groups
-open for point-to-point transfers authenticates peers with a secret: ``$PT_DIST_SECRET`` where set, otherwise
-16 random bytes rank 0 draws and leaves in that store (as secret as torch's own store, which gloo trusts too).
+The group's store is torch's (a ``PrefixStore`` over the job's TCPStore; on a world shared from
+``pt_dist.init_process_group``, pt-dist's own store seen as a ``torch.distributed.Store``). The socket mesh
+the native groups open for point-to-point transfers authenticates peers with a secret: ``$PT_DIST_SECRET``
+where set, otherwise 16 random bytes rank 0 draws and leaves in that store (as secret as torch's own store,
+which gloo trusts too).
 """
 
 from __future__ import annotations
@@ -202,9 +204,60 @@ def _secret(store, rank: int) -> bytes:
 
 
 _adopted: list = []  # a pt-dist world group torch's default group is to wrap instead of building its own
+_kept_stores: list = []
 
 
-def share_world(pg, backend: str) -> bool:
+class _StoreForTorch(dist.Store):
+    """pt-dist's store as a ``torch.distributed.Store`` (torch takes Python stores), so the groups torch makes
+    later on the shared world (``torch.distributed.new_group``, gloo's included) meet through the job's store."""
+
+    def __init__(self, store):
+        super().__init__()
+        self._store = store
+
+    def set(self, key, value):
+        self._store.set(key, value)
+
+    def get(self, key):
+        return bytes(self._store.get(key))
+
+    def add(self, key, value):
+        return self._store.add(key, value)
+
+    def compare_set(self, key, expected, desired):
+        return bytes(self._store.compare_set(key, expected, desired))
+
+    def wait(self, keys, timeout=None):
+        self._store.wait(list(keys), timeout)
+
+    def check(self, keys):
+        return self._store.check(list(keys))
+
+    def delete_key(self, key):
+        return self._store.delete_key(key)
+
+    def num_keys(self):
+        return self._store.num_keys()
+
+    def clone(self):  # (gloo asks for its own handle; kept alive for the same reason as the first)
+        twin = _StoreForTorch(self._store)
+        _kept_stores.append(twin)
+        return twin
+
+    def append(self, key, value):
+        self._store.append(key, value)
+
+    def multi_get(self, keys):
+        return [bytes(v) for v in self._store.multi_get(list(keys))]
+
+    def multi_set(self, keys, values):
+        self._store.multi_set(list(keys), list(values))
+
+    def has_extended_api(self):
+        return True
+
+
+def share_world(pg, backend: str, store=None) -> bool:
     """After ``pt_dist.init_process_group("tcp" | "shm")``: make torch's default group this very group, so torch
     utilities that ask ``torch.distributed`` for the world (``DistributedSampler()``, ``get_rank()``) see it.
     Nothing is opened: no second rendezvous, no second segment. False where torch already has a default group."""
@@ -212,7 +265,9 @@ def share_world(pg, backend: str) -> bool:
         return False
     _adopted.append(pg)
     try:
-        dist.init_process_group(f"pt_{backend}", store=dist.HashStore(), rank=pg.rank(), world_size=pg.size())
+        shared = dist.HashStore() if store is None else _StoreForTorch(store)
+        _kept_stores[:] = [shared]  # torch holds the C++ side only: the Python object must outlive the group
+        dist.init_process_group(f"pt_{backend}", store=shared, rank=pg.rank(), world_size=pg.size())
     finally:
         _adopted.clear()
     return True
@@ -227,6 +282,7 @@ def unshare_world(pg) -> None:
             inner = getattr(backend, "inner", None)
         if inner is pg:
             dist.destroy_process_group()
+            _kept_stores.clear()
 
 
 def _creator(name: str):
