@@ -48,8 +48,12 @@ class LanguageModelEmbedding(nn.Module):
                                                           init_method=config.embedding_init_method)
         self.position_embeddings = None
         if self.add_position_embedding:
-            self.position_embeddings = nn.Embedding(max_sequence_length, config.hidden_size,
-                                                    dtype=config.params_dtype)
+            # nn.Embedding's constructor draws a default init (overwritten below); with a seed it draws under
+            # fork_rng, so the default generator ends where it would on a stage without the embedding (at PP=2
+            # the stages then shuffle their DataLoaders alike: it draws from that generator next)
+            with torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext():
+                self.position_embeddings = nn.Embedding(max_sequence_length, config.hidden_size,
+                                                        dtype=config.params_dtype)
             if config.perform_initialization:
                 with seeded(None if seed is None else seed + 1), torch.no_grad():
                     config.embedding_init_method(self.position_embeddings.weight)
