@@ -174,11 +174,15 @@ class TorchBackend(dist.ProcessGroup):
         return _work(self.inner.recv(_one(tensors, "recv"), None, tag))
 
     def shutdown(self) -> None:
-        if not _owned_elsewhere(self.inner):
+        """torch's destroy_process_group calls this; the group then lets go of the pt-dist group (and so of torch's
+        store under it: torch keeps this object alive from C++, where no garbage collection sees the cycle)."""
+        if self.inner is not None and not _owned_elsewhere(self.inner):
             self.inner.shutdown()
+        self.inner = None
 
     def abort(self) -> None:
-        self.inner.abort()
+        if self.inner is not None:
+            self.inner.abort()
 
 
 def _owned_elsewhere(inner) -> bool:
