@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
+from pt_dist.backends.torch_store import TorchStore
 from pt_dist.process_group import ReduceOp
 
 NAMES = {"pt_tcp": "tcp", "pt_shm": "shm"}
@@ -211,56 +212,6 @@ _adopted: list = []  # a pt-dist world group torch's default group is to wrap in
 _kept_stores: list = []
 
 
-class _StoreForTorch(dist.Store):
-    """pt-dist's store as a ``torch.distributed.Store`` (torch takes Python stores), so the groups torch makes
-    later on the shared world (``torch.distributed.new_group``, gloo's included) meet through the job's store."""
-
-    def __init__(self, store):
-        super().__init__()
-        self._store = store
-
-    def set(self, key, value):
-        self._store.set(key, value)
-
-    def get(self, key):
-        return bytes(self._store.get(key))
-
-    def add(self, key, value):
-        return self._store.add(key, value)
-
-    def compare_set(self, key, expected, desired):
-        return bytes(self._store.compare_set(key, expected, desired))
-
-    def wait(self, keys, timeout=None):
-        self._store.wait(list(keys), timeout)
-
-    def check(self, keys):
-        return self._store.check(list(keys))
-
-    def delete_key(self, key):
-        return self._store.delete_key(key)
-
-    def num_keys(self):
-        return self._store.num_keys()
-
-    def clone(self):  # (gloo asks for its own handle; kept alive for the same reason as the first)
-        twin = _StoreForTorch(self._store)
-        _kept_stores.append(twin)
-        return twin
-
-    def append(self, key, value):
-        self._store.append(key, value)
-
-    def multi_get(self, keys):
-        return [bytes(v) for v in self._store.multi_get(list(keys))]
-
-    def multi_set(self, keys, values):
-        self._store.multi_set(list(keys), list(values))
-
-    def has_extended_api(self):
-        return True
-
-
 def share_world(pg, backend: str, store=None) -> bool:
     """After ``pt_dist.init_process_group("tcp" | "shm")``: make torch's default group this very group, so torch
     utilities that ask ``torch.distributed`` for the world (``DistributedSampler()``, ``get_rank()``) see it.
@@ -269,7 +220,7 @@ def share_world(pg, backend: str, store=None) -> bool:
         return False
     _adopted.append(pg)
     try:
-        shared = dist.HashStore() if store is None else _StoreForTorch(store)
+        shared = dist.HashStore() if store is None else TorchStore(store)
         _kept_stores[:] = [shared]  # torch holds the C++ side only: the Python object must outlive the group
         dist.init_process_group(f"pt_{backend}", store=shared, rank=pg.rank(), world_size=pg.size())
     finally:
