@@ -1,5 +1,15 @@
-"""Fully sharded data parallelism over pt_dist groups (torch.distributed.fsdp)."""
+"""Fully sharded data parallelism over pt_dist groups (torch.distributed.fsdp): FSDP1's
+``FullyShardedDataParallel`` and FSDP2's ``fully_shard``."""
 
+from pt_dist.fsdp._fully_shard import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    UnshardHandle,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 from pt_dist.fsdp.api import (
     BackwardPrefetch,
     CPUOffload,
@@ -27,12 +37,16 @@ from pt_dist.fsdp.wrap import (
 __all__ = [
     "BackwardPrefetch",
     "CPUOffload",
+    "CPUOffloadPolicy",
+    "FSDPModule",
     "FullOptimStateDictConfig",
     "FullStateDictConfig",
     "FullyShardedDataParallel",
     "LocalOptimStateDictConfig",
     "LocalStateDictConfig",
     "MixedPrecision",
+    "MixedPrecisionPolicy",
+    "OffloadPolicy",
     "OptimStateDictConfig",
     "ModuleWrapPolicy",
     "ShardedOptimStateDictConfig",
@@ -40,8 +54,11 @@ __all__ = [
     "ShardingStrategy",
     "StateDictConfig",
     "StateDictType",
+    "UnshardHandle",
     "always_wrap_policy",
+    "fully_shard",
     "lambda_auto_wrap_policy",
+    "register_fsdp_forward_method",
     "size_based_auto_wrap_policy",
     "transformer_auto_wrap_policy",
 ]
