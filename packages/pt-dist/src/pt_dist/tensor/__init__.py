@@ -1,0 +1,11 @@
+"""``pt_dist.tensor``: DTensor over pt_dist groups (torch's ``torch/distributed/tensor/``). Read ``_api.py``
+(DTensor, from_local / to_local, distribute_tensor), then ``_dispatch.py`` (one op: rule -> redistribute ->
+local op -> wrap), ``_ops/`` (the rules), ``_redistribute.py`` (the collectives of a placement change)."""
+
+import pt_dist.tensor._ops  # noqa: F401  (registers every sharding rule)
+from pt_dist.device_mesh import DeviceMesh, init_device_mesh
+from pt_dist.tensor._api import DTensor, distribute_tensor
+from pt_dist.tensor.placement_types import Partial, Placement, Replicate, Shard
+
+__all__ = ["DTensor", "DeviceMesh", "Partial", "Placement", "Replicate", "Shard", "distribute_tensor",
+           "init_device_mesh"]

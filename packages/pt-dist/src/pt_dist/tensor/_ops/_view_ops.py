@@ -1,0 +1,128 @@
+"""Views (torch's ``tensor/_ops/_view_ops.py``): ``t``/``transpose``/``permute`` move shard dims; ``unsqueeze``/
+``squeeze``/``expand`` renumber them; ``view``/``_unsafe_view`` (what ``reshape``, ``flatten`` and ``matmul``
+reach) keep a shard when it is exact: the sharded dim is the outermost of the dims it merges with or splits into,
+and both it and the output dim it becomes divide evenly by the mesh dims sharding it, so every rank's local view
+is its chunk of the new dim. Otherwise that mesh dim is replicated first, as torch's propagation does. Partial
+stays Partial through every view (they are linear)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pt_dist.tensor._ops.utils import OpCall, OutputSharding, register_prop_rule
+from pt_dist.tensor.placement_types import Replicate, Shard
+
+aten = torch.ops.aten
+
+
+def _arg(call: OpCall, index: int, name: str, default=None):
+    if len(call.args) > index:
+        return call.args[index]
+    return call.kwargs.get(name, default)
+
+
+def _map_dims(call: OpCall, new_dim_of) -> OutputSharding:
+    """Placements through a view whose input dim ``d`` becomes output dim ``new_dim_of(d)`` (None: replicate)."""
+    ins, out = [], []
+    for p in call.specs[0].placements:
+        if isinstance(p, Shard):
+            nd = new_dim_of(p.dim)
+            ins.append(p if nd is not None else Replicate())
+            out.append(Shard(nd) if nd is not None else Replicate())
+        else:
+            ins.append(p)
+            out.append(p)
+    return OutputSharding([tuple(ins)], tuple(out))
+
+
+@register_prop_rule([aten.t])
+def t_rule(call: OpCall) -> OutputSharding:
+    ndim = call.specs[0].ndim
+    return _map_dims(call, lambda d: d if ndim < 2 else 1 - d)
+
+
+@register_prop_rule([aten.transpose])
+def transpose_rule(call: OpCall) -> OutputSharding:
+    ndim = max(call.specs[0].ndim, 1)
+    a, b = _arg(call, 1, "dim0") % ndim, _arg(call, 2, "dim1") % ndim
+    return _map_dims(call, lambda d: b if d == a else a if d == b else d)
+
+
+@register_prop_rule([aten.permute])
+def permute_rule(call: OpCall) -> OutputSharding:
+    ndim = max(call.specs[0].ndim, 1)
+    dims = [d % ndim for d in _arg(call, 1, "dims")]
+    return _map_dims(call, lambda d: dims.index(d))
+
+
+@register_prop_rule([aten.unsqueeze])
+def unsqueeze_rule(call: OpCall) -> OutputSharding:
+    dim = _arg(call, 1, "dim") % (call.specs[0].ndim + 1)
+    return _map_dims(call, lambda d: d + 1 if d >= dim else d)
+
+
+@register_prop_rule([aten.squeeze])
+def squeeze_rule(call: OpCall) -> OutputSharding:
+    shape = call.specs[0].shape
+    ndim = max(len(shape), 1)
+    dims = _arg(call, 1, "dim")
+    dims = range(len(shape)) if dims is None else [dims] if isinstance(dims, int) else dims
+    gone = {d % ndim for d in dims if shape[d % ndim] == 1}
+    return _map_dims(call, lambda d: None if d in gone else d - sum(g < d for g in gone))
+
+
+@register_prop_rule([aten.expand])
+def expand_rule(call: OpCall) -> OutputSharding:
+    shape, size = call.specs[0].shape, list(_arg(call, 1, "size"))
+    lead = len(size) - len(shape)
+    return _map_dims(call, lambda d: d + lead if size[d + lead] in (-1, shape[d]) else None)
+
+
+def _groups(src: list[int], dst: list[int]) -> list[tuple[list[int], list[int]]]:
+    """Pair runs of input and output dims whose sizes multiply to the same number ([4, 6] -> [24]: one group)."""
+    groups, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        gi, gj, pi, pj = [], [], 1, 1
+        if i < len(src):
+            gi.append(i)
+            pi, i = pi * src[i], i + 1
+        if j < len(dst):
+            gj.append(j)
+            pj, j = pj * dst[j], j + 1
+        while pi != pj and (i < len(src) or j < len(dst)):
+            if (pi < pj and i < len(src)) or j >= len(dst):
+                gi.append(i)
+                pi, i = pi * src[i], i + 1
+            else:
+                gj.append(j)
+                pj, j = pj * dst[j], j + 1
+        groups.append((gi, gj))
+    return groups
+
+
+@register_prop_rule([aten.view, aten._unsafe_view, aten.reshape])
+def view_rule(call: OpCall) -> OutputSharding:
+    spec = call.specs[0]
+    src = list(spec.shape)
+    size = list(_arg(call, 1, "size"))
+    if -1 in size:
+        known = math.prod(s for s in size if s != -1)
+        size[size.index(-1)] = math.prod(src) // known if known else 0
+    groups = _groups(src, size)
+
+    def new_dim_of(d: int):
+        ways = math.prod(call.mesh.size(i) for i, q in enumerate(spec.placements) if q.is_shard(d))
+        for gi, gj in groups:
+            if d in gi:
+                ins = [i for i in gi if src[i] != 1]
+                outs = [j for j in gj if size[j] != 1]
+                if not ins or not outs or ins[0] != d:
+                    return None
+                if len(ins) == 1 and len(outs) == 1:
+                    return outs[0]
+                return outs[0] if src[d] % ways == 0 and size[outs[0]] % ways == 0 else None
+        return None
+
+    return _map_dims(call, new_dim_of)
