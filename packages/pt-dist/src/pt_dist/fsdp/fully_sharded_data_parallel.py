@@ -317,6 +317,8 @@ class FullyShardedDataParallel(nn.Module):
         self._lazy_init()
         if self._state_dict_type is StateDictType.FULL_STATE_DICT:
             own = _sd.full_state_dict(self, rank0_only=getattr(self._state_dict_config, "rank0_only", False))
+        elif self._state_dict_type is StateDictType.LOCAL_STATE_DICT:
+            own = _sd.local_state_dict(self)
         else:
             own = _sd.sharded_state_dict(self)
         if destination is None:
@@ -329,6 +331,8 @@ class FullyShardedDataParallel(nn.Module):
         self._lazy_init()
         if self._state_dict_type is StateDictType.FULL_STATE_DICT:
             return _sd.load_full_state_dict(self, state_dict, strict)
+        if self._state_dict_type is StateDictType.LOCAL_STATE_DICT:
+            return _sd.load_local_state_dict(self, state_dict, strict)
         return _sd.load_sharded_state_dict(self, state_dict, strict)
 
     def full_state_dict(self, rank0_only: bool = False) -> dict:
@@ -337,7 +341,8 @@ class FullyShardedDataParallel(nn.Module):
         return _sd.full_state_dict(self, rank0_only)
 
     def sharded_state_dict(self) -> dict:
-        """This rank's shards (``<unit>._flat_param``) and buffers: what a sharded checkpoint saves per rank."""
+        """``SHARDED_STATE_DICT``'s: each parameter a DTensor holding this rank's rows, and the buffers (collective);
+        what ``pt_dist.checkpoint.save`` saves."""
         self._lazy_init()
         return _sd.sharded_state_dict(self)
 

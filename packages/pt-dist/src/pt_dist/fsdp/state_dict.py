@@ -1,7 +1,10 @@
 """FSDP state dicts (torch's fsdp/_state_dict_utils.py): *full*, every unit's flat parameter gathered and cut back
-into the plain module's parameters under their plain names (so ``plain_model.load_state_dict`` takes it); and
-*sharded*, each rank's own flat shards (``<unit>._flat_param``), which is what a sharded checkpoint saves
-(``pt_dist.checkpoint.save``: one file per rank, written atomically)."""
+into the plain module's parameters under their plain names (so ``plain_model.load_state_dict`` takes it);
+*sharded* (``SHARDED_STATE_DICT``), the same names, each parameter a DTensor over its unit's shard group holding
+this rank's rows (``Shard(0)``, cut as ``torch.chunk``: torch's ``_ext_chunk_dtensor``), which is what
+``pt_dist.checkpoint.save`` saves so it loads at any world size, or into a plain model; and *local*
+(``LOCAL_STATE_DICT``), each unit's flat shard as it is (``<unit>._flat_param``, a DTensor over the padded flat
+parameter), loadable only by the same wrapping at the same world size."""
 
 from __future__ import annotations
 
@@ -67,27 +70,81 @@ def load_full_state_dict(root, state_dict: dict, strict: bool = True):
     return keys
 
 
+def _shard_mesh(handle):
+    """A 1-d DeviceMesh over the unit's shard group (made once per handle; no communication)."""
+    mesh = getattr(handle, "_state_dict_mesh", None)
+    if mesh is None:
+        from pt_dist.device_mesh import DeviceMesh
+
+        mesh = handle._state_dict_mesh = DeviceMesh.from_group(handle.shard_group, handle.device.type)
+    return mesh
+
+
+def _rows(full: torch.Tensor, mesh, sharded: bool):
+    """This rank's ``torch.chunk`` rows of ``full`` as a DTensor (Replicate for a scalar or an unsharded unit)."""
+    from pt_dist.tensor import DTensor, Replicate, Shard
+    from pt_dist.tensor._utils import compute_local_shape_and_global_offset
+
+    placements = [Shard(0) if sharded and full.dim() > 0 else Replicate()]
+    sizes, offsets = compute_local_shape_and_global_offset(full.shape, mesh, placements)
+    local = full.narrow(0, offsets[0], sizes[0]) if placements[0].is_shard() else full
+    return DTensor.from_local(local.clone(), mesh, placements, run_check=False, shape=full.shape,
+                              stride=full.stride())
+
+
 def sharded_state_dict(root) -> dict:
-    out = {prefix + FLAT_PARAM: handle.flat_param.detach().clone() for prefix, handle in _units(root)}
+    """Collective over each unit's shard group (one all-gather per unit)."""
+    out = {}
+    for prefix, handle in _units(root):
+        flat, mesh = handle.full_flat(), _shard_mesh(handle)
+        for info in handle.infos:
+            full = flat.narrow(0, info.offset, info.numel).view(info.shape)
+            out[prefix + info.fqn] = _rows(full, mesh, handle.sharded)
     out.update({name: t.detach().clone() for name, t in _other_states(root)})
     return out
 
 
 def load_sharded_state_dict(root, state_dict: dict, strict: bool = True):
+    """Each DTensor gathered back to the full parameter (collective), then loaded as a full state dict."""
+    full = {k: v.full_tensor() if _is_dtensor(v) else v for k, v in state_dict.items()}
+    return load_full_state_dict(root, full, strict)
+
+
+def local_state_dict(root) -> dict:
+    from pt_dist.tensor import DTensor, Replicate, Shard
+
+    out = {}
+    for prefix, handle in _units(root):
+        placements = [Shard(0) if handle.sharded else Replicate()]
+        out[prefix + FLAT_PARAM] = DTensor.from_local(
+            handle.flat_param.detach().clone(), _shard_mesh(handle), placements, run_check=False,
+            shape=(handle.padded_numel if handle.sharded else handle.shard_numel,), stride=(1,))
+    out.update({name: t.detach().clone() for name, t in _other_states(root)})
+    return out
+
+
+def load_local_state_dict(root, state_dict: dict, strict: bool = True):
     targets = {prefix + FLAT_PARAM: handle.flat_param for prefix, handle in _units(root)}
     targets.update(dict(_other_states(root)))
     keys = _check_keys(state_dict, set(targets), strict)
     with torch.no_grad():
         for name, target in targets.items():
             if name in state_dict:
+                value = state_dict[name].to_local() if _is_dtensor(state_dict[name]) else state_dict[name]
                 _check_shape(
                     name,
-                    state_dict[name],
+                    value,
                     target.shape,
                     "(saved by a different number of ranks?)" if name.endswith(FLAT_PARAM) else "",
                 )
-                target.copy_(state_dict[name])
+                target.copy_(value)
     return keys
+
+
+def _is_dtensor(value) -> bool:
+    from pt_dist.tensor import DTensor
+
+    return isinstance(value, DTensor)
 
 
 def _check_keys(state_dict: dict, expected: set, strict: bool):

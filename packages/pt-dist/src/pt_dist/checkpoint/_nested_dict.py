@@ -1,0 +1,78 @@
+"""Nested state dicts flattened to one level (torch's checkpoint/_nested_dict.py and _traverse.py):
+``{"optim": {"state": {"w": {"exp_avg": t}}}}`` becomes ``{"optim.state.w.exp_avg": t}`` with the mapping back
+to the path ``("optim", "state", "w", "exp_avg")``. A list is walked into only if it holds tensors or dicts
+(a list of numbers stays one pickled value), a tuple never: torch's rules, so the keys are torch's keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+OBJ_PATH = tuple[str | int, ...]
+FLATTEN_MAPPING = dict[str, OBJ_PATH]
+
+
+def _is_leaf(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return False
+    if not isinstance(value, list):
+        return True
+    return all(_is_leaf(v) and not isinstance(v, torch.Tensor) for v in value)
+
+
+def traverse_state_dict(state_dict: Mapping, visitor) -> None:
+    """``visitor(path, value)`` for every leaf, in the dicts' order."""
+    def walk(path: OBJ_PATH, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(path + (str(k),), v)
+        elif _is_leaf(value):
+            visitor(path, value)
+        else:
+            for i, v in enumerate(value):
+                walk(path + (i,), v)
+
+    for key, value in state_dict.items():
+        walk((str(key),), value)
+
+
+def flatten_state_dict(state_dict: Mapping) -> tuple[dict[str, Any], FLATTEN_MAPPING]:
+    flat: dict[str, Any] = {}
+    mapping: FLATTEN_MAPPING = {}
+
+    def keep(path: OBJ_PATH, value: Any) -> None:
+        key = ".".join(map(str, path))
+        if key in flat:
+            raise ValueError(f"duplicated flatten key {key}")
+        flat[key], mapping[key] = value, path
+
+    traverse_state_dict(state_dict, keep)
+    return flat, mapping
+
+
+def set_element(root: dict, path: OBJ_PATH, value: Any) -> None:
+    """``root[path[0]][path[1]]... = value``, creating dicts (str keys) and lists (int keys) on the way."""
+    node: Any = root
+    for key, nxt in zip(path[:-1], path[1:]):
+        empty = {} if isinstance(nxt, str) else []
+        if isinstance(node, Mapping):
+            node = node.setdefault(key, empty)
+        else:
+            node.extend([None] * (key + 1 - len(node)))
+            if node[key] is None:
+                node[key] = empty
+            node = node[key]
+    last = path[-1]
+    if isinstance(last, int):
+        node.extend([None] * (last + 1 - len(node)))
+    node[last] = value
+
+
+def unflatten_state_dict(state_dict: dict[str, Any], mapping: FLATTEN_MAPPING) -> dict:
+    nested: dict = {}
+    for key, value in state_dict.items():
+        set_element(nested, mapping[key], value)
+    return nested
