@@ -114,3 +114,30 @@ class Compare:
 
 def _short(x):
     return x.flatten()[:4].tolist() if isinstance(x, torch.Tensor) else x
+
+
+def train_compare(cmp: Compare, theirs, ours, batch, steps: int = 2, micro: int = 1, loss=None):
+    """``steps`` optimizer steps (Adam, foreach=False) of both models on ``batch(step, micro)``, ``micro``
+    micro-batches each (without gradient sync but the last); compares loss, output dtypes and gradients after every
+    backward, parameters after every step."""
+    loss = loss or (lambda out, step: out.float().square().mean())
+    opts = [torch.optim.Adam(m.parameters(), lr=1e-2, foreach=False) for m in (theirs, ours)]
+    for step in range(steps):
+        for mb in range(micro):
+            x = batch(step, mb)
+            losses, dtypes = [], []
+            for m in (theirs, ours):
+                if micro > 1:
+                    m.set_requires_gradient_sync(mb == micro - 1)
+                out = m(x)
+                dtypes.append([t.dtype for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)])
+                losses.append(loss(out, step))
+                losses[-1].backward()
+            cmp.eq(f"step {step}.{mb} loss", *losses)
+            cmp.eq(f"step {step}.{mb} output dtypes", *dtypes)
+            cmp.grads(f"{step}.{mb}", theirs, ours)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=step % 2 == 0)
+        cmp.params(step, theirs, ours)
+    return cmp.result()
