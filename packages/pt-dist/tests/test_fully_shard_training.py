@@ -3,9 +3,11 @@
 resharding), ``TestFullyShard1DTrainingCore.test_train_parity_single_group`` (root only, uneven dim 0s, an empty
 shard on rank 1) and ``test_train_parity_multi_group`` (per layer + root, with and without
 ``reshard_after_forward``, explicit forward / backward prefetch and ``unshard(async_op=True)``),
-``TestFullyShardGradientAccumulation`` (``set_requires_gradient_sync(False)``, ``set_reshard_after_backward``),
-``TestFullyShardHSDPTraining`` (a 2x2 mesh: reduce-scatter on dim 1, all-reduce on dim 0), and the collective
-counts of test_fully_shard_comm.py's ``TestFullyShardCollectiveOps`` (one all-gather and one reduce-scatter per
+``test_train_parity_with_activation_checkpointing`` (a checkpointed layer recomputed in backward),
+``TestFullyShardGradientAccumulation`` (``set_requires_gradient_sync(False)``, ``set_reshard_after_backward``,
+HSDP's ``set_requires_all_reduce(False)``), ``TestFullyShardHSDPTraining`` (a 2x2 mesh: reduce-scatter on dim 1,
+all-reduce on dim 0), ``CPUOffloadPolicy`` (its offload parity, on a CPU mesh), and the collective counts of
+test_fully_shard_comm.py's ``TestFullyShardCollectiveOps`` (one all-gather and one reduce-scatter per
 group). Torch's ``fully_shard`` runs on a gloo group in the same ranks; every step the loss, every gradient
 (``full_tensor`` and the local shard) and every parameter after ``Adam(foreach=False)`` must be bit-identical.
 Memory (``test_memory_is_shards_plus_largest_gathered_module``) sums the bytes of live tensors (``gc``, storages
@@ -36,8 +38,19 @@ class Net(nn.Module):
         self.lin0, self.lin1, self.head = nn.Linear(5, 7), nn.Linear(7, 3), nn.Linear(3, 3)
         self.scale = nn.Parameter(torch.full((1,), 0.5))
 
+    checkpoint_lin1 = False
+
     def forward(self, x):
-        return self.head(torch.tanh(self.lin1(torch.relu(self.lin0(x))))) * self.scale
+        h = torch.relu(self.lin0(x))
+        if self.checkpoint_lin1:  # recomputed in backward: FSDP's hooks run again in PRE_BACKWARD
+            h = torch.utils.checkpoint.checkpoint(self.lin1, h, use_reentrant=False)
+        else:
+            h = self.lin1(h)
+        return self.head(torch.tanh(h)) * self.scale
+
+
+class CheckpointedNet(Net):
+    checkpoint_lin1 = True
 
 
 def _per_layer(model, fully_shard, mesh, reshard_after_forward=True, **kwargs):
@@ -59,10 +72,13 @@ CONFIGS = {  # name: (shard, mp policy fields, micro-batches per step, extra)
     "grad_acc_bf16_keep_unsharded": (_per_layer, {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}, 2,
                                      "keep_unsharded"),
     "explicit_prefetch": (_per_layer, None, 1, "prefetch"),
+    "activation_checkpointing": (_per_layer, None, 1, "checkpoint"),
+    "cpu_offload_policy": (_per_layer, None, 1, {"offload": {"pin_memory": False}}),  # CPU mesh: nothing moves
+    "hsdp_all_reduce_on_last_micro_batch": (_per_layer, None, 2, "all_reduce_on_last"),
     "control_ours_reduce_bf16": (_per_layer, {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}, 1,
-                                 {"param_dtype": torch.bfloat16, "reduce_dtype": torch.bfloat16}),
+                                 {"mp_ours": {"param_dtype": torch.bfloat16, "reduce_dtype": torch.bfloat16}}),
 }
-HSDP_CONFIGS = ("per_layer_reshard", "grad_acc_bf16_keep_unsharded")
+HSDP_CONFIGS = ("per_layer_reshard", "grad_acc_bf16_keep_unsharded", "hsdp_all_reduce_on_last_micro_batch")
 
 
 def _batch(rank, step, micro):
@@ -75,8 +91,8 @@ def _types(model):
 
 def _train(rank, name, shape, names, steps=2):
     shard, mp, micro, extra = CONFIGS[name]
-    control = {"mp_ours": extra} if isinstance(extra, dict) else {}
-    theirs, ours = side_by_side(Net, shard, shape, names, mp=mp, **control)
+    theirs, ours = side_by_side(CheckpointedNet if extra == "checkpoint" else Net, shard, shape, names, mp=mp,
+                                **(extra if isinstance(extra, dict) else {}))
     cmp = Compare(f"{name} rank {rank}")
     opts = [torch.optim.Adam(m.parameters(), lr=1e-2, foreach=False) for m in (theirs, ours)]
     if extra == "prefetch":
@@ -89,7 +105,9 @@ def _train(rank, name, shape, names, steps=2):
             last = mb == micro - 1
             x = _batch(rank, step, mb)
             for m in (theirs, ours):
-                if micro > 1:
+                if extra == "all_reduce_on_last":  # HSDP: reduce-scatter every micro-batch, all-reduce the last
+                    m.set_requires_all_reduce(last)
+                elif micro > 1:
                     m.set_requires_gradient_sync(last)
                     if extra == "keep_unsharded":
                         m.set_reshard_after_backward(last)
@@ -156,7 +174,8 @@ def _counts(rank, world):
 
 @pytest.fixture(scope="module")
 def parity():
-    return run_ranks(_parity, 2, list(CONFIGS), (2,), None, backend=None, timeout=240)
+    return run_ranks(_parity, 2, [c for c in CONFIGS if not c.startswith("hsdp")], (2,), None, backend=None,
+                     timeout=240)
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +183,7 @@ def hsdp_parity():
     return run_ranks(_parity, 4, list(HSDP_CONFIGS), (2, 2), ("replicate", "shard"), backend=None, timeout=300)
 
 
-@pytest.mark.parametrize("config", [c for c in CONFIGS if not c.startswith("control")])
+@pytest.mark.parametrize("config", [c for c in CONFIGS if not c.startswith(("control", "hsdp"))])
 def test_train_parity_matches_torch_fully_shard(parity, config):
     for fails, count in (r[config] for r in parity):
         assert count > 20 and not fails, fails[:5]

@@ -174,8 +174,9 @@ class FSDPParamGroup:
         logger.debug("%s", self._with_fqn("FSDP::post_forward"))
         if not is_bw():  # a checkpointed forward re-run in backward does not reshard or reorder
             self.reshard()
-            self._post_forward_indices.append(len(self.comm_ctx.post_forward_order))
-            self.comm_ctx.post_forward_order.append(self)
+            if torch.is_grad_enabled():  # the order backward prefetches by (no backward follows a no_grad forward)
+                self._post_forward_indices.append(len(self.comm_ctx.post_forward_order))
+                self.comm_ctx.post_forward_order.append(self)
         self._training_state = TrainingState.IDLE
         return output
 
