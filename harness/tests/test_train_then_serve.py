@@ -137,17 +137,32 @@ def test_an_unwritable_out_and_an_unknown_trainer_are_refused(tmp_path, capsys):
     assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
-def test_the_default_command_in_reduced_form(corpus, tmp_path, capsys):
+# The default command with fewer steps and a checkpoint every 4: run once, in this process, it is the test of the
+# defaults and the uninterrupted run the Ctrl-C test's resumed run must end at.
+COMMON = ["--steps", "16", "--save-steps", "4", "--lr", "1e-2", "--max-new-tokens", "2"]
+
+
+@pytest.fixture(scope="module")
+def default_run(corpus, tmp_path_factory) -> tuple[Path, str]:
+    import contextlib
+    import io
+
+    out, printed = tmp_path_factory.mktemp("whole"), io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["--corpus", str(corpus), "--out", str(out), *COMMON]) == 0
+    return out, printed.getvalue()
+
+
+def test_the_default_command_in_reduced_form(default_run):
     """``train-then-serve`` with its defaults (hf-lite Trainer + torch DDP on 2 ranks), fewer steps."""
-    assert main(["--corpus", str(corpus), "--out", str(tmp_path), "--steps", "8", "--lr", "1e-2"]) == 0
-    printed = capsys.readouterr().out
+    out, printed = default_run
     assert "hf-lite on 2 rank(s)" in printed and "=== generations" in printed and "=== summary ===" in printed
     first, last = map(float, printed.split("\nloss ")[1].split(" (perplexity")[0].split(" -> "))
     assert last < first  # the loss fell
     for prompt in serve.PROMPTS:
         assert f"--- prompt: {prompt!r}" in printed
-    assert _greedy_paged(tmp_path / "checkpoint", serve.PROMPTS[:2], 6) == _greedy_transformers(
-        tmp_path / "checkpoint", serve.PROMPTS[:2], 6
+    assert _greedy_paged(out / "checkpoint", serve.PROMPTS[:2], 6) == _greedy_transformers(
+        out / "checkpoint", serve.PROMPTS[:2], 6
     )
 
 
@@ -175,7 +190,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_ctrl_c_after_a_checkpoint_then_resume_ends_where_the_uninterrupted_run_does(corpus, tmp_path):
+def test_ctrl_c_after_a_checkpoint_then_resume_ends_where_the_uninterrupted_run_does(corpus, default_run, tmp_path):
     import signal
     import subprocess
     import sys
@@ -183,10 +198,9 @@ def test_ctrl_c_after_a_checkpoint_then_resume_ends_where_the_uninterrupted_run_
 
     from safetensors.torch import load_file
 
-    common = ["--corpus", str(corpus), "--steps", "16", "--save-steps", "4", "--lr", "1e-2", "--max-new-tokens", "2"]
+    common = ["--corpus", str(corpus), *COMMON]
     cmd = [sys.executable, "-m", "harness.pipelines.train_then_serve"]
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    subprocess.run(cmd + common + ["--out", str(whole)], check=True, capture_output=True, timeout=600)
+    whole, cut = default_run[0], tmp_path / "cut"
     proc = subprocess.Popen(cmd + common + ["--out", str(cut)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 300
     while not list((cut / "hf_lite_trainer").glob("checkpoint-*")):

@@ -62,9 +62,17 @@ def test_subpackages_are_reachable_after_import_as_in_deepspeed():
     names = ["checkpointing.checkpoint", "zero.Init", "zero.GatheredParameters", "pipe.PipelineModule",
              "runtime.utils.set_random_seed", "utils.RepeatingLoader", "ops.adam.DeepSpeedCPUAdam",
              "init_distributed", "add_config_arguments", "PipelineModule"]
-    code = ("import functools, sys\nimport {lib}\n"
-            "for n in sys.argv[1:]: functools.reduce(getattr, n.split('.'), {lib})\n")
-    for lib in ("ds_zero", "deepspeed"):
-        proc = subprocess.run([sys.executable, "-c", code.format(lib=lib), *names], capture_output=True, text=True,
-                              timeout=120)
-        assert proc.returncode == 0, f"{lib}: {proc.stderr[-2000:]}"
+    # One interpreter for both: ds_zero first (it imports no deepspeed), then deepspeed; each name is looked up
+    # right after its own package's import, before anything else could have imported its subpackages.
+    code = ("import functools, importlib, sys\n"
+            "for lib in ('ds_zero', 'deepspeed'):\n"
+            "    mod = importlib.import_module(lib)\n"
+            "    for n in sys.argv[1:]:\n"
+            "        try:\n"
+            "            functools.reduce(getattr, n.split('.'), mod)\n"
+            "        except AttributeError as e:\n"
+            "            sys.exit(f'{lib}.{n}: {e}')\n"
+            "    print('REACHED', lib)\n")
+    proc = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n").count("REACHED ds_zero") == 1 and "REACHED deepspeed" in proc.stdout

@@ -209,6 +209,7 @@ with socket.socket() as s:
     port = s.getsockname()[1]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 import deepspeed, ds_zero
+deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # plain gloo: its shm all-reduce is a C++ build
 for impl in (deepspeed, ds_zero):
     with impl.zero.Init():
         default = torch.nn.Linear(4, 4)

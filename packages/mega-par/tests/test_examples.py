@@ -14,9 +14,12 @@ layout reproduces another's losses with dropout on.
 """
 
 import hashlib
+import json
 import os
 import pathlib
+import random
 import re
+import socket
 import subprocess
 import sys
 
@@ -65,16 +68,53 @@ def test_example_is_upstream_but_for_the_listed_lines():
         != UPSTREAM_SHA256
 
 
-def _torchrun(script: pathlib.Path, cwd: pathlib.Path, tp: int, pp: int) -> list[str]:
-    """``torchrun --standalone --nproc-per-node 2 script`` in ``cwd``; each rank's stdout, by rank."""
-    logs = cwd / "logs"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MEGA_PAR_EXAMPLE_TP": str(tp), "MEGA_PAR_EXAMPLE_PP": str(pp)}
+# The three runs in one torchrun, one after another in the same 2 ranks: each is the file's own ``__main__``
+# (runpy), with the layout in the environment, from its own directory. Each run's init_process_group hosts a fresh
+# store on rank 0 at a port of its own: re-initialising on torchrun's agent store would meet the last run's keys
+# (torch's group names restart at 0 after destroy_process_group, and gloo would dial the last run's closed
+# listeners: "Connection closed by peer").
+DRIVER = """
+import contextlib, json, os, runpy, sys
+import torch.distributed as dist
+
+os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+for run in json.loads(sys.argv[1]):
+    os.environ.update(MEGA_PAR_EXAMPLE_TP=str(run["tp"]), MEGA_PAR_EXAMPLE_PP=str(run["pp"]),
+                      MASTER_PORT=str(run["port"]))
+    os.chdir(run["cwd"])
+    with open(f"stdout.{os.environ['RANK']}.log", "w") as out, contextlib.redirect_stdout(out):
+        runpy.run_path(run["script"], run_name="__main__")
+    dist.destroy_process_group()
+"""
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports below the kernel's ephemeral range (no socket bound to port 0 can take one first)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = random.randint(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def _torchrun(root: pathlib.Path, runs: list[dict]) -> dict[str, list[str]]:
+    """``torchrun --standalone --nproc-per-node 2`` of the driver over ``runs``; each run's stdout, by rank."""
+    (root / "driver.py").write_text(DRIVER)
+    for run, port in zip(runs, _free_ports(len(runs))):
+        run["port"] = port
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "--log-dir", str(logs), "--redirects", "3", str(script)]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    outs = [next(logs.glob(f"*/attempt_0/{rank}/stdout.log")).read_text() for rank in range(2)]
-    assert proc.returncode == 0, proc.stderr[-4000:] + "\n".join(outs)
-    return outs
+           str(root / "driver.py"), json.dumps(runs)]
+    proc = subprocess.run(cmd, cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return {run["name"]: [(pathlib.Path(run["cwd"]) / f"stdout.{rank}.log").read_text() for rank in range(2)]
+            for run in runs}
 
 
 def _printed_losses(stdout: str) -> list[list[float]]:
@@ -84,10 +124,11 @@ def _printed_losses(stdout: str) -> list[list[float]]:
     return [[float(x) for x in re.findall(r"'lm loss': tensor\(([-+0-9.e]+)", rest)] for _, rest in rows]
 
 
-def _reference(rank, world, ckpt_dirs, dropout):
-    """The unsharded model (TP=1 PP=1, one process) built as the script builds it, on the script's batches:
-    the losses with the weights frozen (what the script's Adam does) and with Adam stepping on real gradients;
-    and every checkpoint the script saved, loaded at TP=1 into a model of another seed, against the initial one."""
+def _reference(rank, world, ckpt_dirs):
+    """The unsharded model (TP=1 PP=1, one process) built as the script builds it, on the script's batches, with
+    its dropout and without (the key): the losses with the weights frozen (what the script's Adam does) and with
+    Adam stepping on real gradients; and every checkpoint the script saved, loaded at TP=1 into a model of another
+    seed, against the initial one (``ckpt_dirs``: run name -> (directory, saved with dropout))."""
     import torch
     from mega_par import dist_checkpointing, parallel_state
     from mega_par.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
@@ -103,7 +144,7 @@ def _reference(rank, world, ckpt_dirs, dropout):
     parallel_state.initialize_model_parallel(1, 1)
     seq = 64
 
-    def build(seed):
+    def build(seed, dropout):
         model_parallel_cuda_manual_seed(123)
         torch.manual_seed(seed)
         drop = {} if dropout else {"hidden_dropout": 0.0, "attention_dropout": 0.0}
@@ -120,8 +161,8 @@ def _reference(rank, world, ckpt_dirs, dropout):
         train = BlendedMegatronDatasetBuilder(MockGPTDataset, [1000, None, None], lambda: True, config).build()[0]
         return iter(DataLoader(train, batch_size=8, shuffle=True))
 
-    def losses(step_adam: bool):
-        model = build(123)
+    def losses(step_adam: bool, dropout: bool):
+        model = build(123, dropout)
         init = {k: v.detach().clone() for k, v in model.state_dict().items()}
         optim = torch.optim.Adam(model.parameters())
         it, out = batches(), []
@@ -137,17 +178,22 @@ def _reference(rank, world, ckpt_dirs, dropout):
             out.append(loss.item())
         return out, init
 
-    frozen, init = losses(False)
-    trained, _ = losses(True)
-    loaded = {}
-    for name, path in ckpt_dirs.items():
-        model = build(7)
-        fresh_diff = max((v - init[k]).abs().max().item() for k, v in model.state_dict().items())
-        model.load_state_dict(dist_checkpointing.load(sharded_state_dict=model.sharded_state_dict(prefix=""),
-                                                      checkpoint_dir=path))
-        loaded[name] = (fresh_diff, max((v - init[k]).abs().max().item() for k, v in model.state_dict().items()))
+    out = {}
+    for dropout in (True, False):
+        frozen, init = losses(False, dropout)
+        trained, _ = losses(True, dropout)
+        loaded = {}
+        for name, (path, with_dropout) in ckpt_dirs.items():
+            if with_dropout != dropout:
+                continue
+            model = build(7, dropout)
+            fresh_diff = max((v - init[k]).abs().max().item() for k, v in model.state_dict().items())
+            model.load_state_dict(dist_checkpointing.load(sharded_state_dict=model.sharded_state_dict(prefix=""),
+                                                          checkpoint_dir=path))
+            loaded[name] = (fresh_diff, max((v - init[k]).abs().max().item() for k, v in model.state_dict().items()))
+        out[dropout] = {"frozen": frozen, "trained": trained, "loaded": loaded}
     parallel_state.destroy_model_parallel()
-    return {"frozen": frozen, "trained": trained, "loaded": loaded}
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -158,14 +204,16 @@ def runs(tmp_path_factory):
     text = EXAMPLE.read_text()
     assert text.count(NO_DROPOUT[0]) == 1
     no_dropout.write_text(text.replace(*NO_DROPOUT))
-    out, ckpts = {}, {}
-    for name, script, tp, pp in (("printed_tp2", EXAMPLE, 2, 1), ("tp2", no_dropout, 2, 1), ("pp2", no_dropout, 1, 2)):
-        (root / name).mkdir()
-        out[name] = _torchrun(script, root / name, tp, pp)
-        ckpts[name] = str(root / name / "ckpt")  # the script's os.getcwd() + "/ckpt"
-    with_dropout = run_ranks(_reference, 1, {"printed_tp2": ckpts["printed_tp2"]}, True, backend="gloo")[0]
-    without = run_ranks(_reference, 1, {k: ckpts[k] for k in ("tp2", "pp2")}, False, backend="gloo")[0]
-    return out, with_dropout, without
+    runs = [{"name": name, "script": str(script), "tp": tp, "pp": pp, "cwd": str(root / name)}
+            for name, script, tp, pp in (("printed_tp2", EXAMPLE, 2, 1), ("tp2", no_dropout, 2, 1),
+                                         ("pp2", no_dropout, 1, 2))]
+    for run in runs:
+        pathlib.Path(run["cwd"]).mkdir()
+    out = _torchrun(root, runs)
+    # each script saved to its os.getcwd() + "/ckpt"
+    ckpts = {run["name"]: (run["cwd"] + "/ckpt", run["name"] == "printed_tp2") for run in runs}
+    ref = run_ranks(_reference, 1, ckpts, backend="gloo")[0]
+    return out, ref[True], ref[False]
 
 
 def _check_checkpoint(ref, name):

@@ -200,9 +200,9 @@ FSDP_OTHER = [  # (here, upstream, count): the header's CUDA-only and data lines
 FSDP_BACKEND = '    dist.init_process_group("gloo", rank=rank, world_size=world_size)\n'
 FSDP_ARGV = ["--epochs", "2", "--batch-size", "32", "--test-batch-size", "32", "--save-model"]
 
-# The other variants in one mp.spawn, one after another, as the page's fsdp_main(rank, world_size, args): the
-# script's own __main__ block (argparse, then mp.spawn) is run by the drop-in's own run. Each variant starts from
-# torch's default seed, as the page's spawned ranks do (its torch.manual_seed runs in the parent only).
+# The four variants in one mp.spawn, one after another, as the page's fsdp_main(rank, world_size, args) (its
+# __main__ block is argparse and mp.spawn of that function). Each variant starts from torch's default seed, as the
+# page's spawned ranks do (its torch.manual_seed runs in the parent only).
 FSDP_JOB = """
 import argparse, contextlib, gc, io, json, os, runpy, sys
 import torch
@@ -225,7 +225,7 @@ def _rank(rank, plan, out_dir, barrier):
             g["fsdp_main"](rank, 2, args)
         results[run["name"]] = buf.getvalue()
         del g
-        gc.collect()  # after a pt_shm run torch's store kept port 12355 until collected (see the report)
+        gc.collect()  # a destroyed pt-dist world's store keeps its port until collected (see the README)
     json.dump(results, open(os.path.join(out_dir, f"rank{rank}.json"), "w"))
 
 
