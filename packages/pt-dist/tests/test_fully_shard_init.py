@@ -74,6 +74,11 @@ def _bad_inputs(torch_mesh, our_mesh):
     t3, o3 = meshes((2, 1, 1))
     t2, o2 = meshes((2, 1))
 
+    from pt_dist.device_mesh import DeviceMesh as OurMesh
+    from torch.distributed.device_mesh import DeviceMesh as TorchMesh
+
+    t_rank0, o_rank0 = TorchMesh("cpu", [0]), OurMesh("cpu", [0])  # every rank builds it; rank 1 is not in it
+
     def twice(lib, mesh):
         m = nn.Linear(2, 2)
         lib.fully_shard(m, mesh=mesh)
@@ -96,6 +101,8 @@ def _bad_inputs(torch_mesh, our_mesh):
         "mesh_3d": (lambda lib, mesh: lib.fully_shard(nn.Linear(2, 2), mesh=mesh), t3, o3),
         "mesh_2d_without_names": (lambda lib, mesh: lib.fully_shard(nn.Linear(2, 2), mesh=mesh), t2, o2),
         "fully_shard_twice": (twice, torch_mesh, our_mesh),
+        "mesh_without_this_rank": (lambda lib, mesh: lib.fully_shard(nn.Linear(2, 2), mesh=mesh)
+                                   if dist.get_rank() == 1 else None, t_rank0, o_rank0),
         "mp_policy_not_a_policy": (lambda lib, mesh: lib.fully_shard(nn.Linear(2, 2), mesh=mesh, mp_policy="bf16"),
                                    torch_mesh, our_mesh),
         "param_dtype_not_a_dtype": (lambda lib, mesh: lib.fully_shard(
@@ -155,11 +162,12 @@ def test_class_swap_and_registration_as_torch(init):
         assert ours["resharded"] == theirs["resharded"] == ["DTensor"] * 4
 
 
-# ours raises where torch fails later or not at all (named: torch's type then)
+# ours raises where torch fails later or not at all (torch: AttributeError, None, None, IndexError)
 OURS_STRICTER = {"mesh_is_a_process_group": "TypeError", "param_dtype_not_a_dtype": "TypeError",
-                 "offload_policy_fsdp1_cpuoffload": "TypeError"}
+                 "offload_policy_fsdp1_cpuoffload": "TypeError", "mesh_without_this_rank": "ValueError"}
 NAMED = {"mesh_is_a_process_group": "ProcessGroup", "mesh_3d": "1D or 2D", "mesh_2d_without_names": "mesh_dim_names",
-         "fully_shard_twice": "already been applied", "mp_policy_not_a_policy": "'bf16'",
+         "fully_shard_twice": "already been applied", "mesh_without_this_rank": "is not in the mesh",
+         "mp_policy_not_a_policy": "'bf16'",
          "param_dtype_not_a_dtype": "'bf16'", "offload_policy_fsdp1_cpuoffload": "CPUOffload(",
          "reshard_after_forward_str": "yes", "reshard_after_forward_not_a_factor": "not 3",
          "module_list_without_forward": "ModuleList", "scalar_parameter": "scalar parameters",
@@ -168,7 +176,9 @@ NAMED = {"mesh_is_a_process_group": "ProcessGroup", "mesh_3d": "1D or 2D", "mesh
 
 @pytest.mark.parametrize("case", list(NAMED))
 def test_bad_input_raises_naming_the_value(init, case):
-    for _, bad in init:
+    for rank, (_, bad) in enumerate(init):
+        if case == "mesh_without_this_rank" and rank == 0:
+            continue  # only rank 1 is outside the mesh
         (torch_type, _), (our_type, our_msg) = bad[case]
         assert our_type == OURS_STRICTER.get(case, torch_type) and our_type is not None, (case, bad[case])
         assert NAMED[case] in our_msg, (case, our_msg)

@@ -30,6 +30,9 @@ def _validate_mesh(mesh) -> None:
     if not isinstance(mesh, DeviceMesh):
         raise TypeError(f"fully_shard: mesh must be a pt_dist.device_mesh.DeviceMesh (init_device_mesh), got "
                         f"{type(mesh).__module__}.{type(mesh).__name__}: {mesh!r}")
+    if mesh.get_coordinate() is None:
+        raise ValueError(f"fully_shard: this rank ({c10d.get_rank()}) is not in the mesh {mesh} (ranks "
+                         f"{mesh.mesh.flatten().tolist()})")
     if mesh.ndim not in (1, 2):
         raise ValueError(f"fully_shard expects a 1D or 2D DeviceMesh but got {mesh}")
     if mesh.ndim == 2 and mesh.mesh_dim_names is None:
