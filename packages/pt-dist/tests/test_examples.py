@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -20,34 +19,8 @@ import sys
 import pytest
 import torch
 
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
-MARK = "# pt-dist drop-in <<<\n"
-
-
-def _swap(text: str, pairs, what: str) -> str:
-    """Replace each ``(ours, theirs)`` in the body (after the header), each the stated number of times."""
-    head, body = text.split(MARK, 1)
-    for ours, theirs, count in pairs:
-        assert body.count(ours) == count, f"{what}: {ours!r} should appear {count} times"
-        body = body.replace(ours, theirs)
-    return head + MARK + body
-
-
-def _upstream_sha(text: str) -> str:
-    return hashlib.sha256(text.split(MARK, 1)[1].encode()).hexdigest()
-
-
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONWARNINGS"] = "ignore::UserWarning"  # pin_memory without an accelerator
-    return env
-
-
-def _check(proc):
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from examples_testutil import EXAMPLES, MARK, _check, _env, _swap, _upstream_sha  # noqa: E402
 
 # ---------------------------------------------------------------- pytorch/examples ddp-tutorial-series
 DDP_DIR = EXAMPLES / "ddp-tutorial-series"
