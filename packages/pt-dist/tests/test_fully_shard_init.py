@@ -3,7 +3,9 @@
 placements, equal torch's), ``TestFullyShardMeshArg`` (3-D mesh, 2-D mesh without names),
 ``TestFullyShardManagedModulesAndStates`` / ``TestFullyShardParamModuleInfos`` (which modules, parameters and
 tied-parameter registrations a call manages, equal torch's helpers' answers), the ``FSDP<Class>`` class swap
-(names, MRO, ``__new__`` for container slicing, deepcopy refused) and ``unshard`` / ``reshard`` registration,
+(names, MRO, ``__new__`` for container slicing, deepcopy refused), ``unshard`` / ``reshard`` registration, and
+``TestFullyShardMetaDeviceInit`` with test_fully_shard_clip_grad_norm_.py (meta init, ``to_empty``,
+``reset_parameters``, the default mesh, ``clip_grad_norm_``: two steps bit-identical, the state dicts alike),
 side by side with torch's ``fully_shard`` on gloo in the same ranks. Bad input raises naming the value, with the
 exception type torch raises where torch raises at all."""
 
@@ -21,7 +23,7 @@ from torch import nn
 from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_fully_shard_common import meshes, two_worlds  # noqa: E402
+from test_fully_shard_common import Compare, meshes, two_worlds  # noqa: E402
 
 
 class Net(nn.Module):
@@ -132,10 +134,69 @@ def _bad_inputs(torch_mesh, our_mesh):
     return out
 
 
+class Layers(nn.Module):
+    """pytorch/examples' FSDP2 flow in small: built on meta, layers in a ModuleList, ``reset_parameters``."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(6, 6) for _ in range(3)])
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return self.out(x)
+
+    def reset_parameters(self):
+        for m in (*self.layers, self.out):
+            m.reset_parameters()
+
+
+def _meta_init_train(rank):
+    """Meta-device init, ``fully_shard`` on the default mesh, ``to_empty`` + ``reset_parameters`` (on the DTensor
+    shards), ``unshard()`` before forward, ``clip_grad_norm_`` over the DTensor gradients, default Adam; then the
+    sharded state dict's keys, types and shapes."""
+    import pt_dist.fsdp as of
+    import torch.distributed.fsdp as tf
+
+    models = []
+    for lib in (tf, of):
+        with torch.device("meta"):
+            model = Layers()
+        for layer in model.layers:
+            lib.fully_shard(layer)
+        lib.fully_shard(model)
+        model.to_empty(device="cpu")
+        torch.manual_seed(0)
+        model.reset_parameters()
+        models.append(model)
+    cmp = Compare(f"meta init rank {rank}")
+    opts = [torch.optim.Adam(m.parameters(), lr=1e-2) for m in models]
+    for step in range(2):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank * 10 + step))
+        got = []
+        for model in models:
+            model.unshard()
+            loss = model(x).sum()
+            loss.backward()
+            got.append((loss, torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0).full_tensor()))
+        cmp.eq(f"step {step} loss", got[0][0], got[1][0])
+        cmp.eq(f"step {step} total grad norm", got[0][1], got[1][1])
+        cmp.grads(step, *models)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+        cmp.params(step, *models)
+    state_dicts = [{k: (type(v).__name__, tuple(v.shape), str(v.placements)) for k, v in m.state_dict().items()}
+                   for m in models]
+    cmp.eq("state_dict", *state_dicts)
+    return cmp.result()
+
+
 def _init(rank, world):
     with two_worlds(rank, world, "fs_init"):
         torch_mesh, our_mesh = meshes((world,))
-        return _shards(rank, torch_mesh, our_mesh), _bad_inputs(torch_mesh, our_mesh)
+        return _shards(rank, torch_mesh, our_mesh), _bad_inputs(torch_mesh, our_mesh), _meta_init_train(rank)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +205,7 @@ def init():
 
 
 def test_sharded_parameters_equal_torchs(init):
-    for rank, ((theirs, ours), _) in enumerate(init):
+    for rank, ((theirs, ours), _, _) in enumerate(init):
         for name in ("lin.weight", "lin.bias", "scale", "table"):
             assert ours[name] == theirs[name], name
             assert ours[name][0] == "DTensor" and ours[name][4]  # full_tensor() is the original parameter
@@ -152,7 +213,7 @@ def test_sharded_parameters_equal_torchs(init):
 
 
 def test_class_swap_and_registration_as_torch(init):
-    for (theirs, ours), _ in init:
+    for (theirs, ours), _, _ in init:
         assert ours["classes"] == theirs["classes"]
         assert ours["classes"][:2] == (["FSDPNet", "FSDPModule", "Net", "Module", "object"],
                                        ["FSDPLinear", "FSDPModule", "Linear", "Module", "object"])
@@ -176,12 +237,17 @@ NAMED = {"mesh_is_a_process_group": "ProcessGroup", "mesh_3d": "1D or 2D", "mesh
 
 @pytest.mark.parametrize("case", list(NAMED))
 def test_bad_input_raises_naming_the_value(init, case):
-    for rank, (_, bad) in enumerate(init):
+    for rank, (_, bad, _) in enumerate(init):
         if case == "mesh_without_this_rank" and rank == 0:
             continue  # only rank 1 is outside the mesh
         (torch_type, _), (our_type, our_msg) = bad[case]
         assert our_type == OURS_STRICTER.get(case, torch_type) and our_type is not None, (case, bad[case])
         assert NAMED[case] in our_msg, (case, our_msg)
+
+
+def test_meta_device_init_to_empty_and_clip_grad_norm_match_torch(init):
+    for _, _, (fails, count) in init:
+        assert count > 50 and not fails, fails[:5]
 
 
 def test_managed_modules_states_and_param_infos_equal_torchs():
