@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as torch_dcp
 from pt_dist import checkpoint as dcp
 from pt_dist.checkpoint import filesystem as fs
 from pt_dist.device_mesh import init_device_mesh
@@ -172,6 +171,8 @@ def test_a_missing_or_corrupt_shard_is_an_error_naming_the_file_on_every_rank(tm
 
 def _kill_during_save(rank, world, root, where):
     """Save A, then in a forked child save B and SIGKILL the child at ``where``; report what loads after."""
+    import torch.distributed.checkpoint as torch_dcp  # (here: the other ranks' processes need not import it)
+
     first = {"w": torch.arange(6.0), "tag": "A"}
     dcp.save(first, checkpoint_id=root, no_dist=True)
     pid = os.fork()

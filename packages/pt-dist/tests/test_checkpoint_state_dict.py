@@ -92,8 +92,8 @@ def _same(a: dict, b: dict, path="") -> list:
 
 
 def _local(v):
-    """This rank's rows: a DTensor's local tensor, a ShardedTensor's one local shard."""
-    if isinstance(v, DTensor):
+    """This rank's rows: a DTensor's local tensor (pt_dist's or torch's), a ShardedTensor's one local shard."""
+    if isinstance(v, DTensor) or hasattr(v, "to_local"):
         return v.to_local()
     if hasattr(v, "local_shards"):
         return v.local_shards()[0].tensor
@@ -237,3 +237,85 @@ def test_state_dicts_match_torchs_and_checkpoints_cross_implementations_and_worl
     assert torch.allclose(fsdp_out, results[0]["ddp output"], atol=1e-6)  # DDP (2 ranks) -> FSDP1 (1 rank)
     assert torch.allclose(plain_out, results[0]["fsdp output"], atol=1e-6)  # FSDP1 (2 ranks) -> plain module
     assert optim_keys == sorted(n for n, p in _net().named_parameters())
+
+
+def _fully_shard(model, shard):
+    for layer in (model[0], model[2][0], model[3]):
+        shard(layer)
+    return shard(model)
+
+
+def _fsdp2_side_by_side(rank, world, root):
+    import torch.distributed.checkpoint as torch_dcp
+    from pt_dist.fsdp import fully_shard
+    from torch.distributed.checkpoint import state_dict as tsd
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    store = _both_worlds(rank, world)
+    out = {}
+    try:
+        theirs, ours = _fully_shard(_net(), torch_fully_shard), _fully_shard(_net(), fully_shard)
+        opt_t, opt_o = (torch.optim.Adam(m.parameters(), lr=1e-2) for m in (theirs, ours))
+        _train(theirs, opt_t, rank)
+        _train(ours, opt_o, rank)
+        t_msd, t_osd = tsd.get_state_dict(theirs, opt_t)
+        o_msd, o_osd = get_state_dict(ours, opt_o)
+        local = {k: _local(v) for k, v in o_msd.items()}
+        out["types"] = sorted({type(v).__name__ for v in o_msd.values()})
+        out["diff"] = (_same({k: _local(v) for k, v in t_msd.items()}, local)
+                       + _same({k: {n: _local(x) for n, x in s.items()} for k, s in t_osd["state"].items()},
+                               {k: {n: _local(x) for n, x in s.items()} for k, s in o_osd["state"].items()}))
+        out["sizes"] = (len(local), len(o_osd["state"]))
+        out["output"] = _out(ours)
+        dcp.save({"model": o_msd, "optim": o_osd}, checkpoint_id=f"{root}/fsdp2")
+        # torch's fully_shard reads it (torch's dcp.load + set_state_dict) and takes the same next step
+        torch_fresh = _fully_shard(nn.Sequential(*_net()), torch_fully_shard)
+        torch_opt = torch.optim.Adam(torch_fresh.parameters(), lr=1e-2)
+        tm, to = tsd.get_state_dict(torch_fresh, torch_opt)
+        torch_dcp.load({"model": tm, "optim": to}, checkpoint_id=f"{root}/fsdp2")
+        tsd.set_state_dict(torch_fresh, torch_opt, model_state_dict=tm, optim_state_dict=to)
+        # the example's way back: full state on rank 0 (cpu_offload), broadcast_from_rank0 into a fresh model
+        offload = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full_m, full_o = get_model_state_dict(ours, options=offload), get_optimizer_state_dict(ours, opt_o,
+                                                                                                options=offload)
+        out["rank 0 only"] = (len(full_m), len(full_o))
+        torch.manual_seed(3)
+        again = _fully_shard(nn.Sequential(nn.Linear(6, 7), nn.ReLU(), nn.Sequential(nn.Linear(7, 5), nn.Tanh()),
+                                           nn.Linear(5, 3)), fully_shard)
+        again_opt = torch.optim.Adam(again.parameters(), lr=1e-2)
+        bcast = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(again, full_m, options=bcast)
+        set_optimizer_state_dict(again, again_opt, full_o, options=bcast)
+        for model, optim in ((torch_fresh, torch_opt), (ours, opt_o), (again, again_opt)):
+            _train(model, optim, rank, 1)
+        out["next step"] = [_out(m) for m in (torch_fresh, ours, again)]
+        return out
+    finally:
+        leave()
+        dist.destroy_process_group()
+        del store
+
+
+def _fsdp2_into_plain(rank, world, root):
+    join(rank, 1, "tcp", timeout=60, key="cksd_plain")
+    try:
+        plain = _net()
+        plain_opt = torch.optim.Adam(plain.parameters(), lr=1e-2)
+        msd, osd = get_state_dict(plain, plain_opt)
+        dcp.load({"model": msd, "optim": osd}, checkpoint_id=f"{root}/fsdp2")
+        set_state_dict(plain, plain_opt, model_state_dict=msd, optim_state_dict=osd)
+        return _out(plain)
+    finally:
+        leave()
+
+
+def test_fully_shard_state_dicts_match_torchs_and_load_into_torch_and_into_a_plain_module(tmp_path):
+    results = run_ranks(_fsdp2_side_by_side, 2, str(tmp_path), backend=None, timeout=240)
+    for out in results:
+        assert out["types"] == ["DTensor"] and out["sizes"] == (6, 6)
+        assert out["diff"] == [], out["diff"]  # each rank's rows of every parameter and Adam state, as torch's
+        torch_next, ours_next, again_next = out["next step"]
+        assert torch.allclose(torch_next, ours_next, atol=1e-5) and torch.allclose(again_next, ours_next, atol=1e-6)
+    assert results[0]["rank 0 only"][0] == 6 and results[1]["rank 0 only"] == (0, 0)
+    [plain_out] = run_ranks(_fsdp2_into_plain, 1, str(tmp_path), backend=None, timeout=120)
+    assert torch.allclose(plain_out, results[0]["output"], atol=1e-6)  # fully_shard (2 ranks) -> plain module

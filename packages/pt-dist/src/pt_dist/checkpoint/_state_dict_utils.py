@@ -62,18 +62,20 @@ def _local_block(full: torch.Tensor, like):
     local = full
     for dim, (size, offset) in enumerate(zip(sizes, offsets)):
         local = local.narrow(dim, min(offset, full.size(dim)), size)
-    local = local.to(device=like.to_local().device, dtype=like.dtype).contiguous()
+    local = local.to(device=like.to_local().device, dtype=like.dtype, memory_format=torch.contiguous_format,
+                     copy=True)
     return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape,
                               stride=like.stride())
 
 
 def _place(value, local):
     """What ``local``'s slot takes from the full ``value``: its block (a DTensor), the tensor in its device and
-    dtype, or the value itself."""
+    dtype, or the value itself. Tensors are copies: an optimizer's ``load_state_dict`` keeps what it is given,
+    and a full state dict may be another live optimizer's own state (``cpu_offload`` of CPU tensors is them)."""
     if _is_dtensor(local) and isinstance(value, torch.Tensor):
         return _local_block(value.full_tensor() if _is_dtensor(value) else value, local)
     if isinstance(local, torch.Tensor) and isinstance(value, torch.Tensor):
-        return value.to(device=local.device, dtype=local.dtype)
+        return value.to(device=local.device, dtype=local.dtype, copy=True)
     return value
 
 
