@@ -78,7 +78,8 @@ def dispatch(op, args, kwargs):
             specs.append(DTensorSpec(mesh, (Replicate(),) * mesh.ndim,
                                      TensorMeta(x.shape, tuple(x.stride()), x.dtype)))
             positions.append(i)
-    decision = rule_for(op)(OpCall(op, args, kwargs, specs, mesh))
+    plain = [not isinstance(flat[pos], DTensor) for pos in positions]
+    decision = rule_for(op)(OpCall(op, args, kwargs, specs, mesh, plain))
 
     local_flat = list(flat)
     for spec, pos, want in zip(specs, positions, decision.input_placements):
@@ -92,11 +93,18 @@ def dispatch(op, args, kwargs):
                                    f"{tuple(want)}; redistribute self first")
             local = redistribute_local_tensor(local, spec, DTensorSpec(mesh, tuple(want), spec.tensor_meta))
         local_flat[pos] = local
+    if decision.local_args is not None:  # the rule rewrote a non-tensor argument (a view's size) for the local op
+        new_flat, new_tree = tree_flatten((decision.local_args, decision.local_kwargs or {}))
+        if new_tree != tree:
+            raise AssertionError(f"{op}: a rule's local arguments must keep the arguments' structure")
+        local_flat = [lf if isinstance(x, torch.Tensor) else nf for x, lf, nf in zip(flat, local_flat, new_flat)]
     largs, lkwargs = tree_unflatten(local_flat, tree)
     out = op(*largs, **lkwargs)
 
     if _returns_self(op) and isinstance(flat[0], DTensor):
         return flat[0]
+    if not any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
+        return out  # a Python value (item(), a size): nothing to wrap, no meta run
     return _wrap(out, _global_meta(op, flat, tree), decision.output_placements, mesh, op)
 
 

@@ -21,7 +21,7 @@ masked_fill_ nan_to_num nan_to_num_ square bitwise_and bitwise_or bitwise_not ha
 leaky_relu_ softplus _to_copy""".split()
 
 POINTWISE_OPS = [getattr(aten, n) for n in _NAMES if hasattr(aten, n)]
-_LINEAR_ALL = {"add", "add_", "sub", "sub_"}  # Partial in every tensor argument (same reduce op)
+_LINEAR_ALL = {"add", "add_", "sub", "sub_"}  # Partials (same reduce op) and replicated DTensors, partitioned
 _LINEAR_ONE = {"mul", "mul_", "div", "div_"}  # one Partial argument (div: the numerator), the rest replicated
 _LINEAR_UNARY = {"neg", "neg_", "_to_copy"}
 
@@ -35,9 +35,9 @@ def _linear_keeps(call: OpCall, mesh_dim: int) -> bool:
         return False
     if name in _LINEAR_UNARY:
         return len(pls) == 1
-    if name in _LINEAR_ALL:
+    if name in _LINEAR_ALL:  # P + R = P + R/n on every rank (torch's choice: no collective)
         scalar = [a for a in call.args[1:2] if isinstance(a, (int, float, complex))]
-        return not scalar and all(p == partial[0] for p in pls)
+        return not scalar and not any(call.plain or ()) and all(p == partial[0] or p.is_replicate() for p in pls)
     if name in _LINEAR_ONE:
         return len(partial) == 1 and (name[:3] != "div" or pls[0].is_partial()) and \
             all(p.is_partial() or p.is_replicate() for p in pls)
@@ -82,8 +82,9 @@ def pointwise_rule(call: OpCall) -> OutputSharding:
             if isinstance(target, Shard):
                 d = arg_dim(s, target.dim)
                 wants[i].append(Shard(d) if d is not None else Replicate())
-            elif target.is_partial():
-                wants[i].append(s.placements[m])  # the Partials stay, the replicated stay
+            elif target.is_partial():  # add/sub: all Partial; mul/div: the replicated factors stay
+                name = call.op._schema.name.split("::")[-1]
+                wants[i].append(target if name in _LINEAR_ALL else s.placements[m])
             else:
                 wants[i].append(Replicate())
         out.append(target)

@@ -1,9 +1,10 @@
-"""Views (torch's ``tensor/_ops/_view_ops.py``): ``t``/``transpose``/``permute`` move shard dims; ``unsqueeze``/
-``squeeze``/``expand`` renumber them; ``view``/``_unsafe_view`` (what ``reshape``, ``flatten`` and ``matmul``
-reach) keep a shard when it is exact: the sharded dim is the outermost of the dims it merges with or splits into,
-and both it and the output dim it becomes divide evenly by the mesh dims sharding it, so every rank's local view
-is its chunk of the new dim. Otherwise that mesh dim is replicated first, as torch's propagation does. Partial
-stays Partial through every view (they are linear)."""
+"""Views (torch's ``tensor/_ops/_view_ops.py``): ``t``/``transpose``/``permute`` move shard dims; ``select``/
+``slice`` of a sharded dim gather it; ``unsqueeze``/``squeeze``/``expand`` renumber them; ``view``/
+``_unsafe_view`` (what ``reshape``, ``flatten`` and ``matmul`` reach) keep a shard when it is exact: the sharded
+dim is the outermost of the dims it merges with or splits into, and both it and the output dim it becomes divide
+evenly by the mesh dims sharding it, so every rank's local view is its chunk of the new dim (the local op gets the
+local size). Otherwise that mesh dim is replicated first, as torch's propagation does (torch keeps some of those
+as a ``_StridedShard``, which pt_dist does not have). Partial stays Partial through every view (they are linear)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 
 import torch
 
-from pt_dist.tensor._ops.utils import OpCall, OutputSharding, register_prop_rule
+from pt_dist.tensor._ops.utils import OpCall, OutputSharding, local_shape, register_prop_rule
 from pt_dist.tensor.placement_types import Replicate, Shard
 
 aten = torch.ops.aten
@@ -77,7 +78,20 @@ def squeeze_rule(call: OpCall) -> OutputSharding:
 def expand_rule(call: OpCall) -> OutputSharding:
     shape, size = call.specs[0].shape, list(_arg(call, 1, "size"))
     lead = len(size) - len(shape)
-    return _map_dims(call, lambda d: d + lead if size[d + lead] in (-1, shape[d]) else None)
+    out = _map_dims(call, lambda d: d + lead if size[d + lead] in (-1, shape[d]) else None)
+    return _with_local_size(call, out, [shape[i - lead] if s == -1 else s for i, s in enumerate(size)])
+
+
+def _with_local_size(call: OpCall, out: OutputSharding, global_size: list[int]) -> OutputSharding:
+    """The same sharding, the local op given this rank's size instead of the global one (argument 1)."""
+    size = local_shape(call, global_size, out.output_placements)
+    args = list(call.args)
+    if len(args) > 1:
+        args[1] = size
+        out.local_args, out.local_kwargs = tuple(args), call.kwargs
+    else:
+        out.local_args, out.local_kwargs = tuple(args), {**call.kwargs, "size": size}
+    return out
 
 
 def _groups(src: list[int], dst: list[int]) -> list[tuple[list[int], list[int]]]:
@@ -125,4 +139,21 @@ def view_rule(call: OpCall) -> OutputSharding:
                 return outs[0] if src[d] % ways == 0 and size[outs[0]] % ways == 0 else None
         return None
 
-    return _map_dims(call, new_dim_of)
+    return _with_local_size(call, _map_dims(call, new_dim_of), size)
+
+
+@register_prop_rule([aten.select])
+def select_rule(call: OpCall) -> OutputSharding:
+    """``t[i]`` along ``dim``: a shard of that dim is gathered first; later shard dims move down by one."""
+    dim = _arg(call, 1, "dim") % max(call.specs[0].ndim, 1)
+    return _map_dims(call, lambda d: None if d == dim else d - (d > dim))
+
+
+@register_prop_rule([aten.slice])
+def slice_rule(call: OpCall) -> OutputSharding:
+    """``t[a:b]`` along ``dim``: a shard of that dim is gathered first (unless the slice is the whole dim)."""
+    shape = call.specs[0].shape
+    dim = _arg(call, 1, "dim", 0) % max(len(shape), 1)
+    start, end, step = _arg(call, 2, "start"), _arg(call, 3, "end"), _arg(call, 4, "step", 1)
+    whole = (start in (None, 0)) and (end is None or end >= shape[dim]) and step == 1
+    return _map_dims(call, lambda d: d if d != dim or whole else None)

@@ -30,6 +30,7 @@ class OpCall:
     kwargs: dict
     specs: list[DTensorSpec]
     mesh: object
+    plain: list[bool] | None = None  # per spec: a plain one-element tensor (can be read, not redistributed)
 
     @property
     def mesh_ndim(self) -> int:
@@ -43,6 +44,8 @@ class OutputSharding:
 
     input_placements: list[tuple[Placement, ...] | None]
     output_placements: tuple[Placement, ...] | list[tuple[Placement, ...] | None] | None
+    local_args: tuple | None = None  # the arguments for the local op when they differ (a view's local size)
+    local_kwargs: dict | None = None
 
 
 def register_prop_rule(ops: Iterable) -> Callable:
@@ -79,6 +82,8 @@ def redistribute_cost(src: Placement, dst: Placement, numel: int) -> float:
         return 0.5 * numel  # local, but it costs a division and precision: taken only when it saves a collective
     if src.is_shard() and dst.is_partial():
         return float("inf")  # never chosen implicitly
+    if src.is_shard() and dst.is_shard():
+        return 1.5 * numel  # an all-to-all: dearer than the all-gather it competes with (torch's ranking)
     return 1.0 * numel
 
 
@@ -102,6 +107,14 @@ def replicate_all(call: OpCall) -> OutputSharding:
     """Everything Replicate (an op that must see whole tensors)."""
     rep = (Replicate(),) * call.mesh_ndim
     return OutputSharding([rep] * len(call.specs), rep)
+
+
+def local_shape(call: OpCall, global_shape, placements) -> list[int]:
+    """This rank's shape of a tensor of ``global_shape`` laid out as ``placements``."""
+    from pt_dist.tensor._utils import _local_shape_and_offset
+
+    return list(_local_shape_and_offset(global_shape, call.mesh.shape, call.mesh.get_coordinate(), placements,
+                                        skip_offset=True)[0])
 
 
 def shard_dims(placements: Sequence[Placement]) -> set[int]:
