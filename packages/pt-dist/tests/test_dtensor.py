@@ -223,6 +223,64 @@ def test_gradients_through_from_local_and_to_local_match_torchs():
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
+# -- factories and distribute_module (torch's test_dtensor.py test_dtensor_factory / DTensorAPITest) -------------
+def _inputs_to(api):
+    return lambda mod, inputs, mesh: tuple(api.from_local(t, mesh) for t in inputs)
+
+
+def _factories_and_modules(rank, world):
+    from pt_dist.tensor import distribute_module, full, ones, zeros
+
+    _both_worlds(rank, world, "tcp")
+    try:
+        mesh, tmesh = _meshes((world,))
+        made = []
+        for ours, theirs, args in ((zeros, tt.zeros, (5, 3)), (ones, tt.ones, ((3, 5),))):
+            a = ours(*args, device_mesh=mesh, placements=[Shard(0)])
+            b = theirs(*args, device_mesh=tmesh, placements=[tt.Shard(0)])
+            made.append(((a.shape, a.stride(), a.to_local()), (b.shape, b.stride(), b.to_local())))
+        a = full((3, 5), 2.5, device_mesh=mesh, placements=[Shard(1)], requires_grad=True)
+        b = tt.full((3, 5), 2.5, device_mesh=tmesh, placements=[tt.Shard(1)], requires_grad=True)
+        made.append(((a.shape, a.requires_grad, a.to_local()), (b.shape, b.requires_grad, b.to_local())))
+
+        outs = []
+        for api, m, S, dm in ((DTensor, mesh, Shard, distribute_module), (tt.DTensor, tmesh, tt.Shard,
+                                                                          tt.distribute_module)):
+            def shard_weights(name, sub, mesh, S=S, dist_tensor=distribute_tensor if api is DTensor else
+                              tt.distribute_tensor):
+                if isinstance(sub, torch.nn.Linear):
+                    sub.weight = torch.nn.Parameter(dist_tensor(sub.weight.data, mesh, [S(0)]))
+
+            torch.manual_seed(0)
+            model = dm(torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4)), m,
+                       shard_weights, _inputs_to(api), lambda mod, out, mesh: out.full_tensor())
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+            y = model(x)
+            y.sum().backward()
+            outs.append((y, [str(p.placements) for p in model.parameters()],
+                         [p.grad.full_tensor() for p in model.parameters()]))
+        twice = None
+        try:
+            distribute_module(model, mesh)
+        except RuntimeError as e:
+            twice = str(e)
+        return made, outs, twice
+    finally:
+        _close_up()
+
+
+def test_factories_and_distribute_module_match_torchs():
+    for made, (ours, theirs), twice in run_ranks(_factories_and_modules, 2, backend=None, timeout=120):
+        for got, want in made:
+            assert got[:2] == want[:2]
+            torch.testing.assert_close(got[2], want[2], rtol=0, atol=0)
+        torch.testing.assert_close(ours[0], theirs[0], rtol=1e-6, atol=1e-6)
+        assert ours[1] == theirs[1] == ["(Shard(dim=0),)", "(Replicate(),)"] * 2
+        for a, b in zip(ours[2], theirs[2]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert "already been called" in twice
+
+
 # -- bad input ------------------------------------------------------------------------------------------------------
 def _bad(rank, world):
     _both_worlds(rank, world, "tcp")

@@ -242,8 +242,10 @@ class DeviceMesh:
     def _hash_key(self) -> tuple:
         return self._flatten_rank_map, self.shape, self._strides, self._device_type, self._mesh_dim_names
 
-    def __hash__(self) -> int:
-        return hash(self._hash_key())
+    def __hash__(self) -> int:  # every DTensor op looks its mesh up: hashed once
+        if self.__dict__.get("_hash") is None:
+            self._hash = hash(self._hash_key())
+        return self._hash
 
     def __eq__(self, other: object) -> bool:
         return self is other or (isinstance(other, DeviceMesh) and self._hash_key() == other._hash_key())
@@ -251,6 +253,7 @@ class DeviceMesh:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_dim_groups"] = []  # groups are this process's connections: never pickled
+        state["_hash"] = None
         return state
 
 

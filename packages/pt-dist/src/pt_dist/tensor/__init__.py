@@ -4,8 +4,11 @@ local op -> wrap), ``_ops/`` (the rules), ``_redistribute.py`` (the collectives 
 
 import pt_dist.tensor._ops  # noqa: F401  (registers every sharding rule)
 from pt_dist.device_mesh import DeviceMesh, init_device_mesh
-from pt_dist.tensor._api import DTensor, distribute_tensor
+from pt_dist.tensor._api import DTensor, distribute_module, distribute_tensor
+from pt_dist.tensor._factories import empty, full, ones, zeros
 from pt_dist.tensor.placement_types import Partial, Placement, Replicate, Shard
 
-__all__ = ["DTensor", "DeviceMesh", "Partial", "Placement", "Replicate", "Shard", "distribute_tensor",
-           "init_device_mesh"]
+__all__ = ["DTensor", "Partial", "Placement", "Replicate", "Shard", "distribute_module", "distribute_tensor", "empty",
+           "full", "ones", "zeros"]  # torch's, less linspace / logspace / rand / randn
+__all__ += []  # DeviceMesh and init_device_mesh are importable from here, as torch's (not in its __all__)
+_ = (DeviceMesh, init_device_mesh)

@@ -3,15 +3,19 @@
 for -> run the op on the local tensors -> wrap the local results with the rule's output placements and the
 global shape the op gives on meta tensors.
 
-An op without a rule raises ``NotImplementedError`` naming it: nothing is gathered behind the caller's back. A
-plain tensor argument is refused unless it holds one element (then it is a replicated scalar, as torch's).
+The rule's answer and the global output shapes depend only on the op, the arguments' global shapes, placements
+and the non-tensor values, so they are computed once per such key and cached (torch's sharding-propagation
+cache). An op without a rule raises ``NotImplementedError`` naming it: nothing is gathered behind the caller's
+back. A plain tensor argument is refused unless it holds one element (then it is a replicated scalar, as torch's).
 """
 
 from __future__ import annotations
 
-import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+import functools
 
+import torch
+
+from pt_dist.tensor._api import DTensor
 from pt_dist.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from pt_dist.tensor._ops.utils import OpCall, rule_for
 from pt_dist.tensor._redistribute import redistribute_local_tensor
@@ -19,50 +23,68 @@ from pt_dist.tensor.placement_types import Replicate
 
 __all__ = ["dispatch"]
 
-_META_CACHE: dict = {}
+_CACHE: dict = {}
+_SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
 
 
-def _meta_key(x):
+def _flatten(args: tuple, kwargs: dict):
+    """The arguments as one flat list (a list of tensors, as ``cat``'s, opened one level) and how to rebuild them."""
+    flat, shape = [], []
+    for a in (*args, *kwargs.values()):
+        if type(a) in (list, tuple) and a and isinstance(a[0], torch.Tensor):
+            shape.append((type(a), len(a)))
+            flat.extend(a)
+        else:
+            shape.append(None)
+            flat.append(a)
+    return flat, (len(args), tuple(kwargs), tuple(shape))
+
+
+def _unflatten(flat: list, tree) -> tuple[tuple, dict]:
+    nargs, keys, shape = tree
+    out, i = [], 0
+    for s in shape:
+        if s is None:
+            out.append(flat[i])
+            i += 1
+        else:
+            out.append(s[0](flat[i:i + s[1]]))
+            i += s[1]
+    return tuple(out[:nargs]), dict(zip(keys, out[nargs:]))
+
+
+def _key(x):
+    if isinstance(x, DTensor):
+        return ("D", x._spec.tensor_meta, x._spec.placements)
     if isinstance(x, torch.Tensor):
         return ("T", tuple(x.shape), tuple(x.stride()), x.dtype)
-    if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
-                      torch.layout)):
+    if isinstance(x, _SCALARS):
         return (type(x), x)
-    return None  # not hashable as a value: no cache
+    if isinstance(x, (list, tuple)) and all(isinstance(e, _SCALARS) for e in x):
+        return (type(x), tuple(x))
+    return None  # not hashable as a value: decided afresh each call
 
 
-def _global_meta(op, flat, tree):
+def _global_meta(op, flat, tree) -> list:
     """The op's output(s) on meta tensors of the global shapes: global shape, stride and dtype of each output."""
-    keys = tuple(_meta_key(x) for x in flat)
-    key = (op, keys) if all(k is not None for k in keys) else None
-    if key is not None and key in _META_CACHE:
-        return _META_CACHE[key]
-    from pt_dist.tensor._api import DTensor
-
     # a plain 0-d tensor stays as it is (a CPU scalar meets meta tensors); every other tensor becomes meta
     metas = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
              if isinstance(x, DTensor) or (isinstance(x, torch.Tensor) and x.ndim > 0) else x for x in flat]
-    margs, mkwargs = tree_unflatten(metas, tree)
+    margs, mkwargs = _unflatten(metas, tree)
     out = op(*margs, **mkwargs)
-    outs, _ = tree_flatten(out)
-    result = [TensorMeta(o.shape, tuple(o.stride()), o.dtype) if isinstance(o, torch.Tensor) else None for o in outs]
-    if key is not None:
-        _META_CACHE[key] = result
-    return result
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    return [TensorMeta(o.shape, tuple(o.stride()), o.dtype) if isinstance(o, torch.Tensor) else None for o in outs]
 
 
+@functools.cache
 def _returns_self(op) -> bool:
     """An in-place op (``add_``, ``copy_``): its first return aliases, and writes, its first argument."""
     rets = op._schema.returns
     return bool(rets) and rets[0].alias_info is not None and rets[0].alias_info.is_write
 
 
-def dispatch(op, args, kwargs):
-    from pt_dist.tensor._api import DTensor
-
-    flat, tree = tree_flatten((args, kwargs))
-    dtensors = [x for x in flat if isinstance(x, DTensor)]
-    mesh = dtensors[0].device_mesh
+def _decide(op, args, kwargs, flat, mesh):
+    """[rule's OutputSharding, -, positions of the tensor arguments, the global output metas (filled lazily)]."""
     specs, positions = [], []
     for i, x in enumerate(flat):
         if isinstance(x, DTensor):
@@ -80,47 +102,65 @@ def dispatch(op, args, kwargs):
             positions.append(i)
     plain = [not isinstance(flat[pos], DTensor) for pos in positions]
     decision = rule_for(op)(OpCall(op, args, kwargs, specs, mesh, plain))
+    if decision.local_args is not None:  # cached: keep the rewritten values, not this call's tensors
+        lflat, ltree = _flatten(decision.local_args, decision.local_kwargs or {})
+        decision.local_args, decision.local_kwargs = _unflatten(
+            [None if isinstance(x, torch.Tensor) else x for x in lflat], ltree)
+    return [decision, None, positions, None]  # no specs kept: they would hold this call's mesh (and groups)
+
+
+def dispatch(op, args, kwargs):
+    flat, tree = _flatten(args, kwargs)
+    mesh = next(x for x in flat if isinstance(x, DTensor)).device_mesh
+    keys = tuple(_key(x) for x in flat)
+    # this rank's coordinate too: a view's local size depends on it, and a process may join another world later
+    key = (op, mesh, mesh._coordinate_on_dim, tree, keys) if None not in keys else None
+    entry = _CACHE.get(key) if key is not None else None
+    if entry is None:
+        entry = _decide(op, args, kwargs, flat, mesh)
+        if key is not None:
+            _CACHE[key] = entry
+    decision, _, positions, _ = entry
 
     local_flat = list(flat)
-    for spec, pos, want in zip(specs, positions, decision.input_placements):
+    for pos, want in zip(positions, decision.input_placements):
         x = flat[pos]
         if not isinstance(x, DTensor):
             continue
-        local = x._local_tensor
-        if want is not None and tuple(want) != spec.placements:
+        spec, local = x._spec, x._local_tensor  # this call's (a cached spec's mesh may be an older world's)
+        if want is not None and want != spec.placements:
             if pos == 0 and _returns_self(op):
                 raise RuntimeError(f"{op}: the in-place op would change self's placements {spec.placements} to "
                                    f"{tuple(want)}; redistribute self first")
             local = redistribute_local_tensor(local, spec, DTensorSpec(mesh, tuple(want), spec.tensor_meta))
         local_flat[pos] = local
     if decision.local_args is not None:  # the rule rewrote a non-tensor argument (a view's size) for the local op
-        new_flat, new_tree = tree_flatten((decision.local_args, decision.local_kwargs or {}))
+        new_flat, new_tree = _flatten(decision.local_args, decision.local_kwargs or {})
         if new_tree != tree:
             raise AssertionError(f"{op}: a rule's local arguments must keep the arguments' structure")
         local_flat = [lf if isinstance(x, torch.Tensor) else nf for x, lf, nf in zip(flat, local_flat, new_flat)]
-    largs, lkwargs = tree_unflatten(local_flat, tree)
+    largs, lkwargs = _unflatten(local_flat, tree)
     out = op(*largs, **lkwargs)
 
     if _returns_self(op) and isinstance(flat[0], DTensor):
         return flat[0]
-    if not any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
-        return out  # a Python value (item(), a size): nothing to wrap, no meta run
-    return _wrap(out, _global_meta(op, flat, tree), decision.output_placements, mesh, op)
-
-
-def _wrap(out, metas, placements, mesh, op):
-    from pt_dist.tensor._api import DTensor
-
-    outs, spec_tree = tree_flatten(out)
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
     if not any(isinstance(o, torch.Tensor) for o in outs):
-        return out
+        return out  # a Python value (item(), a size): nothing to wrap, no meta run
+    if entry[3] is None:
+        entry[3] = _global_meta(op, flat, tree)
+    wrapped = _wrap(outs, entry[3], decision.output_placements, mesh, op)
+    return type(out)(wrapped) if isinstance(out, (list, tuple)) else wrapped[0]
+
+
+def _wrap(outs, metas, placements, mesh, op) -> list:
     per_output = placements if isinstance(placements, list) else [placements] * len(outs)
     wrapped = []
     for o, meta, p in zip(outs, metas, per_output):
         if isinstance(o, torch.Tensor):
             if p is None:
                 raise NotImplementedError(f"{op}: its sharding rule gave no placement for an output")
-            meta = TensorMeta(meta.shape, meta.stride, o.dtype)
-            o = DTensor(o, DTensorSpec(mesh, tuple(p), meta), requires_grad=o.requires_grad)
+            o = DTensor(o, DTensorSpec(mesh, tuple(p), TensorMeta(meta.shape, meta.stride, o.dtype)),
+                        requires_grad=o.requires_grad)
         wrapped.append(o)
-    return tree_unflatten(wrapped, spec_tree)
+    return wrapped
