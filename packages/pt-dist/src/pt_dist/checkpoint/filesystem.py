@@ -1,5 +1,5 @@
 """Checkpoints in a directory (torch/distributed/checkpoint/filesystem.py): each rank writes its items into
-``__<rank>_<n>.<save token>.distcp`` files (each tensor chunk a ``torch.save`` blob, each object its pickled
+``__<rank>_<save token>_<n>.distcp`` files (each tensor chunk a ``torch.save`` blob, each object its pickled
 bytes, at a byte offset), then the coordinator writes ``.metadata``: the pickled ``Metadata`` with, per chunk,
 its file, offset and length (``_StorageInfo``), and per file its size and CRC-32.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import mmap
 import os
 import queue
 import threading
@@ -244,6 +245,33 @@ def _validate_path(checkpoint_id) -> bool:
     return any(p.exists() and os.access(p, os.W_OK) for p in Path(checkpoint_id).parents)
 
 
+class _BufferView(io.RawIOBase):
+    """A read-only, seekable file over a slice of the mapped file: ``torch.load`` reads a blob where it lies."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view, self._pos = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = max(0, min(len(b), len(self._view) - self._pos))
+        memoryview(b).cast("B")[:n] = self._view[self._pos: self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._pos = max(0, {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence] + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
 class FileSystemReader(StorageReader):
     def __init__(self, path: str | os.PathLike, _extension_registry=None) -> None:
         if _extension_registry is not None:
@@ -291,10 +319,11 @@ class FileSystemReader(StorageReader):
             blob = self._read_file(name)
             for req in items:
                 info = self.storage_data[req.storage_index]
-                piece = io.BytesIO(blob[info.offset: info.offset + info.length])
+                piece = blob[info.offset: info.offset + info.length]
                 if req.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(req, piece)
+                    planner.load_bytes(req, io.BytesIO(piece))  # (a copy: a planner may keep or getvalue() it)
                     continue
+                piece = _BufferView(piece)
                 tensor = torch.load(piece, map_location="cpu", weights_only=True)
                 tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
                 target = planner.resolve_tensor(req).detach()
@@ -307,12 +336,15 @@ class FileSystemReader(StorageReader):
         return fut
 
     def _read_file(self, name: str) -> memoryview:
-        """The whole data file, checked against the size and CRC-32 the save recorded."""
+        """The whole data file, mapped, checked against the size and CRC-32 the save recorded."""
         path = self.path / name
         try:
-            blob = memoryview(path.read_bytes())
+            f = open(path, "rb")
         except FileNotFoundError:
             raise FileNotFoundError(f"checkpoint data file {path} is missing") from None
+        with f:
+            size_on_disk = os.fstat(f.fileno()).st_size
+            blob = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size_on_disk else b"")
         if self._files is not None:
             if name not in self._files:
                 raise ValueError(f"checkpoint data file {path} has no checksum in {_metadata_fn}")
