@@ -214,7 +214,8 @@ def test_a_save_killed_before_its_metadata_leaves_the_previous_checkpoint(tmp_pa
 
 def test_nested_state_dict_round_trip_and_the_file_layout_in_one_process(tmp_path):
     """torch's test_file_system_checkpoint cases: nested dicts and lists, tensors of several dtypes, a 0-d tensor,
-    objects; a wrong size is refused naming the key; overwrite=False refuses an existing checkpoint."""
+    objects; a wrong size is refused naming the key; overwrite=False refuses an existing checkpoint; a module as a
+    Stateful value; several writer threads."""
     state = {"a": {"b": torch.randn(3, 2), "c": [torch.arange(4), {"d": torch.tensor(1.5, dtype=torch.float64)}]},
              "e": [1, 2, 3], "f": "text", "g": (4, "five"), "h": torch.ones(2, dtype=torch.bfloat16)}
     metadata = dcp.save(state, checkpoint_id=tmp_path, no_dist=True)
@@ -238,6 +239,10 @@ def test_nested_state_dict_round_trip_and_the_file_layout_in_one_process(tmp_pat
         dcp.save(state, tmp_path)  # checkpoint_id is keyword-only, as torch's
     with pytest.raises(ValueError, match="use_collectives=False"):
         dcp.save(state, checkpoint_id=tmp_path, use_collectives=False)
+    saved, loaded = _plain(0), _plain(1)  # Stateful values: save calls state_dict(), load load_state_dict()
+    dcp.save({"model": saved}, checkpoint_id=tmp_path / "stateful", no_dist=True)
+    dcp.load({"model": loaded}, checkpoint_id=tmp_path / "stateful", no_dist=True)
+    assert all(torch.equal(a, b) for a, b in zip(saved.parameters(), loaded.parameters()))
     many = dcp.FileSystemWriter(tmp_path / "threads", thread_count=2, single_file_per_rank=True)
     dcp.save(state, storage_writer=many, no_dist=True)
     assert len([f for f in os.listdir(tmp_path / "threads") if f.endswith(".distcp")]) == 2

@@ -274,17 +274,19 @@ def _fsdp2_side_by_side(rank, world, root):
         tm, to = tsd.get_state_dict(torch_fresh, torch_opt)
         torch_dcp.load({"model": tm, "optim": to}, checkpoint_id=f"{root}/fsdp2")
         tsd.set_state_dict(torch_fresh, torch_opt, model_state_dict=tm, optim_state_dict=to)
-        # the example's way back: full state on rank 0 (cpu_offload), broadcast_from_rank0 into a fresh model
+        # the FSDP2 example's way back: full state on rank 0 (cpu_offload), broadcast_from_rank0 into a model on
+        # the meta device
         offload = StateDictOptions(full_state_dict=True, cpu_offload=True)
         full_m, full_o = get_model_state_dict(ours, options=offload), get_optimizer_state_dict(ours, opt_o,
                                                                                                 options=offload)
         out["rank 0 only"] = (len(full_m), len(full_o))
-        torch.manual_seed(3)
-        again = _fully_shard(nn.Sequential(nn.Linear(6, 7), nn.ReLU(), nn.Sequential(nn.Linear(7, 5), nn.Tanh()),
-                                           nn.Linear(5, 3)), fully_shard)
-        again_opt = torch.optim.Adam(again.parameters(), lr=1e-2)
+        with torch.device("meta"):  # (the example's model: built on meta, sharded, then loaded)
+            again = nn.Sequential(nn.Linear(6, 7), nn.ReLU(), nn.Sequential(nn.Linear(7, 5), nn.Tanh()),
+                                  nn.Linear(5, 3))
+        again = _fully_shard(again, fully_shard)
         bcast = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(again, full_m, options=bcast)
+        set_model_state_dict(again, full_m, options=bcast)  # (assigned: the optimizer comes after, as there)
+        again_opt = torch.optim.Adam(again.parameters(), lr=1e-2)
         set_optimizer_state_dict(again, again_opt, full_o, options=bcast)
         for model, optim in ((torch_fresh, torch_opt), (ours, opt_o), (again, again_opt)):
             _train(model, optim, rank, 1)

@@ -49,7 +49,13 @@ def _offload_state_dict_to_cpu(state_dict: dict) -> dict:
     return _map_tensors(state_dict, cpu)
 
 
-def _local_block(full: torch.Tensor, like):
+def _target_device(local, device):
+    """Where a value for ``local`` goes: its device, or ``device`` (default the CPU) for a meta-device one."""
+    here = local.to_local().device if _is_dtensor(local) else local.device
+    return (device or torch.device("cpu")) if here.type == "meta" else here
+
+
+def _local_block(full: torch.Tensor, like, device=None):
     """``full`` cut to the block ``like`` (a DTensor) holds on this rank, as a DTensor like it."""
     from pt_dist.tensor import DTensor
     from pt_dist.tensor._utils import compute_local_shape_and_global_offset
@@ -62,20 +68,20 @@ def _local_block(full: torch.Tensor, like):
     local = full
     for dim, (size, offset) in enumerate(zip(sizes, offsets)):
         local = local.narrow(dim, min(offset, full.size(dim)), size)
-    local = local.to(device=like.to_local().device, dtype=like.dtype, memory_format=torch.contiguous_format,
+    local = local.to(device=_target_device(like, device), dtype=like.dtype, memory_format=torch.contiguous_format,
                      copy=True)
     return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape,
                               stride=like.stride())
 
 
-def _place(value, local):
+def _place(value, local, device=None):
     """What ``local``'s slot takes from the full ``value``: its block (a DTensor), the tensor in its device and
     dtype, or the value itself. Tensors are copies: an optimizer's ``load_state_dict`` keeps what it is given,
     and a full state dict may be another live optimizer's own state (``cpu_offload`` of CPU tensors is them)."""
     if _is_dtensor(local) and isinstance(value, torch.Tensor):
-        return _local_block(value.full_tensor() if _is_dtensor(value) else value, local)
+        return _local_block(value.full_tensor() if _is_dtensor(value) else value, local, device)
     if isinstance(local, torch.Tensor) and isinstance(value, torch.Tensor):
-        return value.to(device=local.device, dtype=local.dtype, copy=True)
+        return value.to(device=_target_device(local, device), dtype=local.dtype, copy=True)
     return value
 
 
@@ -83,7 +89,7 @@ def _distribute_state_dict(full_state_dict: dict, local_state_dict: dict, device
     """``local_state_dict[k]`` := this rank's part of ``full_state_dict[k]`` (flat dicts; in place)."""
     for key in list(local_state_dict):
         if key in full_state_dict:
-            local_state_dict[key] = _place(full_state_dict[key], local_state_dict[key])
+            local_state_dict[key] = _place(full_state_dict[key], local_state_dict[key], device)
 
 
 def _broadcast_state_dict(full_state_dict: dict, local_state_dict: dict, device=None, strict: bool = False,
@@ -107,4 +113,4 @@ def _broadcast_state_dict(full_state_dict: dict, local_state_dict: dict, device=
         t = t.full_tensor() if rank0 and _is_dtensor(t) else t
         buf = t.detach().cpu().contiguous() if rank0 else torch.empty(entry[1], dtype=entry[2])
         pt_dist.broadcast(buf, src=0)
-        local_state_dict[key] = _place(buf, local_state_dict[key]) if key in local_state_dict else buf
+        local_state_dict[key] = _place(buf, local_state_dict[key], device) if key in local_state_dict else buf

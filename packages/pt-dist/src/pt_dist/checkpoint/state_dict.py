@@ -350,12 +350,20 @@ def set_model_state_dict(model: nn.Module, model_state_dict: dict[str, Any], *,
     assign = False
     if options.full_state_dict:
         local = model.state_dict()
-        assign = any(isinstance(v, torch.Tensor) and v.device.type == "meta" for v in local.values())
+        # a model built on the meta device gets its values on the device its other tensors are on (else the CPU),
+        # assigned rather than copied (torch's)
+        devices = {v.device for v in local.values() if isinstance(v, torch.Tensor) and v.dim() > 0}
+        assign = torch.device("meta") in devices
+        devices.discard(torch.device("meta"))
+        if len(devices) > 1:
+            raise ValueError(f"set_model_state_dict: the model's tensors are on several devices "
+                             f"{sorted(map(str, devices))}")
+        device = devices.pop() if devices else torch.device("cpu")
         full = dict(state_dict) if not options.broadcast_from_rank0 or _rank() == 0 else {}
         if options.broadcast_from_rank0:
-            _broadcast_state_dict(full, local, strict=options.strict)
+            _broadcast_state_dict(full, local, device=device, strict=options.strict)
         else:
-            _distribute_state_dict(full, local)
+            _distribute_state_dict(full, local, device=device)
             local.update({k: v for k, v in full.items() if k not in local})
         state_dict = local
     return model.load_state_dict(state_dict, strict=options.strict, assign=assign)
