@@ -113,3 +113,17 @@ def two_tcp_groups(name: str, timeout: float = 10.0, **kwargs) -> list:
     assert all(groups)
     groups[0].test_store = master  # keep the store (its server) alive as long as the groups
     return groups
+
+
+def error_recorder(errors: dict):
+    """``record(name, fn)``: run ``fn`` and keep what it raised in ``errors[name]`` as (type name, message), or
+    None; the bad-input tests compare the types and words with torch's."""
+
+    def record(name, fn):
+        try:
+            fn()
+            errors[name] = None
+        except Exception as e:  # noqa: BLE001 - the type and words are what the test compares
+            errors[name] = (type(e).__name__, str(e))
+
+    return record

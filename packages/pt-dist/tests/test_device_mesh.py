@@ -19,7 +19,7 @@ import harness
 from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ptdist_testutil import join, leave  # noqa: E402
+from ptdist_testutil import error_recorder, join, leave  # noqa: E402
 
 
 def _both_worlds(rank, world, backend):
@@ -117,13 +117,7 @@ def _bad_input(rank, world):
 
     join(rank, world, "tcp", timeout=30, key="dm_bad")
     errors = {}
-
-    def record(name, fn):
-        try:
-            fn()
-            errors[name] = None
-        except Exception as e:  # noqa: BLE001 - the type and words are what the test compares
-            errors[name] = (type(e).__name__, str(e))
+    record = error_recorder(errors)
 
     try:
         before = pt_dist.get_pg_count()

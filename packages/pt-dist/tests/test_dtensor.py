@@ -22,7 +22,7 @@ from pt_dist.tensor._utils import _local_shape_and_offset
 from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ptdist_testutil import leave  # noqa: E402
+from ptdist_testutil import error_recorder, leave  # noqa: E402
 from test_device_mesh import _both_worlds, _describe  # noqa: E402
 
 
@@ -285,13 +285,7 @@ def test_factories_and_distribute_module_match_torchs():
 def _bad(rank, world):
     _both_worlds(rank, world, "tcp")
     errors = {}
-
-    def record(name, fn):
-        try:
-            fn()
-            errors[name] = None
-        except Exception as e:  # noqa: BLE001 - the type and words are what the test compares
-            errors[name] = (type(e).__name__, str(e))
+    record = error_recorder(errors)
 
     try:
         mesh, _ = _meshes((world,))
