@@ -1,8 +1,8 @@
 # pt-dist drop-in >>>
 # Upstream: pytorch/examples distributed/FSDP2/utils.py at commit
 #           77f55b912142e11fcfdf5b530231fb9c52f181e8 (last changed in 5a4ca92). model.py next to this file is upstream's
-#           byte for byte (tests/test_examples.py checks the four files' sha256).
-# Changed lines (the whole diff; tests/test_examples.py swaps them back, checks upstream's sha256 and runs
+#           byte for byte (tests/test_examples_fsdp2.py checks the four files' sha256).
+# Changed lines (the whole diff; tests/test_examples_fsdp2.py swaps them back, checks upstream's sha256 and runs
 # both):
 #   imports only: torch.distributed.fsdp and torch.distributed.tensor -> pt_dist.fsdp,
 #   pt_dist.tensor
