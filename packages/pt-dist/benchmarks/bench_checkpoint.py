@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import multiprocessing as mp
 import os
 import shutil
 import statistics
 import tempfile
 import time
+
+from _ranks import spawn_ranks
 
 
 def _rank(rank, world, port, args, root, out) -> None:
@@ -85,18 +86,11 @@ def main() -> None:
     ap.add_argument("--cols", type=int, default=512)
     ap.add_argument("--reps", type=int, default=11)
     args = ap.parse_args()
-    world, port = 2, 20000 + os.getpid() % 10000
+    world = 2
     root = tempfile.mkdtemp(prefix="bench_checkpoint_")
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, args, root, q)) for r in range(world)]
-    for p in procs:
-        p.start()
     try:
-        times, ok = q.get(timeout=3600)
+        times, ok = spawn_ranks(_rank, world, args, root, timeout=3600)
     finally:
-        for p in procs:
-            p.join(60)
         shutil.rmtree(root, ignore_errors=True)
     mib = args.tensors * args.rows * args.cols * 4 / 2**20
     print(f"state dict: {args.tensors} float32 tensors of {args.rows}x{args.cols} ({mib:.0f} MiB, {mib / world:.0f} "

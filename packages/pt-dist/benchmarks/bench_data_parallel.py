@@ -24,10 +24,9 @@ Python's sight; FSDP has none: its gradient shards are the reduce-scatter's outp
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import os
 import statistics
-import time
+
+from _ranks import interleaved, per_rep_ratios, spawn_ranks
 
 DDP_VARIANTS = ["torch DDP gloo", "torch DDP pt_shm", "pt DDP gloo", "pt DDP shm", "after backward gloo",
                 "after backward shm"]
@@ -181,14 +180,7 @@ def _rank(rank, world, port, args, out) -> None:
     for name in variants:  # warm up: first-touch pages, bucket rebuild, FSDP's lazy init
         step(name)
         step(name)
-    times = {name: [] for name in variants}
-    for _ in range(args.reps):
-        for name in variants:
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                step(name)
-            times[name].append((time.perf_counter() - t0) / args.steps)
+    times = interleaved(step, list(variants), args.reps, args.steps, sync)
     payload = {name: _payload(step, name, groups["shm"]) for name in variants if name.endswith(" shm")}
     numel = sum(p.numel() for p in _model(args.width, args.blocks).parameters())
     pt_dist.barrier()
@@ -206,15 +198,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2, help="timed steps per rep")
     ap.add_argument("--only", choices=["all", "ddp", "fsdp"], default="all")
     args = ap.parse_args()
-    world, port = 2, 20000 + os.getpid() % 10000
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, args, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    times, memory, buckets, payload, numel = q.get(timeout=3600)
-    for p in procs:
-        p.join(60)
+    world = 2
+    times, memory, buckets, payload, numel = spawn_ranks(_rank, world, args, timeout=3600)
     print(f"model: {args.blocks} MLP blocks of width {args.width}, {numel / 1e6:.1f}M parameters; world {world}, "
           f"batch {args.batch} rows per rank; medians of {args.reps} interleaved reps of {args.steps} steps\n")
     print("| variant | step ms (median) | fastest rep | per-rank param+grad+optim MiB | + DDP buckets MiB |")
@@ -230,15 +215,12 @@ def main() -> None:
               ("pt DDP gloo / after backward gloo (overlap)", "pt DDP gloo", "after backward gloo", "< 1"),
               ("pt FSDP gloo / torch FSDP2 gloo", "pt FSDP gloo", "torch FSDP2 gloo", "<= 1.2"),
               ("pt FSDP shm / torch FSDP2 gloo", "pt FSDP shm", "torch FSDP2 gloo", "")]
-    # each rep's ratio of two variants measured back to back, then the median: the shared machine's load drifts
-    # over seconds, so a ratio within a rep is steadier than a ratio of the two medians
     print("\n| ratio (median of per-rep ratios) | measured | reps' middle half | target |")
     print("|---|---|---|---|")
     for label, a, b, target in ratios:
         if a in times and b in times:
-            per_rep = sorted(x / y for x, y in zip(times[a], times[b]))
-            q1, q3 = per_rep[len(per_rep) // 4], per_rep[(3 * len(per_rep)) // 4]
-            print(f"| {label} | {statistics.median(per_rep):.2f}x | {q1:.2f}-{q3:.2f}x | {target} |")
+            med, q1, q3 = per_rep_ratios(times[a], times[b])
+            print(f"| {label} | {med:.2f}x | {q1:.2f}-{q3:.2f}x | {target} |")
     if "pt DDP gloo" in memory and "pt FSDP gloo" in memory:
         ddp, fsdp = memory["pt DDP gloo"], memory["pt FSDP gloo"]
         print(f"\nper-rank param+grad+optim bytes, FSDP / DDP: {fsdp / ddp:.2f} (1/world = {1 / world:.2f}); "

@@ -20,10 +20,9 @@ call and each ratio as the median of the per-rep ratios.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import os
 import statistics
-import time
+
+from _ranks import interleaved, spawn_ranks
 
 VARIANTS = ["torch gloo", "pt gloo", "pt shm", "pt tcp"]
 CASES = ["redistribute S(0)->R", "mm S(0)@R"]
@@ -74,15 +73,9 @@ def _rank(rank, world, port, args, out) -> None:
                 for case in CASES:
                     checks[(n, case, v)] = round(calls[v][case][1](), 3)
                     calls[v][case][0]()  # warm up
-            for _ in range(args.reps):
-                for case in CASES:
-                    for v in VARIANTS:
-                        sync()
-                        fn = calls[v][case][0]
-                        t0 = time.perf_counter()
-                        for _ in range(args.iters):
-                            fn()
-                        times.setdefault((n, case, v), []).append((time.perf_counter() - t0) / args.iters)
+            keys = [(case, v) for case in CASES for v in VARIANTS]
+            got = interleaved(lambda key, c=calls: c[key[1]][key[0]][0](), keys, args.reps, args.iters, sync)
+            times.update({(n, case, v): t for (case, v), t in got.items()})
     pt_dist.barrier()
     pt_dist.destroy_process_group()
     if rank == 0:
@@ -95,15 +88,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--iters", type=int, default=20, help="timed calls per rep")
     args = ap.parse_args()
-    world, port = 2, 20000 + os.getpid() % 10000
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, args, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    times, checks = q.get(timeout=1800)
-    for p in procs:
-        p.join(60)
+    world = 2
+    times, checks = spawn_ranks(_rank, world, args)
     same = all(checks[(n, c, v)] == checks[(n, c, VARIANTS[0])] for n, c, v in checks)
     print(f"world {world}, float32 [n, n]; medians of {args.reps} interleaved reps of {args.iters} calls; every "
           f"variant's results equal torch's: {same}\n")

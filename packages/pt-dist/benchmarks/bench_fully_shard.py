@@ -19,10 +19,9 @@ of the two variants' times within one rep. Variants:
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import os
 import statistics
-import time
+
+from _ranks import interleaved, per_rep_ratios, spawn_ranks
 
 VARIANTS = ["torch fully_shard gloo", "pt fully_shard gloo", "pt fully_shard shm", "pt fully_shard tcp"]
 
@@ -82,14 +81,7 @@ def _rank(rank, world, port, args, out) -> None:
     for name in variants:  # warm up: lazy init, first-touch pages, the transports' buffers
         step(name)
         step(name)
-    times = {name: [] for name in variants}
-    for _ in range(args.reps):
-        for name in variants:
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                step(name)
-            times[name].append((time.perf_counter() - t0) / args.steps)
+    times = interleaved(step, list(variants), args.reps, args.steps, sync)
     numel = sum(p.numel() for p in _model(args.width, args.layers).parameters())
     pt_dist.barrier()
     pt_dist.destroy_process_group()
@@ -105,15 +97,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per rep")
     args = ap.parse_args()
-    world, port = 2, 20000 + os.getpid() % 10000
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, args, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    times, losses, numel = q.get(timeout=1800)
-    for p in procs:
-        p.join(60)
+    world = 2
+    times, losses, numel = spawn_ranks(_rank, world, args)
     same = all(losses[name] == losses[VARIANTS[0]] for name in VARIANTS)
     print(f"model: {args.layers} x Linear({args.width}, {args.width}) + ReLU, {numel / 1e6:.2f}M parameters, each "
           f"layer and the root fully_shard-ed; world {world}, batch {args.batch} rows per rank; medians of {args.reps} "
@@ -126,9 +111,8 @@ def main() -> None:
     print("\n| ratio (median of per-rep ratios) | measured | reps' middle half |")
     print("|---|---|---|")
     for name in VARIANTS[1:]:
-        per_rep = sorted(a / b for a, b in zip(times[name], times[VARIANTS[0]]))
-        q1, q3 = per_rep[len(per_rep) // 4], per_rep[(3 * len(per_rep)) // 4]
-        print(f"| {name} / {VARIANTS[0]} | {statistics.median(per_rep):.2f}x | {q1:.2f}-{q3:.2f}x |")
+        med, q1, q3 = per_rep_ratios(times[name], times[VARIANTS[0]])
+        print(f"| {name} / {VARIANTS[0]} | {med:.2f}x | {q1:.2f}-{q3:.2f}x |")
 
 
 if __name__ == "__main__":
