@@ -167,6 +167,53 @@ def state_dict_cases(c, pg):
         c.true("the right config is taken", len(model.state_dict()) == len(local.state_dict()))
 
 
+def _bn_net(seed):
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Linear(6, 7), nn.BatchNorm1d(7), nn.Sequential(nn.Linear(7, 5), nn.Tanh()), nn.Linear(5, 3))
+    m[1].running_mean.uniform_(-1, 1)
+    m[1].num_batches_tracked.fill_(seed + 3)
+    return m.eval()
+
+
+def plain_parent_load_cases(c, pg):
+    """test_fsdp_state_dict.py (wrapper modules around FSDP, test_state_dict_load_into_local_module): a plain
+    parent's load_state_dict reaches the units inside it, nested unit and buffers included, for full, sharded and
+    local state dicts; a key the model lacks is reported, the flat parameter never."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    def parent(kind):
+        model = _bn_net(0)
+        model[2] = FSDP(model[2], process_group=pg)
+        outer = FSDP(model, process_group=pg)
+        return checkpoint_wrapper(outer) if kind == "checkpoint_wrapper" else nn.Sequential(outer)
+
+    src, x = _bn_net(1), _batch(0, 9)
+    for kind, prefix in (("checkpoint_wrapper", ""), ("Sequential", "0.")):
+        want = {prefix + k: v for k, v in src.state_dict().items()}
+        loaded = parent(kind)
+        keys = loaded.load_state_dict(want)
+        c.true(f"{kind}: nothing missing or unexpected: {keys}", not keys.missing_keys and not keys.unexpected_keys)
+        got = loaded.state_dict()
+        c.true(f"{kind}: the same keys", sorted(got) == sorted(want))
+        for k in want:
+            c.equal(f"{kind} full {k}", got.get(k, torch.zeros(())), want[k], rtol=0, atol=0)
+        c.equal(f"{kind}: outputs", loaded(x), src(x), rtol=0, atol=0)
+        for sd_type in (StateDictType.SHARDED_STATE_DICT, StateDictType.LOCAL_STATE_DICT):
+            with FSDP.state_dict_type(loaded, sd_type):
+                sd = loaded.state_dict()
+            fresh = parent(kind)
+            with FSDP.state_dict_type(fresh, sd_type):
+                keys = fresh.load_state_dict(sd)
+            c.true(f"{kind} {sd_type.name}: {keys}", not keys.missing_keys and not keys.unexpected_keys)
+            c.equal(f"{kind} {sd_type.name}: outputs", fresh(x), src(x), rtol=0, atol=0)
+        short = {k: v for k, v in want.items() if not k.endswith("2.0.weight")}
+        keys = parent(kind).load_state_dict(short, strict=False)
+        c.true(f"{kind}: the one missing key: {keys.missing_keys}",
+               len(keys.missing_keys) == 1 and keys.missing_keys[0].endswith("2.0.weight"))
+        strict = parent(kind)
+        _raises(c, f"{kind}: strict", RuntimeError, lambda m=strict, s=short: m.load_state_dict(s), "2.0.weight")
+
+
 def checkpoint_cases(c, pg):
     """test_fsdp_checkpoint.py (test_checkpoint_fsdp_wrapping, reentrant): an FSDP model run under
     torch.utils.checkpoint(..., use_reentrant=True), and checkpoint_wrapper(FSDP(seq)) with the reentrant
@@ -196,7 +243,8 @@ def _cases(rank, world, backend):
     try:
         c = dutil.Case(rank, world)
         pg = pt_dist.group.WORLD
-        for case in (grad_acc_cases, summon_cases, wrap_api_cases, state_dict_cases, checkpoint_cases):
+        for case in (grad_acc_cases, summon_cases, wrap_api_cases, state_dict_cases, plain_parent_load_cases,
+                     checkpoint_cases):
             case(c, pg)
         return c.fails
     finally:

@@ -141,6 +141,8 @@ class FullyShardedDataParallel(nn.Module):
         self._sync_gradients = True  # False inside no_sync()
         self._forward_built_graph = False  # the last forward ran with grad enabled
         self._optim_state_dict_config = None
+        self.register_load_state_dict_pre_hook(_sd.pre_load_state_dict_hook)  # a plain parent's load_state_dict
+        self.register_load_state_dict_post_hook(_sd.post_load_state_dict_hook)
 
     # -- the root ------------------------------------------------------------------------------------------------
 

@@ -141,6 +141,54 @@ def load_local_state_dict(root, state_dict: dict, strict: bool = True):
     return keys
 
 
+def pre_load_state_dict_hook(unit, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+    """``nn.Module.load_state_dict`` of a plain parent reaching a unit (torch's ``_pre_load_state_dict_hook``):
+    this unit's own parameters, under the plain names after ``prefix``, are taken out and cut into its shard
+    (a DTensor value, SHARDED_STATE_DICT's, gathered first; LOCAL_STATE_DICT's one flat shard copied); what is
+    left under ``prefix`` moves under the wrapped module's name, so the walk on loads the buffers, the ignored
+    modules' parameters and the nested units' entries where they are."""
+    from pt_dist.fsdp.fully_sharded_data_parallel import FSDP_WRAPPED_MODULE, StateDictType
+
+    if local_metadata.get("assign_to_params_buffers"):
+        raise NotImplementedError(f"FullyShardedDataParallel at {prefix!r}: load_state_dict(assign=True) cannot "
+                                  f"assign into a flat parameter; load without assign")
+    unit._lazy_init()
+    handle = unit._handle
+    if handle is not None and unit._state_dict_type is StateDictType.LOCAL_STATE_DICT:
+        if prefix + FLAT_PARAM in state_dict:
+            value = state_dict.pop(prefix + FLAT_PARAM)
+            value = value.to_local() if _is_dtensor(value) else value
+            _check_shape(prefix + FLAT_PARAM, value, handle.flat_param.shape, "(saved by a different number of ranks?)")
+            with torch.no_grad():
+                handle.flat_param.copy_(value)
+        else:
+            missing.append(prefix + FLAT_PARAM)
+    elif handle is not None:
+        flat = handle.flat_param.new_zeros(handle.numel)
+        with torch.no_grad():
+            for info in handle.infos:
+                name = prefix + info.fqn
+                if name not in state_dict:
+                    missing.append(name)
+                    continue
+                value = state_dict.pop(name)
+                value = value.full_tensor() if _is_dtensor(value) else value
+                _check_shape(name, value, info.shape)
+                flat.narrow(0, info.offset, info.numel).copy_(value.reshape(-1))
+            handle.load_full_flat(flat)
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        state_dict[f"{prefix}{FSDP_WRAPPED_MODULE}.{key[len(prefix):]}"] = state_dict.pop(key)
+    unit.__dict__["_loading_flat_key"] = f"{prefix}{FSDP_WRAPPED_MODULE}.{FLAT_PARAM}"
+
+
+def post_load_state_dict_hook(unit, incompatible) -> None:
+    """The walk's default loading of the wrapped module counted the flat parameter missing: a plain module's
+    state dict never holds it."""
+    key = unit.__dict__.pop("_loading_flat_key", None)
+    if key in incompatible.missing_keys:
+        incompatible.missing_keys.remove(key)
+
+
 def _is_dtensor(value) -> bool:
     from pt_dist.tensor import DTensor
 
