@@ -61,7 +61,11 @@ class RRef:
         """A copy of the value, fetched from the owner (blocking, within ``timeout`` seconds)."""
         if self.is_owner():
             return self.local_value()
-        value = self._agent.request(self._owner, ("to_here", self._rref_id), timeout).wait()
+        from pt_dist.rpc import api
+
+        # inside a distributed-autograd context the fetch carries it, so the owner records a send for the value
+        # and it arrives here behind a recv function (torch's toHere: sendMessageWithAutograd, forced recording)
+        value = self._agent.request(self._owner, ("to_here", self._rref_id), timeout, api._current_ctx()).wait()
         if not self._confirmed and self._fork_id == self._rref_id:  # made by remote(): the owner registers it
             # before computing the value, so an answer means we are known there
             self._agent.rrefs.confirm_pending(self._fork_id)

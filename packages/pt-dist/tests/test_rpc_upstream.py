@@ -1,0 +1,172 @@
+"""torch's RPC, distributed-autograd tests ported for issue 37, each run on pt_dist and on torch's own RPC.
+
+Every test is parametrised by ``side``: the same rank function runs on pt_dist.rpc / pt_dist.autograd and on
+torch.distributed.rpc (TensorPipe) / torch.distributed.autograd (``rpc_testutil.start_side``), so the
+torch run shows the behaviour is torch's. Cases, from torch/testing/_internal/distributed/rpc/:
+
+- dist_autograd_test.py: test_backward_simple / _self, test_backward_rref / _nested,
+  test_backward_multiple_round_trips, test_backward_simple_python_udf, test_mixed_requires_grad,
+  test_graph_for_remote_call (all in ExecMode.REMOTE) -> test_backward_through_remote_to_here;
+  test_post_hooks -> test_accumulate_grad_hooks_run; test_backward_invalid_args -> test_invalid_arguments.
+- rpc_test.py: test_owner_rref_backward, test_user_rref_backward -> test_rref_backward;
+  test_callback_with_ret -> test_callback_may_block_on_another_rpc; test_non_cont_tensors ->
+  test_non_contiguous_tensors_keep_their_strides; test_user_rrefs_confirmed / _remote ->
+  test_rref_arguments_confirmed_before_the_call; test_rref_timeout -> test_to_here_after_remote_timed_out;
+  test_async_function_wrong_return_type (_async, _remote), test_return_future -> test_wrong_return_types;
+  test_worker_id / test_invalid_names' unknown destinations -> test_invalid_arguments;
+  test_set_and_get_default_rpc_timeout, test_default_timeout_used -> test_default_rpc_timeout.
+- ``import torch.distributed`` makes ``rpc`` and ``autograd`` attributes -> test_subpackages_are_attributes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pt_dist.rpc as ours
+import pytest
+import torch
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+import rpc_testutil as util  # noqa: E402
+
+SIDES = pytest.mark.parametrize("side", util.SIDES)
+rpc = dist_autograd = None  # the side this rank runs (_start): pt_dist's modules, or torch's
+
+
+def _start(side: str, rank: int, world_size: int, **options):
+    global rpc, dist_autograd
+    rpc, dist_autograd = util.side_modules(side)
+    return util.start_side(side, rank, world_size, **options)
+
+
+def _raises(fn, *args, **kwargs) -> tuple[str, str] | None:
+    """``(type name, message)`` of what ``fn`` raised, None if it returned."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+# --- 1. backward through remote(...).to_here() ---------------------------------------------------------------
+
+def my_py_add(t1, t2):
+    return torch.add(t1, t2)
+
+
+def _torch_ones(sizes, requires_grad=False):
+    return torch.ones(sizes, requires_grad=requires_grad)
+
+
+def my_rref_add(rref_t1, t2):
+    return torch.add(rref_t1.local_value(), t2)
+
+
+def my_nested_rref_add(dst, rref_t1, t2):
+    return rpc.rpc_sync(dst, my_rref_add, args=(rref_t1, t2))
+
+
+def _mixed_requires_grad_operaton(t1, t2):
+    if t2.requires_grad:
+        return t1 - t2
+    return t1 * t2
+
+
+def _owner_grad(context_id, rref):
+    return dist_autograd.get_gradients(context_id)[rref.local_value()]
+
+
+def _graph_counts(context_id) -> tuple[int, int]:
+    """(send functions, recv functions) of the context on this worker."""
+    if rpc is ours:
+        from pt_dist.autograd import container
+
+        ctx = container.retrieve(context_id)
+        return len(ctx.sends), len(ctx.recv_anchors)
+    ctx = dist_autograd._retrieve_context(context_id)
+    return len(ctx._send_functions()), len(ctx._recv_functions())
+
+
+def _remote(dst, fn, *args):
+    return rpc.remote(dst, fn, args=args).to_here()
+
+
+def _dist_grads(loss, *leaves):
+    """dist_autograd_test's _verify_backwards_remote: backward, then the context's grads, exactly for ``leaves``."""
+    with dist_autograd.context() as cid:
+        dist_autograd.backward(cid, [loss(cid)])
+        grads = dist_autograd.get_gradients(cid)
+        return [grads.get(t) for t in leaves], len(grads)
+
+
+def _remote_backward(rank, world_size, side):
+    stop = _start(side, rank, world_size)
+    try:
+        if rank != 0:
+            return None
+        torch.manual_seed(0)
+        t1, t2 = torch.rand(3, 3, requires_grad=True), torch.rand(3, 3, requires_grad=True)
+        out = {}
+        for name, dst, fn in (("simple", "worker1", torch.add), ("simple_self", "worker0", torch.add),
+                              ("python_udf", "worker1", my_py_add)):
+            out[name] = _dist_grads(lambda cid, dst=dst, fn=fn: _remote(dst, fn, t1, t2).sum(), t1, t2)
+        t3, t4, t5 = (torch.rand(3, 3, requires_grad=True) for _ in range(3))
+        n = [0]
+
+        def hop(fn, *args):
+            n[0] += 1
+            return _remote(f"worker{1 + n[0] % 2}", fn, *args)
+
+        def round_trips(cid):
+            val = hop(torch.mul, t3, hop(torch.add, t1, t2))
+            s1, s2 = hop(torch.stack, (t4, val)), hop(torch.stack, (t5, val))
+            val = hop(torch.bmm, s1, s2)
+            return hop(torch.matmul, val, val).sum()
+
+        out["round_trips"] = _dist_grads(round_trips, t1, t2, t3, t4, t5)
+        plain = torch.rand(3, 3)
+        out["mixed"] = _dist_grads(lambda cid: _remote("worker1", _mixed_requires_grad_operaton, t1, plain).sum(),
+                                   t1, plain)
+        for name, callee, owner in (("rref", "worker1", "worker1"), ("rref_nested", "worker1", "worker2")):
+            with dist_autograd.context() as cid:
+                rref_t1 = rpc.remote(owner, _torch_ones, args=((3, 3),), kwargs={"requires_grad": True})
+                rref = (rpc.remote(callee, my_rref_add, args=(rref_t1, t2)) if callee == owner
+                        else rpc.remote(callee, my_nested_rref_add, args=(owner, rref_t1, t2)))
+                dist_autograd.backward(cid, [rref.to_here().sum()])
+                owner_grad = rpc.rpc_sync(owner, _owner_grad, args=(cid, rref_t1))
+                out[name] = (dist_autograd.get_gradients(cid)[t2], owner_grad)
+        with dist_autograd.context() as cid:
+            ret = rpc.remote("worker1", torch.add, args=(t1, t2)).to_here()
+            out["graph"] = (_graph_counts(cid), ret.requires_grad, "RecvRpcBackward" in ret.grad_fn.name())
+        return out
+    finally:
+        stop()
+
+
+@SIDES
+def test_backward_through_remote_to_here(side):
+    out = run_ranks(_remote_backward, 3, side, backend=None, timeout=90)[0]
+    torch.manual_seed(0)
+    t1, t2 = torch.rand(3, 3, requires_grad=True), torch.rand(3, 3, requires_grad=True)
+    t3, t4, t5 = (torch.rand(3, 3, requires_grad=True) for _ in range(3))
+    ones = torch.ones(3, 3)
+    for name in ("simple", "simple_self", "python_udf"):
+        (g1, g2), n = out[name]
+        assert n == 2 and torch.equal(g1, ones) and torch.equal(g2, ones), name
+    val = torch.mul(t3, torch.add(t1, t2))
+    s1, s2 = torch.stack((t4, val)), torch.stack((t5, val))
+    val = torch.bmm(s1, s2)
+    torch.matmul(val, val).sum().backward()
+    grads, n = out["round_trips"]
+    assert n == 5
+    for got, t in zip(grads, (t1, t2, t3, t4, t5)):
+        torch.testing.assert_close(got, t.grad, rtol=1e-5, atol=1e-6)
+    plain = torch.rand(3, 3)
+    (mixed_t1, mixed_plain), n = out["mixed"]
+    assert n == 1 and mixed_plain is None and torch.equal(mixed_t1, plain)  # d(t1 * plain)/dt1
+    for name in ("rref", "rref_nested"):
+        assert torch.equal(out[name][0], ones) and torch.equal(out[name][1], ones), name
+    assert out["graph"] == ((1, 1), True, True), out["graph"]
