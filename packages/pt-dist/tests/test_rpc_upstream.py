@@ -170,3 +170,57 @@ def test_backward_through_remote_to_here(side):
     for name in ("rref", "rref_nested"):
         assert torch.equal(out[name][0], ones) and torch.equal(out[name][1], ones), name
     assert out["graph"] == ((1, 1), True, True), out["graph"]
+
+
+# --- 2. the leaves' AccumulateGrad hooks ----------------------------------------------------------------------
+
+def _leaf_hooks(rank, world_size, side):
+    stop = _start(side, rank, world_size)
+    try:
+        if rank != 0:
+            return None
+        out, calls = {}, []
+        t = torch.rand(10, 10, requires_grad=True)
+        a = t + t
+        accumulate_grad_0 = a.grad_fn.next_functions[0][0]
+        accumulate_grad_0.register_hook(lambda output_grads, input_grads: calls.append(1))
+        accumulate_grad_0.register_hook(lambda output_grads, input_grads: calls.append(2))
+        accumulate_grad_1 = a.grad_fn.next_functions[1][0]
+        accumulate_grad_1.register_hook(lambda output_grads, input_grads: calls.append(2))
+        with dist_autograd.context() as cid:
+            dist_autograd.backward(cid, [a.sum()])
+            grads = dist_autograd.get_gradients(cid)
+            out["post_hooks"] = (sum(calls), len(grads), t in grads)
+        # a pre hook's result is what the context accumulates; tensor hooks run, post-accumulate-grad hooks do not
+        u, seen = torch.ones(3, requires_grad=True), {"tensor": 0, "post_accumulate": 0, "pre": 0}
+        b = u * 3
+        b.grad_fn.next_functions[0][0].register_prehook(lambda g: seen.update(pre=seen["pre"] + 1) or (g[0] * 2,))
+        u.register_hook(lambda g: seen.update(tensor=seen["tensor"] + 1))
+        u.register_post_accumulate_grad_hook(lambda p: seen.update(post_accumulate=seen["post_accumulate"] + 1))
+        with dist_autograd.context() as cid:
+            dist_autograd.backward(cid, [b.sum()])
+            out["pre_hook"] = (dict(seen), dist_autograd.get_gradients(cid)[u], u.grad)
+        (u * 3).sum().backward()  # a local backward still runs the post-accumulate-grad hook
+        out["local_post_accumulate"] = seen["post_accumulate"]
+        # the pass that reaches a sent leaf runs on another thread, from the gradient worker1 sends back
+        v, remote_calls = torch.ones(2, requires_grad=True), []
+        keep = v * 1
+        keep.grad_fn.next_functions[0][0].register_hook(lambda o, i: remote_calls.append(1))
+        with dist_autograd.context() as cid:
+            dist_autograd.backward(cid, [rpc.rpc_sync("worker1", torch.mul, args=(v, 3.0)).sum()])
+            out["over_rpc"] = (len(remote_calls), dist_autograd.get_gradients(cid)[v], v.grad)
+        return out
+    finally:
+        stop()
+
+
+@SIDES
+def test_accumulate_grad_hooks_run(side):
+    out = run_ranks(_leaf_hooks, 2, side, backend=None, timeout=60)[0]
+    assert out["post_hooks"] == (5, 1, True)
+    seen, grad, dot_grad = out["pre_hook"]
+    assert seen == {"tensor": 1, "post_accumulate": 0, "pre": 1}, seen
+    assert torch.equal(grad, torch.full((3,), 6.0)) and dot_grad is None
+    assert out["local_post_accumulate"] == 1
+    n, grad, dot_grad = out["over_rpc"]
+    assert n == 1 and torch.equal(grad, torch.full((2,), 3.0)) and dot_grad is None
