@@ -224,3 +224,66 @@ def test_accumulate_grad_hooks_run(side):
     assert out["local_post_accumulate"] == 1
     n, grad, dot_grad = out["over_rpc"]
     assert n == 1 and torch.equal(grad, torch.full((2,), 3.0)) and dot_grad is None
+
+
+# --- 3. RRef.backward -----------------------------------------------------------------------------------------
+
+def _sum(x):
+    return x.sum()
+
+
+def _identity(x):
+    return x
+
+
+def _rref_backward(rank, world_size, side):
+    stop = _start(side, rank, world_size)
+    try:
+        if rank != 0:
+            return None
+        out = {}
+        t1 = torch.rand(10, 10, requires_grad=True)
+        rpc.RRef(t1.sum() + t1.sum()).backward()
+        out["owner_local"] = t1.grad
+        with dist_autograd.context() as cid:
+            rpc.RRef(rpc.rpc_sync("worker1", torch.add, args=(t1, t1)).sum()).backward(cid)
+            out["owner_dist"] = dist_autograd.get_gradients(cid)[t1]
+        with dist_autograd.context() as cid:
+            rref = rpc.RRef(rpc.rpc_sync("worker1", torch.add, args=(t1, t1)).sum())
+            rref.backward(cid, retain_graph=True)
+            rref.backward(cid)
+            out["owner_twice"] = dist_autograd.get_gradients(cid)[t1]
+        out["owner_errors"] = [
+            _raises(rpc.RRef(torch.rand(10)).backward),
+            _raises(rpc.RRef(torch.rand(10, requires_grad=True)).backward),
+            _raises(rpc.RRef(torch.rand(10, requires_grad=True).sum()).backward, 100),
+            _raises(rpc.RRef("foo").backward)]
+        t = torch.rand(10, requires_grad=True)
+        with dist_autograd.context() as cid:
+            rref = rpc.remote("worker1", _sum, args=(t,))
+            rref.backward(cid, retain_graph=True)
+            rref.backward(dist_autograd_ctx_id=cid)
+            out["user_twice"] = dist_autograd.get_gradients(cid)[t]
+        with dist_autograd.context() as cid:
+            rref = rpc.remote("worker1", _identity, args=("foo",))
+            out["user_errors"] = [_raises(rref.backward, cid), _raises(rref.backward)]
+        return out
+    finally:
+        stop()
+
+
+@SIDES
+def test_rref_backward(side):
+    out = run_ranks(_rref_backward, 2, side, backend=None, timeout=60)[0]
+    two = torch.full((10, 10), 2.0)
+    assert torch.equal(out["owner_local"], two) and torch.equal(out["owner_dist"], two)
+    assert torch.equal(out["owner_twice"], 2 * two) and torch.equal(out["user_twice"], torch.full((10,), 2.0))
+    no_grad, not_scalar, no_context, not_tensor = out["owner_errors"]
+    assert no_grad[0] == "RuntimeError" and "does not require grad and does not have a grad_fn" in no_grad[1]
+    assert not_scalar[0] == "RuntimeError" and "grad can be implicitly created only for scalar outputs" in not_scalar[1]
+    assert no_context[0] == "RuntimeError" and "Could not find autograd context with id: 100" in no_context[1]
+    assert not_tensor[0] == "RuntimeError" and "RRef should contain a tensor for .backward()" in not_tensor[1]
+    not_tensor, no_context = out["user_errors"]
+    assert not_tensor[0] == "RuntimeError" and "RRef should contain a tensor for .backward()" in not_tensor[1]
+    assert no_context == ("RuntimeError", "User RRefs require 'dist_autograd_ctx_id' to be specified") or (
+        no_context[0] == "RuntimeError" and "User RRefs require 'dist_autograd_ctx_id'" in no_context[1])
