@@ -130,7 +130,7 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     rref_id = agent.rrefs.new_id()
     if dst == agent.rank:
         rref = agent.rrefs.owner_rref(rref_id)
-        agent.submit(_run_local, rref, func, args, kwargs, _current_ctx())
+        agent.submit(_run_local, rref, func, args, kwargs)
         return rref
     rref = RRef._make(agent, dst, rref_id, rref_id)
     rref._creation = agent.request(dst, ("remote", func, args, kwargs, rref_id, rref_id), timeout, _current_ctx())
@@ -138,12 +138,9 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     return rref
 
 
-def _run_local(rref, func, args, kwargs, ctx) -> None:
-    from pt_dist.autograd import container
-
+def _run_local(rref, func, args, kwargs) -> None:
     try:
-        with container.current(ctx):  # the caller's context, as a call to another worker would run in
-            out = func(*args, **kwargs)
+        out = func(*args, **kwargs)
         if is_async(func):
             out.add_done_callback(lambda f: handlers._settle(rref._value, f))
         else:
