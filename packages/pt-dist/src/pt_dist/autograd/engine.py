@@ -1,11 +1,11 @@
 """Backward across workers: torch's ``DistEngine`` in FAST mode (torch/csrc/distributed/autograd/engine/).
 
 ``backward(context_id, roots)`` runs one local pass: find every leaf the roots reach (parameters, and the
-anchors of recv functions: functions.py) and run the engine to them, each leaf's gradient going to the
-context instead of ``.grad``, its ``AccumulateGrad`` hooks run (capture.py). Each recv function reached
-sends its gradients to the worker that sent those tensors, which runs the same pass from the tensors it sent
-(the ``"grad"`` handler) and answers once its own pass, and every pass it started in turn, is done (the
-handler returns a Future, so no pool thread is held while the passes it started run elsewhere). So the caller's
+anchors of recv functions: functions.py), ``torch.autograd.grad`` to all of them, and accumulate the
+parameters' gradients in the context instead of ``.grad``. Each recv function reached sends its gradients to
+the worker that sent those tensors, which runs the same pass from the tensors it sent (the ``"grad"``
+handler) and answers once its own pass, and every pass it started in turn, is done (the handler returns a
+Future, so no pool thread is held while the passes it started run elsewhere). So the caller's
 ``backward`` returns when the whole distributed graph has run. Passes that start from a send keep the graph
 (``retain_graph``): several sends may share it; the context's release frees it.
 """
@@ -15,19 +15,16 @@ from __future__ import annotations
 import torch
 
 from pt_dist.autograd import container as _context
-from pt_dist.autograd.capture import LeafCapture
 from pt_dist.autograd.functions import _pass
 
 
-def _reachable_leaves(roots: list[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
-    """Every leaf the roots reach and its ``AccumulateGrad`` node (a root that is a leaf: its own)."""
-    leaves, nodes, seen, stack = [], [], set(), []
+def _reachable_leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
+    leaves, seen, stack = [], set(), []
     for r in roots:
         if r.grad_fn is None:
             if r.requires_grad and id(r) not in seen:
                 seen.add(id(r))
                 leaves.append(r)
-                nodes.append(torch.autograd.graph.get_gradient_edge(r).node)
         else:
             stack.append(r.grad_fn)
     visited = set()
@@ -41,25 +38,29 @@ def _reachable_leaves(roots: list[torch.Tensor]) -> tuple[list[torch.Tensor], li
             if id(var) not in seen:
                 seen.add(id(var))
                 leaves.append(var)
-                nodes.append(fn)
             continue
         stack.extend(f for f, _ in fn.next_functions)
-    return leaves, nodes
+    return leaves
 
 
 def _run_pass(ctx, roots, grads, retain_graph: bool) -> list:
     """One local backward; returns the Futures of the gradients it sent on (none is waited for here)."""
-    leaves, nodes = _reachable_leaves(roots)
+    leaves = _reachable_leaves(roots)
     if not leaves:
         return []
     outer = getattr(_pass, "futures", None)
     _pass.futures = []
     try:
-        with LeafCapture(ctx, leaves, nodes, ctx.recv_anchors), _context.current(ctx):
-            torch.autograd.backward(roots, grads, retain_graph=retain_graph, inputs=leaves)
-        return _pass.futures
+        with _context.current(ctx):
+            found = torch.autograd.grad(roots, leaves, grads, retain_graph=retain_graph, allow_unused=True)
+        futures = _pass.futures
     finally:
         _pass.futures = outer
+    anchors = ctx.recv_anchors
+    for leaf, g in zip(leaves, found):
+        if g is not None and id(leaf) not in anchors:
+            ctx.accumulate(leaf, g)
+    return futures
 
 
 def _all(futures: list):
