@@ -2,6 +2,7 @@
 
 from torch.distributed import is_gloo_available, is_mpi_available, is_nccl_available  # what torch was built with
 
+from pt_dist import autograd, rpc  # attributes after ``import pt_dist``, as torch.distributed's
 from pt_dist.backends import Backend, get_default_backend_for_device, is_backend_available
 from pt_dist.batch_p2p import P2POp, batch_isend_irecv
 from pt_dist.distributed_c10d import (
@@ -78,13 +79,13 @@ __all__ = [
     "FileStore", "FullyShardedDataParallel", "GradBucket", "GroupMember", "HashStore", "P2POp", "PrefixStore",
     "ProcessGroup", "ReduceOp", "Store", "TCPStore", "Work", "all_gather", "all_gather_coalesced",
     "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce", "all_reduce_coalesced",
-    "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
+    "all_to_all", "all_to_all_single", "autograd", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "default_pg_timeout", "destroy_process_group", "gather", "gather_into_tensor", "gather_object", "gather_single",
     "get_backend", "get_backend_config", "get_default_backend_for_device", "get_global_rank", "get_group_rank",
     "get_node_local_rank", "get_pg_count", "get_process_group_ranks", "get_rank", "get_world_size", "group",
     "init_process_group", "irecv", "is_available", "is_backend_available", "is_gloo_available", "is_initialized",
     "is_mpi_available", "is_nccl_available", "is_torchelastic_launched", "isend", "monitored_barrier", "new_group",
     "new_subgroups", "new_subgroups_by_enumeration", "recv", "recv_object_list", "reduce", "reduce_scatter",
-    "reduce_scatter_single", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "send_object_list",
-    "set_timeout", "split_group", "supports_complex", "symmetric_empty",
+    "reduce_scatter_single", "reduce_scatter_tensor", "rpc", "scatter", "scatter_object_list", "send",
+    "send_object_list", "set_timeout", "split_group", "supports_complex", "symmetric_empty",
 ]

@@ -1,11 +1,11 @@
 """Backward across workers: torch's ``DistEngine`` in FAST mode (torch/csrc/distributed/autograd/engine/).
 
 ``backward(context_id, roots)`` runs one local pass: find every leaf the roots reach (parameters, and the
-anchors of recv functions: functions.py), ``torch.autograd.grad`` to all of them, and accumulate the
-parameters' gradients in the context instead of ``.grad``. Each recv function reached sends its gradients to
-the worker that sent those tensors, which runs the same pass from the tensors it sent (the ``"grad"``
-handler) and answers once its own pass, and every pass it started in turn, is done (the handler returns a
-Future, so no pool thread is held while the passes it started run elsewhere). So the caller's
+anchors of recv functions: functions.py) and run the engine to them, each leaf's gradient going to the
+context instead of ``.grad``, its ``AccumulateGrad`` hooks run (capture.py). Each recv function reached
+sends its gradients to the worker that sent those tensors, which runs the same pass from the tensors it sent
+(the ``"grad"`` handler) and answers once its own pass, and every pass it started in turn, is done (the
+handler returns a Future, so no pool thread is held while the passes it started run elsewhere). So the caller's
 ``backward`` returns when the whole distributed graph has run. Passes that start from a send keep the graph
 (``retain_graph``): several sends may share it; the context's release frees it.
 """
@@ -15,16 +15,19 @@ from __future__ import annotations
 import torch
 
 from pt_dist.autograd import container as _context
+from pt_dist.autograd.capture import LeafCapture
 from pt_dist.autograd.functions import _pass
 
 
-def _reachable_leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
-    leaves, seen, stack = [], set(), []
+def _reachable_leaves(roots: list[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
+    """Every leaf the roots reach and its ``AccumulateGrad`` node (a root that is a leaf: its own)."""
+    leaves, nodes, seen, stack = [], [], set(), []
     for r in roots:
         if r.grad_fn is None:
             if r.requires_grad and id(r) not in seen:
                 seen.add(id(r))
                 leaves.append(r)
+                nodes.append(torch.autograd.graph.get_gradient_edge(r).node)
         else:
             stack.append(r.grad_fn)
     visited = set()
@@ -38,29 +41,25 @@ def _reachable_leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
             if id(var) not in seen:
                 seen.add(id(var))
                 leaves.append(var)
+                nodes.append(fn)
             continue
         stack.extend(f for f, _ in fn.next_functions)
-    return leaves
+    return leaves, nodes
 
 
 def _run_pass(ctx, roots, grads, retain_graph: bool) -> list:
     """One local backward; returns the Futures of the gradients it sent on (none is waited for here)."""
-    leaves = _reachable_leaves(roots)
+    leaves, nodes = _reachable_leaves(roots)
     if not leaves:
         return []
     outer = getattr(_pass, "futures", None)
     _pass.futures = []
     try:
-        with _context.current(ctx):
-            found = torch.autograd.grad(roots, leaves, grads, retain_graph=retain_graph, allow_unused=True)
-        futures = _pass.futures
+        with LeafCapture(ctx, leaves, nodes, ctx.recv_anchors), _context.current(ctx):
+            torch.autograd.backward(roots, grads, retain_graph=retain_graph, inputs=leaves)
+        return _pass.futures
     finally:
         _pass.futures = outer
-    anchors = ctx.recv_anchors
-    for leaf, g in zip(leaves, found):
-        if g is not None and id(leaf) not in anchors:
-            ctx.accumulate(leaf, g)
-    return futures
 
 
 def _all(futures: list):
@@ -70,10 +69,22 @@ def _all(futures: list):
 
 def backward(context_id: int, roots: list[torch.Tensor], retain_graph: bool = False) -> None:
     """torch.distributed.autograd.backward: run backward from scalar ``roots`` across every worker involved."""
+    if not isinstance(context_id, int) or not isinstance(roots, (list, tuple)) or \
+            not all(isinstance(r, torch.Tensor) for r in roots):
+        raise TypeError(f"backward(): incompatible function arguments: takes (context_id: int, roots: "
+                        f"list[Tensor], retain_graph: bool = False), got ({type(context_id).__name__}, "
+                        f"{type(roots).__name__})")
+    if not roots:
+        raise RuntimeError("No tensors provided for gradient computation.")
+    for i, r in enumerate(roots):  # torch's DistEngine::validateRootsAndRetrieveEdges, its messages
+        if not r.requires_grad:
+            raise RuntimeError(f"requires_grad not set on root {i}")
+        if r.numel() != 1:
+            raise RuntimeError(f"Tensor root {i} is not a scalar, all roots need to be scalar (size "
+                               f"{list(r.shape)})")
+        if r.grad_fn is None:
+            raise RuntimeError(f"Tensor root {i} does not have a valid gradient function (it is a leaf)")
     ctx = _context.retrieve(context_id)
-    for r in roots:
-        if r.numel() != 1 or not r.requires_grad:
-            raise RuntimeError("backward roots must be scalar tensors that require grad")
     futures = _run_pass(ctx, list(roots), [torch.ones_like(r) for r in roots], retain_graph)
     if futures:
         _all(futures).wait()

@@ -1,15 +1,18 @@
 """``torch.distributed.rpc`` rebuilt: run functions on other workers, RRefs, futures; see docs/rpc.md.
 
-Read in this order: ``api.py`` (the calls), ``agent.py`` (requests, responses, timeouts), ``transport.py``
-(the bytes), ``mesh.py`` (connections and the secret), ``serialize.py`` (pickle without tensors), ``handlers.py``
-(what the callee runs), ``rref.py`` and ``rref_context.py`` (the RRef protocol), ``join.py`` (graceful shutdown).
+Read in this order: ``api.py`` (the calls), ``agent.py`` (requests, responses, timeouts), ``threads.py``
+(where requests run and futures complete), ``transport.py`` (the bytes), ``mesh.py`` (connections and the
+secret), ``serialize.py`` (pickle without tensors), ``handlers.py`` (what the callee runs),
+``rref.py`` and ``rref_context.py`` (the RRef protocol), ``join.py`` (graceful shutdown).
 """
 
 from torch.futures import Future, collect_all, wait_all
 
-from pt_dist.rpc import functions
+from pt_dist.rpc import constants, functions
 from pt_dist.rpc.api import (
     _rref_context_get_debug_info,
+    _set_rpc_timeout,
+    get_rpc_timeout,
     get_worker_info,
     init_rpc,
     remote,
@@ -27,6 +30,7 @@ from pt_dist.rpc.rref import RRef
 
 __all__ = [
     "DEFAULT_RPC_TIMEOUT_SEC", "Future", "RRef", "RpcBackendOptions", "TensorPipeRpcBackendOptions", "WorkerInfo",
-    "_rref_context_get_debug_info", "collect_all", "functions", "get_worker_info", "init_rpc", "remote",
+    "_rref_context_get_debug_info", "_set_rpc_timeout", "collect_all", "constants", "functions", "get_rpc_timeout",
+    "get_worker_info", "init_rpc", "remote",
     "rpc_async", "rpc_sync", "shutdown", "wait_all",
 ]

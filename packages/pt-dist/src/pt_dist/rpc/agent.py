@@ -7,7 +7,10 @@ futures past their deadline ("RPC ran for more than set timeout"). A connection 
 request waiting on that worker at once, with the reason; later calls to it fail immediately. A request
 whose handler returns a Future (``@async_execution``, an RRef whose value is not ready) is answered when that
 Future completes, so no pool thread waits on it. Calls to oneself take the same path without a socket.
-Futures complete on the reader thread: a ``then`` callback should not block on another RPC.
+A Future nobody chained anything to completes on the reader thread (a ``wait`` needs no other hand-off); one
+with ``then`` / ``add_done_callback`` callbacks completes on a callback thread, so a callback may block on
+another RPC whose answer this reader brings (threads.py). A request carrying user RRefs their owner has yet
+to confirm runs once they are confirmed (torch's ``RequestCallbackImpl`` waits on the same).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import queue
 import threading
 import time
 import traceback
@@ -24,38 +26,14 @@ import torch
 
 from pt_dist.rpc import mesh, serialize
 from pt_dist.rpc.options import TensorPipeRpcBackendOptions, WorkerInfo
+from pt_dist.rpc.threads import CallbackThreads, RpcFuture, ThreadPool, settle
 from pt_dist.rpc.transport import FLAG_ERROR, REQUEST, RESPONSE, Connection, Limits, Message
 
 log = logging.getLogger(__name__)
 
 
-class _Pool:
-    """The agent's thread pool (TensorPipeAgent's ``threadPool_``): daemon threads on one queue, so a handler that
-    never returns cannot hold the interpreter at exit, and a submit costs one queue put."""
-
-    def __init__(self, n: int, name: str):
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._n, self.stopped = n, False
-        for i in range(n):
-            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True).start()
-
-    def _run(self) -> None:
-        while (job := self._q.get()) is not None:
-            if not self.stopped:
-                try:
-                    job[0](*job[1])
-                except Exception:
-                    log.exception("rpc pool: a job raised")
-
-    def submit(self, fn, *args) -> None:
-        if self.stopped:
-            raise RuntimeError("the RPC agent's pool has shut down")
-        self._q.put((fn, args))
-
-    def shutdown(self) -> None:
-        self.stopped = True
-        for _ in range(self._n):
-            self._q.put(None)
+class RpcTimeoutError(RuntimeError):
+    """A call past its deadline (a RuntimeError, as torch's): lets an RRef know its creation timed out."""
 
 
 class RpcAgent:
@@ -79,7 +57,8 @@ class RpcAgent:
         self._completing = 0  # responses taken from the table whose future is being completed
         self.sent = 0  # requests sent (cumulative: the join's quiescence check)
         self.closing = False
-        self._pool = _Pool(options.num_worker_threads, f"rpc-{name}")
+        self._pool = ThreadPool(options.num_worker_threads, f"rpc-{name}")
+        self._callbacks = CallbackThreads(f"rpc-cb-{name}")
         from pt_dist.rpc.rref_context import RRefContext
 
         self.rrefs = RRefContext(self)
@@ -155,7 +134,7 @@ class RpcAgent:
         timeout = self.options.rpc_timeout if timeout is None or timeout < 0 else float(timeout)
         rid = next(self._ids)
         msg = serialize.encode(payload, dst, self, ctx, REQUEST, rid)
-        fut = torch.futures.Future()
+        fut = RpcFuture()
         with self._lock:
             if self.closing:
                 raise RuntimeError(f"RPC agent of {self.info} has shut down")
@@ -186,10 +165,18 @@ class RpcAgent:
             self._completing -= 1
             self._lock.notify_all()
 
+    def _complete(self, fut: RpcFuture, value=None, exc: BaseException | None = None) -> None:
+        """Set ``fut``'s result (or error) here if no callback was chained to it, else on a callback thread."""
+        with fut._cb_lock:
+            if not fut._has_callbacks:
+                fut.set_result(value) if exc is None else fut.set_exception(exc)
+                return
+        self._callbacks.submit(settle, fut, value, exc)
+
     def _fail(self, rid: int, exc: BaseException) -> None:
         entry = self._claim(rid)
         if entry is not None:
-            entry[0].set_exception(exc)
+            self._complete(entry[0], exc=exc)
             self._completed()
 
     def _on_response(self, src: int, msg: Message) -> None:
@@ -200,12 +187,12 @@ class RpcAgent:
         try:
             value = serialize.decode(msg, src, self)
         except Exception as e:
-            fut.set_exception(RuntimeError(f"cannot decode the response from {self.workers[src]}: {e!r}"))
+            self._complete(fut, exc=RuntimeError(f"cannot decode the response from {self.workers[src]}: {e!r}"))
         else:
             if msg.flags & FLAG_ERROR:
-                fut.set_exception(serialize.rebuild_error(value))
+                self._complete(fut, exc=serialize.rebuild_error(value))
             else:
-                fut.set_result(value)
+                self._complete(fut, value)
         finally:
             self._completed()
 
@@ -227,7 +214,7 @@ class RpcAgent:
                 entry = self._pending.get(rid)
                 if entry is not None:
                     _, dst, timeout = entry
-                    self._fail(rid, RuntimeError(
+                    self._fail(rid, RpcTimeoutError(
                         f"RPC ran for more than set timeout ({int(timeout * 1000)} ms) and will now be marked "
                         f"with an error (call to {self.workers[dst]})"))
 
@@ -243,11 +230,31 @@ class RpcAgent:
     def _serve(self, src: int, msg: Message) -> None:
         from pt_dist.autograd import container as ag
 
-        ctx = None
+        ctx, waits = None, []
         try:
             ctx = ag.get_or_create(msg.ctx_id, src) if msg.ctx_id >= 0 else None
             with ag.current(ctx):
-                op, *body = serialize.decode(msg, src, self)
+                op, *body = serialize.decode(msg, src, self, waits)
+        except BaseException as e:
+            self._respond(src, msg, e, ctx, traceback.format_exc())
+            return
+        if waits:  # RRef arguments not yet confirmed by their owners: run once they are, holding no thread
+            torch.futures.collect_all(waits).add_done_callback(
+                lambda _: self._resubmit(src, msg, ctx, op, body))
+            return
+        self._handle(src, msg, ctx, op, body)
+
+    def _resubmit(self, src: int, msg: Message, ctx, op, body) -> None:
+        try:
+            self._pool.submit(self._handle, src, msg, ctx, op, body)
+        except RuntimeError:  # pool shut down
+            self._finish()
+
+    def _handle(self, src: int, msg: Message, ctx, op: str, body) -> None:
+        from pt_dist.autograd import container as ag
+
+        try:
+            with ag.current(ctx):
                 result = self.handlers[op](src, *body)
         except BaseException as e:
             self._respond(src, msg, e, ctx, traceback.format_exc())

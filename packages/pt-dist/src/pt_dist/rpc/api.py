@@ -14,7 +14,6 @@ import threading
 
 from pt_dist.rpc import handlers, join
 from pt_dist.rpc.agent import RpcAgent
-from pt_dist.rpc.functions import is_async
 from pt_dist.rpc.options import UNSET_RPC_TIMEOUT, TensorPipeRpcBackendOptions, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -79,17 +78,32 @@ def shutdown(graceful: bool = True, timeout: float = 0) -> None:
 
 
 def _to_rank(to) -> int:
+    """The rank of ``to`` (a name, an id or a ``WorkerInfo``); RuntimeError for none, as torch's agent."""
     agent = _require_agent()
     if isinstance(to, WorkerInfo):
-        return to.id
+        to = to.id
     if isinstance(to, int):
         if not 0 <= to < agent.world_size:
-            raise ValueError(f"no worker with id {to} (world size {agent.world_size})")
+            raise RuntimeError(f"Invalid destination worker id {to}: could not find destination "
+                               f"(world size {agent.world_size})")
         return to
     for w in agent.workers:
         if w.name == to:
             return w.id
-    raise ValueError(f"Unknown destination worker {to}")
+    raise RuntimeError(f"name:{to} could not find destination: unknown worker name")
+
+
+def get_rpc_timeout() -> float:
+    """The default timeout of RPCs started from now on, in seconds (torch's ``get_rpc_timeout``)."""
+    return float(_require_agent().options.rpc_timeout)
+
+
+def _set_rpc_timeout(rpc_timeout: float) -> None:
+    """Set the default timeout (seconds; 0: none) of RPCs started from now on (torch's ``_set_rpc_timeout``);
+    calls already in flight keep theirs."""
+    if rpc_timeout < 0:
+        raise ValueError(f"rpc_timeout must be >= 0 seconds, got {rpc_timeout}")
+    _require_agent().options.rpc_timeout = float(rpc_timeout)
 
 
 def get_worker_info(worker_name: str | None = None) -> WorkerInfo:
@@ -130,7 +144,7 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     rref_id = agent.rrefs.new_id()
     if dst == agent.rank:
         rref = agent.rrefs.owner_rref(rref_id)
-        agent.submit(_run_local, rref, func, args, kwargs)
+        agent.submit(_run_local, rref, func, args, kwargs, _current_ctx())
         return rref
     rref = RRef._make(agent, dst, rref_id, rref_id)
     rref._creation = agent.request(dst, ("remote", func, args, kwargs, rref_id, rref_id), timeout, _current_ctx())
@@ -138,15 +152,11 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     return rref
 
 
-def _run_local(rref, func, args, kwargs) -> None:
-    try:
-        out = func(*args, **kwargs)
-        if is_async(func):
-            out.add_done_callback(lambda f: handlers._settle(rref._value, f))
-        else:
-            rref._value.set_result(out)
-    except Exception as e:
-        rref._value.set_exception(e)
+def _run_local(rref, func, args, kwargs, ctx) -> None:
+    from pt_dist.autograd import container
+
+    with container.current(ctx):  # the caller's context, as a call to another worker runs in
+        handlers.run_into(rref, func, args, kwargs)
 
 
 def _rref_context_get_debug_info() -> dict[str, int]:

@@ -18,30 +18,41 @@ from pt_dist.rpc import serialize
 from pt_dist.rpc.functions import is_async
 
 
-def _call(agent, src, fn, args, kwargs):
-    out = fn(*args, **(kwargs or {}))
+def _checked(fn, out):
+    """``out`` as the call's answer: a Future only from an ``@async_execution`` function, as torch's checks."""
     if is_async(fn):
         if not isinstance(out, torch._C.Future):
-            raise TypeError(f"@async_execution function {fn.__name__} returned {type(out).__name__}, not a Future")
-        return out
-    if isinstance(out, torch._C.Future):
-        raise TypeError(f"{fn.__name__} returned a Future: decorate it with @rpc.functions.async_execution")
+            raise RuntimeError(f"Functions decorated with @rpc.async_function must return a torch.futures.Future "
+                               f"object, but got {type(out)} (from {fn.__name__})")
+    elif isinstance(out, torch._C.Future):
+        raise RuntimeError(f"Can not pickle torch.futures.Future (returned by {fn.__name__}): decorate the "
+                           f"function with @rpc.functions.async_execution to answer with what it completes to")
     return out
+
+
+def _call(agent, src, fn, args, kwargs):
+    return _checked(fn, fn(*args, **(kwargs or {})))
+
+
+def run_into(rref, fn, args, kwargs, where: str = "") -> None:
+    """Run ``fn`` into the owner ``rref``'s value: its result, what its Future completes to, or its error
+    (with the traceback of ``where``), so a ``to_here`` waiting on it always gets an answer."""
+    try:
+        out = _checked(fn, fn(*args, **(kwargs or {})))
+    except Exception as e:
+        rref._value.set_exception(serialize.rebuild_error(
+            serialize.error_payload(e, where or str(rref._agent.info), traceback.format_exc())))
+        return
+    if is_async(fn):
+        out.add_done_callback(lambda f: _settle(rref._value, f))
+    else:
+        rref._value.set_result(out)
 
 
 def _remote(agent, src, fn, args, kwargs, rref_id, fork_id):
     rref = agent.rrefs.owner_rref(rref_id)
     agent.rrefs.add_fork(rref_id, fork_id)
-    try:
-        out = fn(*args, **(kwargs or {}))
-    except Exception as e:
-        rref._value.set_exception(serialize.rebuild_error(
-            serialize.error_payload(e, str(agent.info), traceback.format_exc())))
-        return None
-    if is_async(fn):
-        out.add_done_callback(lambda f: _settle(rref._value, f))
-    else:
-        rref._value.set_result(out)
+    run_into(rref, fn, args, kwargs)
     return None
 
 

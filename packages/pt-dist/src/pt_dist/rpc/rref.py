@@ -3,9 +3,9 @@
 torch/csrc/distributed/rpc/rref_impl.h (``OwnerRRef``, ``UserRRef``) and torch/distributed/rpc/rref_proxy.py.
 The owner's RRef holds the value in a ``torch.futures.Future`` (set when the ``remote`` call finishes); a
 user's holds the owner, the RRef id and its own fork id. ``to_here`` fetches a copy, ``local_value`` is the
-owner's, and ``rref.rpc_sync().method(...)`` (``rpc_async``, ``remote``) runs ``method`` on the owner's value.
-An RRef is pickled only inside an RPC (serialize.py), where rref_context.py does the fork protocol; a user's
-``__del__`` tells the owner.
+owner's, ``backward`` runs backward from it on the owner, and ``rref.rpc_sync().method(...)`` (``rpc_async``,
+``remote``) runs ``method`` on the owner's value. An RRef is pickled only inside an RPC (serialize.py), where
+rref_context.py does the fork protocol; a user's ``__del__`` tells the owner.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class RRef:
         self._value = torch.futures.Future() if owner == agent.rank else None
         self._creation = None  # the remote() call's Future (users made by remote)
         self._confirmed = owner == agent.rank
+        self._timed_out = False  # the remote() call that creates it timed out (torch's UserRRef::getTimedOut)
         self._deleted = False
 
     def is_owner(self) -> bool:
@@ -61,11 +62,34 @@ class RRef:
         """A copy of the value, fetched from the owner (blocking, within ``timeout`` seconds)."""
         if self.is_owner():
             return self.local_value()
-        value = self._agent.request(self._owner, ("to_here", self._rref_id), timeout).wait()
+        self._check_created()
+        from pt_dist.rpc import api
+
+        # inside a distributed-autograd context the fetch carries it, so the owner records a send for the value
+        # and it arrives behind a recv function (torch's toHere: sendMessageWithAutograd, forced recording)
+        value = self._agent.request(self._owner, ("to_here", self._rref_id), timeout, api._current_ctx()).wait()
         if not self._confirmed and self._fork_id == self._rref_id:  # made by remote(): the owner registers it
             # before computing the value, so an answer means we are known there
             self._agent.rrefs.confirm_pending(self._fork_id)
         return value
+
+    def _check_created(self) -> None:
+        if self._timed_out:
+            raise RuntimeError(f"RRef creation via rpc.remote() to {self.owner()} timed out, and it is possible "
+                               f"that the RRef on the owner node does not exist.")
+
+    def backward(self, dist_autograd_ctx_id: int = -1, retain_graph: bool = False) -> None:
+        """Backward from the value (a scalar tensor), run on the owner: local autograd without a context (owner
+        only), else the distributed backward of context ``dist_autograd_ctx_id`` (torch's ``RRef.backward``)."""
+        if self.is_owner():
+            _backward_on_owner(self, dist_autograd_ctx_id, retain_graph)
+        elif dist_autograd_ctx_id == -1:
+            raise RuntimeError("User RRefs require 'dist_autograd_ctx_id' to be specified")
+        else:
+            from pt_dist.rpc import api
+
+            self._check_created()
+            api.rpc_sync(self.owner(), _backward_on_owner, args=(self, dist_autograd_ctx_id, retain_graph))
 
     def _get_future(self) -> torch.futures.Future:
         """The Future of the ``remote`` call that created this RRef (its value, on the owner)."""
@@ -102,6 +126,18 @@ class RRef:
             pass  # interpreter teardown
 
 
+def _backward_on_owner(rref: RRef, context_id: int, retain_graph: bool) -> None:
+    value = rref.local_value()
+    if not isinstance(value, torch.Tensor):
+        raise RuntimeError(f"RRef should contain a tensor for .backward(), but it holds {type(value).__name__}")
+    if context_id == -1:
+        torch.autograd.backward(value, retain_graph=retain_graph)
+    else:
+        from pt_dist.autograd import engine
+
+        engine.backward(context_id, [value], retain_graph=retain_graph)
+
+
 @async_execution
 def _invoke(rref: RRef, name: str, args, kwargs):
     """On the owner: ``getattr(value, name)(*args, **kwargs)``; an ``@async_execution`` method's Future as is."""
@@ -126,6 +162,7 @@ class _Proxy:
         call = {"sync": api.rpc_sync, "async": api.rpc_async, "remote": api.remote}[self._mode]
 
         def method(*args, **kwargs):
+            self._rref._check_created()
             return call(self._rref.owner(), _invoke, args=(self._rref, name, args, kwargs), timeout=self._timeout)
 
         method.__name__ = name

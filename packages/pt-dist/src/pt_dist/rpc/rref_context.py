@@ -73,7 +73,11 @@ class RRefContext:
             self.pending_children[fork_id] = rref
         return (rref._owner, rref._rref_id, fork_id, self.rank)
 
-    def unfork(self, src: int, owner: int, rref_id: tuple, fork_id, parent: int):
+    def unfork(self, src: int, owner: int, rref_id: tuple, fork_id, parent: int, waits: list | None = None):
+        """The RRef a message carried; a user the owner has yet to confirm adds a Future to ``waits`` that
+        completes once it has (the call that carried it runs then: torch's RRef arguments are confirmed first)."""
+        import torch
+
         from pt_dist.rpc.rref import RRef
 
         if owner == self.rank:
@@ -87,11 +91,14 @@ class RRefContext:
             return user
         with self._lock:
             self.pending_users[fork_id] = user
+        confirmed = torch.futures.Future()
+        if waits is not None:
+            waits.append(confirmed)
         fut = self.agent.request(owner, ("rref_fork", rref_id, fork_id))
-        fut.add_done_callback(lambda f: self._forked(f, fork_id, parent))
+        fut.add_done_callback(lambda f: self._forked(f, fork_id, parent, confirmed))
         return user
 
-    def _forked(self, fut, fork_id: tuple, parent: int) -> None:
+    def _forked(self, fut, fork_id: tuple, parent: int, confirmed) -> None:
         with self._lock:
             user = self.pending_users.pop(fork_id, None)
         try:
@@ -102,6 +109,7 @@ class RRefContext:
             log.warning("rref fork %s: the owner did not confirm it: %s", fork_id, e)
         if ok and user is not None:
             self.confirm(fork_id, user)
+        confirmed.set_result(ok)
         try:
             self.agent.request(parent, ("rref_accept", fork_id))
         except RuntimeError as e:
@@ -117,7 +125,18 @@ class RRefContext:
         with self._lock:
             self.pending_users[fork_id] = user
 
-        fut.add_done_callback(lambda f: self.confirm_pending(fork_id))
+        fut.add_done_callback(lambda f: self._created(f, fork_id, user))
+
+    def _created(self, fut, fork_id: tuple, user) -> None:
+        from pt_dist.rpc.agent import RpcTimeoutError
+
+        try:
+            fut.wait()
+        except RpcTimeoutError:
+            user._timed_out = True  # the owner may never have made it: to_here and proxies raise from now on
+        except Exception:
+            pass  # the owner ran the function and holds its error: to_here raises it
+        self.confirm_pending(fork_id)
 
     def confirm_pending(self, fork_id: tuple) -> None:
         with self._lock:

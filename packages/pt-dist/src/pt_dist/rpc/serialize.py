@@ -37,9 +37,9 @@ class _Pickler(pickle.Pickler):
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, file, tensors, src: int, agent):
+    def __init__(self, file, tensors, src: int, agent, waits: list | None):
         super().__init__(file)
-        self.tensors, self.src, self.agent = tensors, src, agent
+        self.tensors, self.src, self.agent, self.waits = tensors, src, agent, waits
 
     def persistent_load(self, pid):
         kind = pid[0]
@@ -49,7 +49,7 @@ class _Unpickler(pickle.Unpickler):
             t = self.tensors[pid[1]]
             return t if t.grad_fn is not None else torch.nn.Parameter(t, requires_grad=t.requires_grad)
         if kind == "R":
-            return self.agent.rrefs.unfork(self.src, *pid[1:])
+            return self.agent.rrefs.unfork(self.src, *pid[1:], waits=self.waits)
         raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
 
 
@@ -71,14 +71,15 @@ def encode(obj, dst: int, agent, ctx=None, kind: int = 0, rid: int = 0, flags: i
     return msg
 
 
-def decode(msg: Message, src: int, agent):
-    """The object ``msg`` carries from worker ``src``; tensors that required grad get a recv function first."""
+def decode(msg: Message, src: int, agent, waits: list | None = None):
+    """The object ``msg`` carries from worker ``src``; tensors that required grad get a recv function first.
+    ``waits`` collects a Future per user RRef in it that its owner has yet to confirm (see agent._serve)."""
     tensors = msg.tensors
     if msg.ag_msg >= 0 and any(msg.grad_mask):
         from pt_dist.autograd.functions import attach_recv
 
         tensors = attach_recv(msg.ctx_id, src, msg.ag_msg, tensors, msg.grad_mask)
-    return _Unpickler(io.BytesIO(msg.meta), tensors, src, agent).load()
+    return _Unpickler(io.BytesIO(msg.meta), tensors, src, agent, waits).load()
 
 
 def error_payload(exc: BaseException, where: str, tb_text: str) -> tuple:

@@ -3,8 +3,10 @@
 The role of a TensorPipe ``Pipe`` (tensorpipe/core/pipe.h) over one TCP socket, after ``wire.py``'s
 handshake. A message is a fixed header (kind, flags, tensor count, request id, size of the pickled part,
 distributed-autograd context and message ids), one descriptor per tensor (dtype code, rank, requires-grad
-flag, sizes), the pickled part, then each tensor's bytes streamed in ``chunk_bytes`` pieces straight from and
-into the tensors' storage: no pickled tensor, no copy into one big frame, 64-bit lengths (no 4 GiB limit).
+flag, sizes, and strides for a non-contiguous tensor, which travels as the span of storage it covers so it
+arrives with the same strides, as TensorPipe's does), the pickled part, then each tensor's bytes streamed in
+``chunk_bytes`` pieces straight from and into the tensors' storage: no pickled tensor, no copy into one big
+frame, 64-bit lengths (no 4 GiB limit).
 Every size is checked against the limits before anything is allocated; a bad header raises
 ``wire.ProtocolError`` and the agent closes that connection only. One thread reads a connection; any thread
 may send (a lock keeps messages whole), so many requests can be in flight on it at once.
@@ -27,8 +29,8 @@ from pt_dist.rpc import cma_channel
 REQUEST, RESPONSE, ACK = 1, 2, 3  # ACK: the receiver copied the tensors a message lent by address
 FLAG_ERROR = 1
 HEADER = struct.Struct("<BBHIQQqq")  # kind, flags, pad, n_tensors, request id, meta bytes, autograd ctx, ag msg
-DESC = struct.Struct("<BBB")  # dtype code, ndim, flags (requires_grad, by address)
-RG, BY_ADDRESS = 1, 2
+DESC = struct.Struct("<BBB")  # dtype code, ndim, flags (requires_grad, by address, strided)
+RG, BY_ADDRESS, STRIDED = 1, 2, 4
 ADDR = struct.Struct("<Q")
 MAX_TENSORS = 1 << 16
 MAX_NDIM = 64
@@ -63,12 +65,25 @@ class Limits:
     chunk_bytes: int
 
 
-def _wire_tensor(t: torch.Tensor) -> torch.Tensor:
+def _span(shape, strides) -> int:
+    """Elements of storage a tensor of ``shape`` and ``strides`` covers from its first element."""
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(shape, strides))
+
+
+def _wire_tensor(t: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:
+    """What goes on the wire: the tensor itself when contiguous, else the flat span of storage it covers (no
+    copy) and its strides."""
     if t.device.type != "cpu":
         raise ValueError(f"RPC sends CPU tensors (no device_maps here); got one on {t.device}")
     if t.dtype not in CODE:
         raise ValueError(f"RPC cannot send dtype {t.dtype}")
-    return t.detach().contiguous()
+    t = t.detach()
+    if t.is_contiguous():
+        return t, None
+    flat = t.as_strided((_span(t.shape, t.stride()),), (1,), t.storage_offset())
+    return flat, t.stride()
 
 
 def _send_parts(sock: socket.socket, parts: list[memoryview]) -> None:
@@ -98,13 +113,16 @@ class Connection:
         wire.tune(sock)
 
     def send(self, msg: Message) -> None:
-        tensors = [_wire_tensor(t) for t in msg.tensors]
+        wired = [_wire_tensor(t) for t in msg.tensors]
+        tensors = [w for w, _ in wired]
         mask = msg.grad_mask or [False] * len(tensors)
         lent = [self.lend and t.numel() * t.element_size() >= cma_channel.MIN_BYTES for t in tensors]
         head = [HEADER.pack(msg.kind, msg.flags, 0, len(tensors), msg.rid, len(msg.meta), msg.ctx_id, msg.ag_msg)]
-        for t, rg, by_addr in zip(tensors, mask, lent):
-            head.append(DESC.pack(CODE[t.dtype], t.dim(), RG * bool(rg) | BY_ADDRESS * by_addr)
-                        + struct.pack(f"<{t.dim()}q", *t.shape) + (ADDR.pack(t.data_ptr()) if by_addr else b""))
+        for (t, strides), orig, rg, by_addr in zip(wired, msg.tensors, mask, lent):
+            flags = RG * bool(rg) | BY_ADDRESS * by_addr | STRIDED * (strides is not None)
+            head.append(DESC.pack(CODE[t.dtype], orig.dim(), flags) + struct.pack(f"<{orig.dim()}q", *orig.shape)
+                        + (struct.pack(f"<{orig.dim()}q", *strides) if strides is not None else b"")
+                        + (ADDR.pack(t.data_ptr()) if by_addr else b""))
         head.append(msg.meta)
         chunk = self.limits.chunk_bytes
         parts = [memoryview(b"".join(head))]
@@ -159,31 +177,34 @@ class Connection:
         specs, total = [], 0
         for _ in range(n):
             code, ndim, tflags = DESC.unpack(self._read(DESC.size))
-            if code >= len(DTYPES) or ndim > MAX_NDIM or tflags > RG | BY_ADDRESS:
+            if code >= len(DTYPES) or ndim > MAX_NDIM or tflags > RG | BY_ADDRESS | STRIDED:
                 raise wire.ProtocolError(f"bad tensor descriptor (dtype {code}, ndim {ndim}, flags {tflags})")
             if tflags & BY_ADDRESS and not self.read_pid:
                 raise wire.ProtocolError("tensor sent by address on a connection without cross-memory access")
             shape = struct.unpack(f"<{ndim}q", self._read(8 * ndim))
+            strides = struct.unpack(f"<{ndim}q", self._read(8 * ndim)) if tflags & STRIDED else None
             addr = ADDR.unpack(self._read(ADDR.size))[0] if tflags & BY_ADDRESS else None
-            if any(s < 0 for s in shape):
-                raise wire.ProtocolError(f"negative tensor size {shape}")
+            if any(s < 0 for s in shape) or any(s < 0 for s in strides or ()):
+                raise wire.ProtocolError(f"negative tensor size {shape} or stride {strides}")
             numel = 1
             for s in shape:
                 numel *= s
+            if strides is not None:
+                numel = _span(shape, strides)  # the storage that travels
             total += numel * DTYPES[code].itemsize
             if total > self.limits.max_message_bytes:
                 raise wire.ProtocolError(f"tensors of over {total} bytes exceed the {self.limits.max_message_bytes}"
                                          f"-byte limit")
-            specs.append((DTYPES[code], shape, bool(tflags & RG), addr))
+            specs.append((DTYPES[code], shape, bool(tflags & RG), addr, strides, numel))
         meta = self._read(meta_len)
         tensors = []
-        for dtype, shape, _, addr in specs:
-            t = torch.empty(shape, dtype=dtype)
+        for dtype, shape, _, addr, strides, numel in specs:
+            t = torch.empty(shape if strides is None else (numel,), dtype=dtype)
             if addr is None:
                 self._read_into(wire.byte_view(t))
             elif t.numel():
                 self._cma.read(self.read_pid, addr, t.data_ptr(), t.numel() * t.element_size())
-            tensors.append(t)
+            tensors.append(t if strides is None else t.as_strided(shape, strides))
         if any(s[3] is not None for s in specs):
             with self._send_lock:
                 self.sock.sendall(HEADER.pack(ACK, 0, 0, 0, 0, 0, -1, -1))

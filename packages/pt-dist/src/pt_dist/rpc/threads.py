@@ -1,0 +1,116 @@
+"""The agent's threads: the pool that serves requests, the callback threads, and the Future that picks one.
+
+torch's ``TensorPipeAgent`` runs requests and completes futures on its ``threadPool_``. Here requests go to a
+fixed pool (``num_worker_threads``, as torch's); a response completes its ``RpcFuture`` on the reader thread
+when nothing was chained to it (a ``wait`` needs no further hand-off, so an empty call pays no extra wake-up),
+and on the callback threads when something was: a ``then`` callback may block on another RPC, whose answer
+the same reader must be free to read (torch's ``test_callback_with_ret``). Callback threads grow while all are
+busy, so callbacks waiting on each other cannot starve, and shrink when idle.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class RpcFuture(torch.futures.Future):
+    """The Future of one request: notes whether callbacks were chained to it, under a lock, so the agent
+    completes it inline when none were and on a callback thread when some were (``RpcAgent._complete``)."""
+
+    def __init__(self):
+        super().__init__()
+        self._cb_lock = threading.Lock()
+        self._has_callbacks = False
+
+    def then(self, callback):
+        with self._cb_lock:
+            self._has_callbacks = True
+        return super().then(callback)
+
+    def add_done_callback(self, callback) -> None:
+        with self._cb_lock:
+            self._has_callbacks = True
+        super().add_done_callback(callback)
+
+
+class CallbackThreads:
+    """Threads that run completions with callbacks: one more is started whenever all are busy (a callback
+    may block on an RPC whose completion needs another), and one idle for ``idle_s`` exits."""
+
+    def __init__(self, name: str, idle_s: float = 10.0):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = self._n = 0
+        self._name, self._idle_s = name, idle_s
+
+    def submit(self, fn, *args) -> None:
+        with self._lock:
+            start = self._idle == 0
+            if start:
+                self._n += 1
+            else:
+                self._idle -= 1  # claimed: the put below wakes one
+        self._q.put((fn, args))
+        if start:
+            threading.Thread(target=self._run, name=f"{self._name}-{self._n}", daemon=True).start()
+
+    def _run(self) -> None:
+        job = self._q.get()
+        while True:
+            try:
+                job[0](*job[1])
+            except Exception:
+                log.exception("rpc callback raised")
+            job = None
+            with self._lock:
+                self._idle += 1
+            try:
+                job = self._q.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # nobody claimed this thread meanwhile
+                        self._idle -= 1
+                        self._n -= 1
+                        return
+                job = self._q.get()  # a submit claimed it just as it timed out: its job is on its way
+
+
+class ThreadPool:
+    """The agent's thread pool (TensorPipeAgent's ``threadPool_``): daemon threads on one queue, so a handler that
+    never returns cannot hold the interpreter at exit, and a submit costs one queue put."""
+
+    def __init__(self, n: int, name: str):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._n, self.stopped = n, False
+        for i in range(n):
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True).start()
+
+    def _run(self) -> None:
+        while (job := self._q.get()) is not None:
+            if not self.stopped:
+                try:
+                    job[0](*job[1])
+                except Exception:
+                    log.exception("rpc pool: a job raised")
+            job = None  # an idle thread holds nothing (a job's arguments may hold RRefs)
+
+    def submit(self, fn, *args) -> None:
+        if self.stopped:
+            raise RuntimeError("the RPC agent's pool has shut down")
+        self._q.put((fn, args))
+
+    def shutdown(self) -> None:
+        self.stopped = True
+        for _ in range(self._n):
+            self._q.put(None)
+
+
+def settle(fut, value, exc) -> None:
+    """Complete ``fut`` with ``value``, or with ``exc`` when it is not None."""
+    fut.set_result(value) if exc is None else fut.set_exception(exc)
