@@ -5,7 +5,8 @@ torch.distributed.rpc (TensorPipe), so the torch run shows the behaviour is torc
 torch/testing/_internal/distributed/rpc/rpc_test.py:
 
 - test_callback_with_ret (and its ``add_done_callback`` twin) -> test_callback_may_block_on_another_rpc (4).
-- test_non_cont_tensors, plus a transpose -> test_non_contiguous_tensors_keep_their_strides (5).
+- test_non_cont_tensors, plus a transpose -> test_non_contiguous_tensors_keep_their_strides (5), also with
+  every tensor sent by address (cross-memory read).
 - test_user_rrefs_confirmed / _remote -> test_rref_arguments_confirmed_before_the_call (6).
 - test_rref_timeout -> test_to_here_after_remote_timed_out (7).
 - test_async_function_wrong_return_type / _async / _remote, test_return_future / _async / _remote ->
@@ -112,15 +113,22 @@ def _strides(rank, world_size, side):
         t_view = t.narrow(1, 2, 2)
         ret = rpc.rpc_sync("worker1", non_cont_test, args=(t_view, t_view.contiguous()))
         tt = torch.arange(12.0).view(3, 4).t()
-        return t_view, ret, tt, rpc.rpc_sync("worker1", _layout, args=(tt,)), rpc.rpc_sync("worker1", torch.clone,
-                                                                                          args=(tt,))
+        by_address = rpc.api._agent._peers[1].lend if side == "pt_dist" else None
+        return (t_view, ret, tt, rpc.rpc_sync("worker1", _layout, args=(tt,)),
+                rpc.rpc_sync("worker1", torch.clone, args=(tt,)), by_address)
     finally:
         stop()
 
 
-@SIDES
+@pytest.mark.parametrize("side", ["pt_dist", "pt_dist_by_address", "torch"])
 def test_non_contiguous_tensors_keep_their_strides(side):
-    t_view, ret, tt, seen, back = run_ranks(_strides, 2, side, backend=None, timeout=60, fresh=side == "torch")[0]
+    """``pt_dist_by_address``: every tensor crosses by cross-memory read (rpc/cma_channel.py), not the socket."""
+    if side == "pt_dist_by_address":
+        out = run_ranks(_strides, 2, "pt_dist", backend=None, timeout=60, env={"PT_DIST_RPC_CMA_BYTES": "1"})[0]
+        assert out[-1] is True, "the connection did not agree on cross-memory reads"
+    else:
+        out = run_ranks(_strides, 2, side, backend=None, timeout=60, fresh=side == "torch")[0]
+    t_view, ret, tt, seen, back, _ = out
     assert torch.equal(t_view, ret) and not ret.is_contiguous() and ret.stride() == t_view.stride()
     assert seen == ((4, 3), (1, 4), False)
     assert torch.equal(back, tt) and back.stride() == (1, 4)
