@@ -24,8 +24,8 @@ import weakref
 import torch
 from torch import nn
 
-from pt_dist import distributed_c10d as c10d
 from pt_dist.fsdp import _optim_utils as _optim
+from pt_dist.fsdp import _runtime_utils as _rt
 from pt_dist.fsdp import _unshard_param_utils as _unshard
 from pt_dist.fsdp import state_dict as _sd
 from pt_dist.fsdp._init_utils import _check_arguments, _init_process_groups
@@ -133,7 +133,7 @@ class FullyShardedDataParallel(nn.Module):
             self._handle = FlatParamHandle(
                 owned, shard, replicate, strategy is not ShardingStrategy.NO_SHARD, mp.param_dtype, mp.reduce_dtype
             )
-            self._handle.on_post_backward = _weak_method(self, "_post_backward")
+            self._handle.on_post_backward = _rt.weak_method(self, "_post_backward")
             module.register_parameter(FLAT_PARAM, self._handle.flat_param)
         self._is_root: bool | None = None
         self._root_ref: weakref.ref | None = None
@@ -194,7 +194,7 @@ class FullyShardedDataParallel(nn.Module):
             and self.mixed_precision.param_dtype is not None
             and self.mixed_precision.cast_root_forward_inputs
         ):
-            args, kwargs = _cast_floats((args, kwargs), self.mixed_precision.param_dtype)
+            args, kwargs = _rt.cast_floats((args, kwargs), self.mixed_precision.param_dtype)
         if handle is None:
             out = self._fsdp_wrapped_module(*args, **kwargs)
             if self._is_root:  # (a root of wrapped units alone: the order is known after its first forward too)
@@ -293,23 +293,8 @@ class FullyShardedDataParallel(nn.Module):
         """Clip the gradient norm of the whole model (the shards' norms combined over the shard group)."""
         self._lazy_init()
         grads = [u._handle.flat_param.grad for u in self._units if u._handle and u._handle.flat_param.grad is not None]
-        norm_type = float(norm_type)
-        if norm_type == float("inf"):
-            local = torch.stack([g.abs().max() for g in grads]).max() if grads else torch.zeros(())
-            total = local.double().reshape(1)
-            op = "max"
-        else:
-            zero = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else None)
-            total = sum((g.double().abs().pow(norm_type).sum() for g in grads), zero)
-            total, op = total.reshape(1), "sum"
-        if self.sharding_strategy is not ShardingStrategy.NO_SHARD and self.process_group.size() > 1:
-            c10d.all_reduce(total, op=op, group=self.process_group)
-        total = total[0] if norm_type == float("inf") else total[0] ** (1.0 / norm_type)
-        coef = max_norm / (float(total) + 1e-6)
-        if coef < 1:
-            for g in grads:
-                g.mul_(coef)
-        return total.to(torch.float32)
+        sharded = self.sharding_strategy is not ShardingStrategy.NO_SHARD and self.process_group.size() > 1
+        return _rt.clip_grad_norm_(grads, max_norm, norm_type, self.process_group if sharded else None)
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """nn.Module's protocol (``destination``, ``prefix``; positionally too), so a unit inside a plain parent
@@ -430,19 +415,3 @@ def _owned_parameters(module: nn.Module, ignored: set, prefix: str = ""):
     for child_name, child in module.named_children():
         if not isinstance(child, FullyShardedDataParallel) and child not in ignored:
             yield from _owned_parameters(child, ignored, f"{prefix}{child_name}.")
-
-
-def _weak_method(obj, name: str):
-    """``obj.<name>()`` without holding ``obj``."""
-    ref = weakref.ref(obj)
-    return lambda: getattr(ref(), name)()
-
-
-def _cast_floats(obj, dtype):
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cast_floats(o, dtype) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
-    return obj
