@@ -1,4 +1,5 @@
-"""What the drop-in example tests share: the header mark, the line swaps, the sha256 check, the launch env."""
+"""What the drop-in example tests share: the header mark, the line swaps, the sha256 check, the launch env, and
+the start of their torchrun job scripts."""
 
 from __future__ import annotations
 
@@ -33,3 +34,22 @@ def _env() -> dict:
 
 def _check(proc):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+# The start of a torchrun job script (run as a file in each rank, not under pytest): the agent's store, and a
+# fresh rendezvous port per run, because torch's env:// re-init on the agent's store reads stale keys.
+JOB_PRELUDE = """
+import os, socket
+import torch
+
+agent = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+
+
+def fresh_master_port(rank, name):
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            agent.set(name, str(s.getsockname()[1]))
+    os.environ["MASTER_PORT"] = agent.get(name).decode()
+"""

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from examples_testutil import EXAMPLES, MARK, _check, _env, _swap, _upstream_sha  # noqa: E402
+from examples_testutil import EXAMPLES, JOB_PRELUDE, MARK, _check, _env, _swap, _upstream_sha  # noqa: E402
 
 # ---------------------------------------------------------------- pytorch/examples ddp-tutorial-series
 DDP_DIR = EXAMPLES / "ddp-tutorial-series"
@@ -47,16 +47,14 @@ DDP_BACKEND = '    init_process_group(backend="gloo")\n'
 # Runs in each torchrun rank: every (variant, mode) of the plan one after another, each from the same per-rank
 # seed (rank 1's initial weights and data differ from rank 0's, so DDP's broadcast matters), in its own folder
 # (the snapshot is ./snapshot.pt). F.cross_entropy is wrapped to record each loss; in "mse" mode it is mse_loss.
-DDP_JOB = """
-import contextlib, io, json, os, runpy, socket, sys
+DDP_JOB = JOB_PRELUDE + """
+import contextlib, io, json, os, runpy, sys
 import torch, torch.nn.functional as F
 import pt_dist  # registers pt_shm with torch
 
 rank, out_dir, plan = int(os.environ["RANK"]), sys.argv[1], json.loads(open(sys.argv[2]).read())
 sys.path.insert(0, os.path.dirname(plan[0]["script"]))  # datautils
 real_ce, results = F.cross_entropy, {}
-agent = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
 for run in plan:
     losses, buf = [], io.StringIO()
     print(f"rank {rank}: {run['name']}", file=sys.stderr, flush=True)
@@ -64,11 +62,7 @@ for run in plan:
         loss = F.mse_loss(input, target) if _mse else real_ce(input, target, *a, **k)
         losses.append(loss.item())
         return loss
-    if rank == 0:  # a fresh rendezvous port per run: torch's env:// re-init on the agent's store reads stale keys
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            agent.set(run["name"], str(s.getsockname()[1]))
-    os.environ["MASTER_PORT"] = agent.get(run["name"]).decode()
+    fresh_master_port(rank, run["name"])
     os.makedirs(run["cwd"], exist_ok=True)
     os.chdir(run["cwd"])
     torch.manual_seed(1000 + rank)

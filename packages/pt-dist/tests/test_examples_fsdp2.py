@@ -19,7 +19,7 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from examples_testutil import EXAMPLES, MARK, _check, _env, _swap, _upstream_sha  # noqa: E402
+from examples_testutil import EXAMPLES, JOB_PRELUDE, MARK, _check, _env, _swap, _upstream_sha  # noqa: E402
 
 FSDP2_DIR = EXAMPLES / "FSDP2"
 UPSTREAM_SHA256 = {"example.py": "f84fb0503517ee5c6a6100c69bd0ccc55431e141643a32de88fadfb3407ecc6c",
@@ -64,21 +64,15 @@ TORCH_CPU = [('        device = torch.device("cpu")\n', '        device = torch.
 # files: Tensor.backward records each loss; Checkpointer.load_model records how far the loaded model is from the
 # file it read; Transformer.reset_parameters also resets the blocks (upstream's resets only the embeddings, norm
 # and output, so the ten blocks keep to_empty's uninitialised memory: on CPU torch's own run then ends in NaN).
-FSDP2_JOB = """
-import contextlib, io, json, os, runpy, socket, sys
+FSDP2_JOB = JOB_PRELUDE + """
+import contextlib, io, json, os, runpy, sys
 import torch
 
 rank, out_dir, plan = int(os.environ["RANK"]), sys.argv[1], json.loads(open(sys.argv[2]).read())
-agent = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
 real_backward, results = torch.Tensor.backward, {}
 for run in plan:
     print(f"rank {rank}: {run['name']}", file=sys.stderr, flush=True)
-    if rank == 0:  # a fresh rendezvous port per run: torch's env:// re-init on the agent's store reads stale keys
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            agent.set(run["name"], str(s.getsockname()[1]))
-    os.environ["MASTER_PORT"] = agent.get(run["name"]).decode()
+    fresh_master_port(rank, run["name"])
     os.makedirs(run["cwd"], exist_ok=True)
     os.chdir(run["cwd"])
     for name in ("checkpoint", "model", "utils"):
