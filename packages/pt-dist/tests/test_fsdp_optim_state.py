@@ -2,7 +2,9 @@
 ``FSDP.optim_state_dict`` against torch's own FSDP1 trained the same way in the same ranks (torch's FSDP runs on
 CPU with ``device_id=cpu`` over a gloo group), keys and values; ``optim_state_dict_to_load`` round trips, also at
 another world size (saved on 2 ranks, loaded into a 1-rank FSDP model: the next step equals the uninterrupted
-one); bad input named."""
+one); under ``SHARDED_STATE_DICT`` (torch's ``_sharded_optim_state_dict`` cases) each rank's rows of every
+per-element state equal torch's ShardedTensor's local shard, and loading them back restores the optimizer
+exactly; bad input named."""
 
 from __future__ import annotations
 
@@ -48,6 +50,36 @@ def _ours(pg):
     return FSDP(model, process_group=pg)
 
 
+def _local(v):
+    """The rows a rank holds of a sharded state (torch's ShardedTensor or a DTensor); anything else as is."""
+    if hasattr(v, "local_tensor"):
+        return v.local_tensor().clone()
+    if hasattr(v, "to_local"):
+        return v.to_local().clone()
+    return v
+
+
+def _sharded_case(theirs, opt_t, ours, opt_o):
+    """SHARDED_STATE_DICT on both sides: the local rows, our value types, and our sharded round trip."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
+    from torch.distributed.fsdp import StateDictType as TorchType
+
+    with TorchFSDP.state_dict_type(theirs, TorchType.SHARDED_STATE_DICT):
+        sh_t = TorchFSDP.optim_state_dict(theirs, opt_t)
+    with FSDP.state_dict_type(ours, StateDictType.SHARDED_STATE_DICT):
+        sh_o = FSDP.optim_state_dict(ours, opt_o)
+    model = _ours(pt_dist.group.WORLD)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        opt.load_state_dict(FSDP.optim_state_dict_to_load(model, opt, sh_o))
+    want, got = opt_o.state_dict()["state"], opt.state_dict()["state"]
+    round_trip = sorted(got) == sorted(want) and all(torch.equal(got[i][k], v) for i, st in want.items()
+                                                     for k, v in st.items())
+    local = [{n: {k: _local(v) for k, v in st.items()} for n, st in sd["state"].items()} for sd in (sh_t, sh_o)]
+    kinds = {type(v).__name__ for st in sh_o["state"].values() for v in st.values()}
+    return (*local, kinds, round_trip)
+
+
 def _parity(rank, world, backend):
     from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
 
@@ -70,6 +102,7 @@ def _parity(rank, world, backend):
         _train(ours, opt_o, rank, 2)
         osd_t = TorchFSDP.optim_state_dict(theirs, opt_t)
         osd_o = FSDP.optim_state_dict(ours, opt_o)
+        sharded_case = _sharded_case(theirs, opt_t, ours, opt_o)
         loaded_model = _ours(pt_dist.group.WORLD)
         loaded_opt = torch.optim.Adam(loaded_model.parameters(), lr=1e-2)
         with torch.no_grad():
@@ -90,7 +123,8 @@ def _parity(rank, world, backend):
         legacy += (sorted(sharded["state"]) == sorted(opt_o.state_dict()["state"]) and all(
             torch.equal(sharded["state"][i][k], v) for i, st in opt_o.state_dict()["state"].items()
             for k, v in st.items()),)
-        return osd_t, osd_o, resumed, bool(rank0_only), full_model, FSDP.optim_state_dict(ours, opt_o), legacy
+        return (osd_t, osd_o, resumed, bool(rank0_only), full_model, FSDP.optim_state_dict(ours, opt_o), legacy,
+                sharded_case)
     finally:
         leave()
         dist.destroy_process_group()
@@ -143,7 +177,8 @@ def _two_rank_next_step(rank, world, full_model, osd):
 @pytest.mark.parametrize("backend", ["tcp", "shm"])
 def test_optim_state_dict_matches_torchs_fsdp_and_round_trips(backend):
     results = run_ranks(_parity, 2, backend, backend=None, timeout=180)
-    for rank, (osd_t, osd_o, resumed, rank0_only, _, _, (ours_legacy, theirs_legacy, reshard)) in enumerate(results):
+    for rank, (osd_t, osd_o, resumed, rank0_only, _, _, (ours_legacy, theirs_legacy, reshard),
+               (rows_t, rows_o, kinds, sharded_round_trip)) in enumerate(results):
         assert bool(ours_legacy) == bool(theirs_legacy) == (rank == 0)  # rank0_only=True by default
         if rank == 0:
             assert sorted(ours_legacy["state"]) == sorted(theirs_legacy["state"])
@@ -156,10 +191,15 @@ def test_optim_state_dict_matches_torchs_fsdp_and_round_trips(backend):
         assert [g["params"] for g in osd_o["param_groups"]] == [g["params"] for g in osd_t["param_groups"]]
         assert all(resumed), resumed
         assert rank0_only == (rank == 0)
+        assert sorted(rows_o) == sorted(rows_t) and "DTensor" in kinds and sharded_round_trip, (kinds,)
+        for name, st in rows_t.items():
+            assert sorted(st) == sorted(rows_o[name]), name
+            for k, v in st.items():
+                torch.testing.assert_close(rows_o[name][k], v, rtol=1e-5, atol=1e-6, msg=f"sharded {name} {k}")
 
 
 def test_a_full_optimizer_state_saved_on_2_ranks_loads_on_1():
-    _, _, _, _, full_model, osd, _ = run_ranks(_parity, 2, "tcp", backend=None, timeout=180)[0]
+    _, _, _, _, full_model, osd, _, _ = run_ranks(_parity, 2, "tcp", backend=None, timeout=180)[0]
     want = run_ranks(_two_rank_next_step, 2, full_model, osd, backend=None, timeout=120)[0]
     before, after, refused = run_ranks(_reload_at_world_1, 1, full_model, osd, backend=None, timeout=120)[0]
     for name, p in full_model.items():

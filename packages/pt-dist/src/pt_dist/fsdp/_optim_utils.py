@@ -6,7 +6,9 @@ original parameters, keyed by their names (what torch's ``FSDP.optim_state_dict`
 ``FULL_STATE_DICT``: every rank gets all of it, or rank 0 only with ``rank0_only``); ``optim_state_dict_to_load``
 is the way back: the full per-name state re-flattened, padded and cut into this rank's shard, in the optimizer's
 own ``state_dict`` form (parameter indices), for ``optim.load_state_dict``. Loading needs no communication, so a
-full optimizer state dict saved at one world size loads at another.
+full optimizer state dict saved at one world size loads at another. Under ``SHARDED_STATE_DICT`` each
+per-element state is instead this rank's ``torch.chunk`` rows of it, a DTensor, as the model's sharded state
+dict (torch gives ShardedTensors with the same rows); loading gathers them back (a collective) first.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from types import SimpleNamespace
 import torch
 
 from pt_dist import distributed_c10d as c10d
+from pt_dist.fsdp import state_dict as _sd
+from pt_dist.fsdp.api import StateDictType
 
 FLAT_PARAM = "_flat_param"
 
@@ -62,6 +66,8 @@ def optim_state_dict(model, optim, optim_state_dict=None, group=None) -> dict:
     if group is not None:
         raise ValueError("FSDP.optim_state_dict: group= is not supported; units use their own groups")
     osd = optim.state_dict() if optim_state_dict is None else optim_state_dict
+    if getattr(model, "_state_dict_type", None) is StateDictType.SHARDED_STATE_DICT:
+        return _gathered(model, optim, osd, keep=True, as_rows=True)
     config = getattr(model, "_optim_state_dict_config", None)
     return _gathered(model, optim, osd, keep=not getattr(config, "rank0_only", False) or c10d.get_rank() == 0)
 
@@ -82,7 +88,7 @@ def shard_full_optim_state_dict(full_optim_state_dict: dict, model, optim_input=
     return optim_state_dict_to_load(model, optim, full_optim_state_dict)
 
 
-def _gathered(model, optim, osd: dict, keep: bool) -> dict:
+def _gathered(model, optim, osd: dict, keep: bool, as_rows: bool = False) -> dict:
     state, names_of = {}, {}
     for idx, entry in enumerate(_layout(model, optim)):
         own = osd["state"].get(idx, {})
@@ -105,8 +111,9 @@ def _gathered(model, optim, osd: dict, keep: bool) -> dict:
                     whole.copy_(v)
                 full[k] = whole
         if keep and own:
+            mesh = _sd._shard_mesh(handle) if as_rows else None
             for name, offset, numel, shape in pieces:
-                state[name] = {k: (full[k].narrow(0, offset, numel).view(shape).clone() if k in full else
+                state[name] = {k: (_piece(full[k], offset, numel, shape, mesh, handle) if k in full else
                                    (v.clone() if torch.is_tensor(v) else v)) for k, v in own.items()}
     if not keep:
         return {}
@@ -115,13 +122,25 @@ def _gathered(model, optim, osd: dict, keep: bool) -> dict:
     return {"state": state, "param_groups": groups}
 
 
+def _piece(whole, offset: int, numel: int, shape, mesh, handle):
+    """One parameter's part of a gathered per-element state: whole, or (``mesh``) this rank's rows of it."""
+    full = whole.narrow(0, offset, numel).view(shape)
+    return full.clone() if mesh is None else _sd._rows(full, mesh, handle.sharded)
+
+
+def _gathered_rows(state_in: dict) -> dict:
+    """A sharded optimizer state dict's DTensor values gathered whole (collective: every rank, the same order)."""
+    return {name: {k: (v.full_tensor() if _sd._is_dtensor(v) else v) for k, v in sorted(st.items())}
+            for name, st in sorted(state_in.items())}
+
+
 def optim_state_dict_to_load(model, optim, optim_state_dict: dict, is_named_optimizer: bool = False,
                              load_directly: bool = False, group=None) -> dict:
     """The full, name-keyed optimizer state dict cut into this rank's shards, as ``optim.load_state_dict`` takes
     it (no communication). ``load_directly`` loads it into ``optim`` as well."""
     if is_named_optimizer or group is not None:
         raise ValueError("FSDP.optim_state_dict_to_load: is_named_optimizer and group= are not supported")
-    state_in, layout = optim_state_dict["state"], _layout(model, optim)
+    state_in, layout = _gathered_rows(optim_state_dict["state"]), _layout(model, optim)
     state, first_names = {}, []
     for idx, entry in enumerate(layout):
         if entry[0] == "plain":
