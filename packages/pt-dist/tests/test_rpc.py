@@ -262,3 +262,58 @@ def test_init_rpc_through_an_init_method_and_worker_infos():
         assert (peer.name, peer.id) == (f"trainer{1 - rank}", 1 - rank) and repr(peer).startswith("WorkerInfo(id=")
         assert torch.equal(got, torch.full((2,), float(rank + 1)))
         assert "already initialized" in twice
+
+
+# --- a request served on its connection's reader (threads.py) must not hold that connection ---------------------
+
+_event = None
+
+
+def call_back(caller, how):
+    """On worker1: ask the caller for something; its answer comes on the connection this request came on."""
+    if how == "rpc_sync":
+        return rpc.rpc_sync(caller, torch.add, args=(torch.ones(1), 1))
+    if how == "then":
+        return rpc.rpc_async(caller, torch.add, args=(torch.ones(1), 1)).then(lambda f: f.wait() + 1).wait()
+    futs = [rpc.rpc_async(caller, torch.add, args=(torch.ones(1), i)) for i in range(3)]
+    return sum(torch.futures.wait_all(futs))  # a wait torch implements: no hand-over hook, the watchdog takes over
+
+
+def wait_for_event():
+    global _event
+    import threading
+
+    _event = _event or threading.Event()
+    return _event.wait(10)
+
+
+def set_event():
+    global _event
+    import threading
+
+    _event = _event or threading.Event()
+    _event.set()
+    return True
+
+
+def _reader_hand_over(rank, world_size):
+    store = util.start(rank, world_size)
+    try:
+        if rank != 0:
+            return None
+        out = {how: rpc.rpc_sync("worker1", call_back, args=("worker0", how))
+               for how in ("rpc_sync", "then", "wait_all")}
+        t0 = time.monotonic()
+        waiting = rpc.rpc_async("worker1", wait_for_event)  # blocks worker1's reader until the next request is read
+        out["event"] = (rpc.rpc_sync("worker1", set_event), waiting.wait(), time.monotonic() - t0)
+        return out
+    finally:
+        util.stop(store)
+
+
+def test_a_request_served_on_the_reader_hands_the_connection_over_when_it_waits():
+    out = run_ranks(_reader_hand_over, 2, backend=None, timeout=60)[0]
+    assert torch.equal(out["rpc_sync"], torch.full((1,), 2.0)) and torch.equal(out["then"], torch.full((1,), 3.0))
+    assert torch.equal(out["wait_all"], torch.full((1,), 6.0))
+    set_ok, waited, elapsed = out["event"]
+    assert set_ok and waited and elapsed < 5, out["event"]

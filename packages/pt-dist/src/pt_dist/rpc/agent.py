@@ -26,7 +26,7 @@ import torch
 
 from pt_dist.rpc import mesh, serialize
 from pt_dist.rpc.options import TensorPipeRpcBackendOptions, WorkerInfo
-from pt_dist.rpc.threads import CallbackThreads, RpcFuture, ThreadPool, settle
+from pt_dist.rpc.threads import TAKEOVER_S, CallbackThreads, ReadingRole, RpcFuture, ThreadPool, settle
 from pt_dist.rpc.transport import FLAG_ERROR, REQUEST, RESPONSE, Connection, Limits, Message
 
 log = logging.getLogger(__name__)
@@ -88,18 +88,33 @@ class RpcAgent:
             if peer in self._peers or peer in self._gone or self.closing:
                 return False
             conn = self._peers[peer] = Connection(sock, peer, self.limits, *cma)
+            conn.reading = ReadingRole()
             self._lock.notify_all()
         threading.Thread(target=self._read, args=(conn,), name=f"rpc-read-{self.rank}<-{peer}", daemon=True).start()
         return True
 
     def _read(self, conn: Connection) -> None:
+        """Read ``conn`` while this thread holds its reading role; serve each request here (threads.py)."""
+        reading = conn.reading
         try:
             while True:
                 msg = conn.recv()
-                (self._on_request if msg.kind == REQUEST else self._on_response)(conn.peer, msg)
+                if msg.kind != REQUEST:
+                    self._on_response(conn.peer, msg)
+                    continue
+                with self._lock:
+                    self.active += 1
+                role = reading.serve(lambda: self._hand_over(conn))
+                self._serve(conn.peer, msg)
+                if not reading.served(role):
+                    return  # another thread reads this connection now
         except Exception as e:  # EOF, a reset, a malformed or oversized frame: this connection only
             reason = f"{type(e).__name__}: {e}"
         self._peer_gone(conn, reason)
+
+    def _hand_over(self, conn: Connection, older_than: float = 0.0) -> None:
+        if conn.reading.take(older_than=older_than):
+            self._callbacks.submit(self._read, conn)
 
     def _peer_gone(self, conn: Connection, reason: str) -> None:
         with self._lock:
@@ -208,8 +223,13 @@ class RpcAgent:
                     if len(self._deadlines) > 2 * len(self._pending) + 1024:
                         self._deadlines = [e for e in self._deadlines if e[1] in self._pending]
                         heapq.heapify(self._deadlines)
-                    self._watch_cv.wait(min(self._deadlines[0][0] - now, 1.0) if self._deadlines else 1.0)
-                    continue
+                    self._watch_cv.wait(min(self._deadlines[0][0] - now, TAKEOVER_S) if self._deadlines
+                                        else TAKEOVER_S)
+                    expired = None
+            if expired is None:  # no deadline due: a reader serving one request too long gets a successor
+                for conn in list(self._peers.values()):
+                    self._hand_over(conn, older_than=TAKEOVER_S)
+                continue
             for rid in expired:
                 entry = self._pending.get(rid)
                 if entry is not None:

@@ -6,6 +6,12 @@ when nothing was chained to it (a ``wait`` needs no further hand-off, so an empt
 and on the callback threads when something was: a ``then`` callback may block on another RPC, whose answer
 the same reader must be free to read (torch's ``test_callback_with_ret``). Callback threads grow while all are
 busy, so callbacks waiting on each other cannot starve, and shrink when idle.
+
+A connection's reader serves the requests it reads itself (no hand-off to the pool: one thread wake-up less per
+call). While it does, nobody reads that connection, so it must not block for long: ``ReadingRole`` lets another
+thread take the reading over, which happens the moment the handler waits on an ``RpcFuture`` (a nested call whose
+answer may come on this very connection) and, for any other wait, once the watchdog sees the handler running
+for ``TAKEOVER_S``.
 """
 
 from __future__ import annotations
@@ -13,10 +19,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 import torch
 
 log = logging.getLogger(__name__)
+
+TAKEOVER_S = 0.01  # a request served on its reader longer than this gets another thread to read on
+_inline = threading.local()  # .handoff: set while this thread serves a request it read itself
 
 
 class RpcFuture(torch.futures.Future):
@@ -28,15 +38,65 @@ class RpcFuture(torch.futures.Future):
         self._cb_lock = threading.Lock()
         self._has_callbacks = False
 
-    def then(self, callback):
-        with self._cb_lock:
-            self._has_callbacks = True
-        return super().then(callback)
-
     def add_done_callback(self, callback) -> None:
         with self._cb_lock:
             self._has_callbacks = True
         super().add_done_callback(callback)
+
+    def then(self, callback):
+        """As torch's ``then``; the child is an ``RpcFuture`` too, so waiting on it also hands reading over."""
+        child = RpcFuture()
+
+        def run(fut):
+            try:
+                child.set_result(callback(fut))
+            except BaseException as e:
+                child.set_exception(e)
+
+        self.add_done_callback(run)
+        return child
+
+    def wait(self):
+        """As torch's; a reader serving a request hands its connection's reading over before it blocks."""
+        handoff = getattr(_inline, "handoff", None)
+        if handoff is not None and not self.done():
+            _inline.handoff = None
+            handoff()
+        return super().wait()
+
+
+class ReadingRole:
+    """Which thread reads one connection: the holder of the current ``role`` number. ``serving`` marks the
+    holder serving a request it read; ``take`` moves the role on (the old holder stops reading when it is done)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.role, self.serving_since = 0, None
+
+    def serve(self, handoff) -> int:
+        with self._lock:
+            self.serving_since = time.monotonic()
+            _inline.handoff = handoff
+            return self.role
+
+    def served(self, role: int) -> bool:
+        """The request is answered; True if this thread still reads the connection."""
+        _inline.handoff = None
+        with self._lock:
+            if self.role != role:
+                return False
+            self.serving_since = None
+            return True
+
+    def take(self, role: int | None = None, older_than: float = 0.0) -> bool:
+        """Move the role on if its holder is serving (role ``role``, for ``older_than`` seconds at least)."""
+        with self._lock:
+            since = self.serving_since
+            if since is None or (role is not None and role != self.role) or time.monotonic() - since < older_than:
+                return False
+            self.role += 1
+            self.serving_since = None
+            return True
 
 
 class CallbackThreads:
