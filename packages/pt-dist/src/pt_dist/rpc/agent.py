@@ -1,10 +1,12 @@
 """The RPC agent: requests out with ids and deadlines, requests in on a thread pool, responses matched back.
 
 torch's ``TensorPipeAgent`` (torch/csrc/distributed/rpc/tensorpipe_agent.cpp) in three parts: ``request``
-(encode, register a ``torch.futures.Future`` under a fresh id with its deadline, send), one reader thread per
-connection (a request goes to the thread pool, a response completes its future), and a watchdog that fails
-futures past their deadline ("RPC ran for more than set timeout"). A connection that breaks fails every
-request waiting on that worker at once, with the reason; later calls to it fail immediately. A request
+(encode, register a ``torch.futures.Future`` under a fresh id with its deadline, send), one reader per
+connection (it serves a request itself, handing the reading to another thread when the request waits; a
+response completes its future), and a watchdog that fails futures past their deadline ("RPC ran for more than
+set timeout") and hands on the reading of a connection whose reader has served one request too long. A
+connection that breaks fails every request waiting on that worker at once, with the reason; later calls to it
+fail immediately. A request
 whose handler returns a Future (``@async_execution``, an RRef whose value is not ready) is answered when that
 Future completes, so no pool thread waits on it. Calls to oneself take the same path without a socket.
 A Future nobody chained anything to completes on the reader thread (a ``wait`` needs no other hand-off); one
