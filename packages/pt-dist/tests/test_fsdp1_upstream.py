@@ -1,5 +1,6 @@
 """More of torch's FSDP1 tests, ported to pt_dist (issue 34, defect 5): test/distributed/fsdp/
-test_fsdp_grad_acc.py (``no_sync`` accumulation against synced steps; no communication inside),
+test_fsdp_grad_acc.py (``no_sync`` accumulation against synced steps; no communication inside; its
+``test_grad_acc`` interleavings against one backward over the concatenated batches, every prefetch and strategy),
 test_fsdp_checkpoint.py (reentrant activation checkpointing around FSDP units), test_fsdp_summon_full_params.py
 (full values, writeback on and off, ``rank0_only``, ``recurse=False``, refused inside forward and when nested,
 the unsupported argument pairs), test_wrap.py (``enable_wrap``/``wrap`` as its ``TestFSDPWrap``/``TestAutoWrap``
@@ -9,6 +10,7 @@ collected inside the ranks."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 from pathlib import Path
@@ -79,6 +81,34 @@ def grad_acc_cases(c, pg):
     inner = _wrapped(pg)
     inner(_batch(c.rank, 0))
     _raises(c, "no_sync on an inner unit", RuntimeError, lambda: inner[2].no_sync().__enter__(), "root FSDP")
+
+
+def grad_acc_interleaved_cases(c, pg):
+    """test_fsdp_grad_acc.py's ``test_grad_acc`` itself: 3 + 3 + 3 micro-batches, ``no_sync`` on, off, on (and
+    off, on, off), the last always synced, give the gradients of one backward over their concatenation, for every
+    backward_prefetch (None, PRE, POST) and sharding strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD); then SGD
+    with momentum steps."""
+    from pt_dist.fsdp import BackwardPrefetch, ShardingStrategy
+
+    batches = [_batch(c.rank, i) for i in range(9)]
+    for pattern in ((True, False, True), (False, True, False)):
+        for prefetch in (None, BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST):
+            for strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.NO_SHARD):
+                model = _net()
+                kw = {"process_group": pg, "backward_prefetch": prefetch, "sharding_strategy": strategy}
+                model[2] = FSDP(model[2], **kw)
+                model = FSDP(model, **kw)
+                model(torch.cat(batches)).sum().backward()
+                ref = [p.grad.clone() for p in model.parameters()]
+                model.zero_grad()
+                for i, x in enumerate(batches):
+                    skip = pattern[i // 3] and i < len(batches) - 1
+                    with model.no_sync() if skip else contextlib.nullcontext():
+                        model(x).sum().backward()
+                what = f"{pattern} {prefetch} {strategy.name}"
+                for (n, p), r in zip(model.named_parameters(), ref):
+                    c.equal(f"accumulated {n} {what}", p.grad, r, rtol=1e-5, atol=1e-5)
+                torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9).step()
 
 
 def summon_cases(c, pg):
@@ -243,7 +273,8 @@ def _cases(rank, world, backend):
     try:
         c = dutil.Case(rank, world)
         pg = pt_dist.group.WORLD
-        for case in (grad_acc_cases, summon_cases, wrap_api_cases, state_dict_cases, plain_parent_load_cases,
+        for case in (grad_acc_cases, grad_acc_interleaved_cases, summon_cases, wrap_api_cases, state_dict_cases,
+                     plain_parent_load_cases,
                      checkpoint_cases):
             case(c, pg)
         return c.fails
