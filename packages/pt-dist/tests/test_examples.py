@@ -192,7 +192,9 @@ def _rank(rank, plan, out_dir, barrier):
             g["fsdp_main"](rank, 2, args)
         results[run["name"]] = buf.getvalue()
         del g
-        gc.collect()  # a destroyed pt-dist world's store keeps its port until collected (see the README)
+        # torch's FSDP1 leaves its units in a cycle that holds torch's TCPStore (and its port) after
+        # destroy_process_group; torch's own re-init shares it (env:// stores are multi-tenant), pt-dist's cannot
+        gc.collect()
     json.dump(results, open(os.path.join(out_dir, f"rank{rank}.json"), "w"))
 
 
