@@ -23,6 +23,7 @@ from pt_dist.fsdp.api import (
     ShardedStateDictConfig,
     ShardingStrategy,
     StateDictConfig,
+    StateDictSettings,
     StateDictType,
 )
 from pt_dist.fsdp.fully_sharded_data_parallel import FullyShardedDataParallel
@@ -53,6 +54,7 @@ __all__ = [
     "ShardedStateDictConfig",
     "ShardingStrategy",
     "StateDictConfig",
+    "StateDictSettings",
     "StateDictType",
     "UnshardHandle",
     "always_wrap_policy",

@@ -16,6 +16,7 @@ __all__ = [
     "ShardedStateDictConfig",
     "ShardingStrategy",
     "StateDictConfig",
+    "StateDictSettings",
     "StateDictType",
 ]
 
@@ -107,6 +108,15 @@ class LocalOptimStateDictConfig(OptimStateDictConfig):
 @dataclass
 class ShardedOptimStateDictConfig(OptimStateDictConfig):
     pass
+
+
+@dataclass
+class StateDictSettings:
+    """What ``FSDP.set_state_dict_type`` returns (the previous settings) and ``get_state_dict_type`` reports."""
+
+    state_dict_type: StateDictType
+    state_dict_config: StateDictConfig
+    optim_state_dict_config: OptimStateDictConfig
 
 
 # which config goes with which state-dict type (torch's set_state_dict_type refuses any other pairing)

@@ -18,7 +18,6 @@ it the gathered buffers and any shm group it kept referenced.
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 
 import torch
@@ -26,14 +25,15 @@ from torch import nn
 
 from pt_dist.fsdp import _optim_utils as _optim
 from pt_dist.fsdp import _runtime_utils as _rt
+from pt_dist.fsdp import _state_dict_settings as _settings
 from pt_dist.fsdp import _unshard_param_utils as _unshard
 from pt_dist.fsdp import state_dict as _sd
 from pt_dist.fsdp._init_utils import _check_arguments, _init_process_groups
 from pt_dist.fsdp.api import (
-    OPTIM_STATE_DICT_CONFIG_TYPES,
-    STATE_DICT_CONFIG_TYPES,
     BackwardPrefetch,
     CPUOffload,
+    FullOptimStateDictConfig,
+    FullStateDictConfig,
     MixedPrecision,
     ShardingStrategy,
     StateDictType,
@@ -137,10 +137,10 @@ class FullyShardedDataParallel(nn.Module):
             module.register_parameter(FLAT_PARAM, self._handle.flat_param)
         self._is_root: bool | None = None
         self._root_ref: weakref.ref | None = None
-        self._state_dict_type, self._state_dict_config = StateDictType.FULL_STATE_DICT, None
+        self._state_dict_type, self._state_dict_config = StateDictType.FULL_STATE_DICT, FullStateDictConfig()
         self._sync_gradients = True  # False inside no_sync()
         self._forward_built_graph = False  # the last forward ran with grad enabled
-        self._optim_state_dict_config = None
+        self._optim_state_dict_config = FullOptimStateDictConfig()
         self.register_load_state_dict_pre_hook(_sd.pre_load_state_dict_hook)  # a plain parent's load_state_dict
         self.register_load_state_dict_post_hook(_sd.post_load_state_dict_hook)
 
@@ -337,30 +337,10 @@ class FullyShardedDataParallel(nn.Module):
         self._lazy_init()
         return _sd.load_sharded_state_dict(self, state_dict, strict)
 
-    @staticmethod
-    @contextlib.contextmanager
-    def state_dict_type(module, state_dict_type: StateDictType, state_dict_config=None, optim_state_dict_config=None):
-        """torch's spelling: inside, ``module.state_dict()`` / ``load_state_dict`` are full or sharded."""
-        if not isinstance(state_dict_type, StateDictType):
-            raise TypeError(f"state_dict_type must be a StateDictType, got {state_dict_type!r}")
-        for config, types, what in (
-            (state_dict_config, STATE_DICT_CONFIG_TYPES, "state_dict_config"),
-            (optim_state_dict_config, OPTIM_STATE_DICT_CONFIG_TYPES, "optim_state_dict_config"),
-        ):
-            want = types.get(state_dict_type)
-            if want is not None and config is not None and type(config) is not want:
-                raise RuntimeError(f"Expected {what} of type {want} but got {type(config)}")
-        units = [m for m in module.modules() if isinstance(m, FullyShardedDataParallel)]
-        saved = [(u._state_dict_type, u._state_dict_config, u._optim_state_dict_config) for u in units]
-        for u in units:
-            u._state_dict_type, u._state_dict_config = state_dict_type, state_dict_config
-            u._optim_state_dict_config = optim_state_dict_config
-        try:
-            yield
-        finally:
-            for u, (t, c, o) in zip(units, saved):
-                u._state_dict_type, u._state_dict_config, u._optim_state_dict_config = t, c, o
-
+    state_dict_type = staticmethod(_settings.state_dict_type)
+    set_state_dict_type = staticmethod(_settings.set_state_dict_type)
+    get_state_dict_type = staticmethod(_settings.get_state_dict_type)
+    fsdp_modules = staticmethod(_settings.fsdp_modules)
     summon_full_params = staticmethod(_unshard.summon_full_params)
     optim_state_dict = staticmethod(_optim.optim_state_dict)
     optim_state_dict_to_load = staticmethod(_optim.optim_state_dict_to_load)
