@@ -80,7 +80,7 @@ class FlatParamHandle:
         self.padded_numel = -(-self.numel // world) * world
         self.shard_numel = self.padded_numel // world
         dtype = uniques[0].dtype
-        self.param_dtype, self.reduce_dtype = param_dtype or dtype, reduce_dtype or param_dtype or dtype
+        self._mp_param_dtype, self._mp_reduce_dtype = param_dtype, reduce_dtype
         flat = torch.zeros(self.padded_numel, dtype=dtype, device=self.device)
         with torch.no_grad():
             for p in uniques:
@@ -105,11 +105,25 @@ class FlatParamHandle:
 
     # -- parameters ----------------------------------------------------------------------------------------------
 
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The gathered parameters' dtype: mixed precision's, else the flat parameter's own (which follows a
+        ``model.half()`` after wrapping, as torch's, whose buffers are sized at the first forward)."""
+        return self._mp_param_dtype or self.flat_param.dtype
+
+    @property
+    def reduce_dtype(self) -> torch.dtype:
+        return self._mp_reduce_dtype or self.param_dtype
+
     def _full_bytes(self) -> int:
         return self.padded_numel * self.param_dtype.itemsize
 
     def unshard(self, async_op: bool = False) -> None:
         """Start the all-gather (``async_op``: return at once, a prefetch) or finish it."""
+        if self._full.dtype != self.param_dtype and self._gather is None:  # the module was cast since
+            self._full.untyped_storage().resize_(0)
+            self._full = torch.empty(0, dtype=self.param_dtype, device=self.device)
+            self._unsharded, self.is_unsharded = None, False
         if self.is_unsharded:
             return
         if self._gather is None:
@@ -132,8 +146,11 @@ class FlatParamHandle:
 
     def use_unsharded_views(self, new_leaf: bool) -> None:
         """Point the module's parameter attributes at views of the gathered buffer. ``new_leaf`` (each forward that
-        builds a graph): a fresh leaf whose gradient hook reduces this unit's gradient."""
-        if new_leaf or self._unsharded is None:
+        builds a graph): a fresh leaf whose gradient hook reduces this unit's gradient, unless the last one's hook
+        has not run yet: a unit run twice in one forward (as torch's, whose flat parameter is one leaf) feeds one
+        leaf, so autograd sums both uses' gradients before the hook reduces them and frees the buffer."""
+        pending = self._unsharded is not None and self._unsharded.requires_grad and self.post_backward_calls == 0
+        if (new_leaf and not pending) or self._unsharded is None:
             leaf = torch.empty(0, dtype=self.param_dtype, device=self.device).set_(
                 self._full.untyped_storage(), 0, (self.numel,), (1,)
             )

@@ -17,12 +17,15 @@ FLAT_PARAM = "_flat_param"
 
 
 def _clean(name: str) -> str:
-    return name.replace("_fsdp_wrapped_module.", "")
+    """The plain module's name: FSDP's and ``checkpoint_wrapper``'s wrapper prefixes dropped (torch's
+    ``clean_tensor_name``), so ``FSDP(checkpoint_wrapper(layer))`` saves the names ``FSDP(layer)`` does."""
+    return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
 
 
 def _other_states(root):
     """Persistent buffers and the parameters FSDP does not flatten (ignored modules'), under the plain module's
-    names (non-persistent buffers, such as rotary embeddings' ``inv_freq``, stay out, as in ``nn.Module``'s)."""
+    names (non-persistent buffers, such as rotary embeddings' ``inv_freq``, stay out, as in ``nn.Module``'s). State
+    dicts hold them detached, not cloned, as torch's (only the gathered parameters are copies)."""
     for prefix, module in root.named_modules():
         for name, b in module._buffers.items():
             if b is not None and name not in module._non_persistent_buffers_set:
@@ -33,7 +36,11 @@ def _other_states(root):
 
 
 def _units(root):
-    return [(prefix, u._handle) for prefix, u in root._named_units() if u._handle is not None]
+    return [(_clean(prefix), u._handle) for prefix, u in root._named_units() if u._handle is not None]
+
+
+def _name(prefix: str, info) -> str:
+    return prefix + _clean(info.fqn)
 
 
 def full_state_dict(root, rank0_only: bool = False) -> dict:
@@ -44,24 +51,25 @@ def full_state_dict(root, rank0_only: bool = False) -> dict:
         flat = handle.full_flat()
         if keep:
             for info in handle.infos:
-                out[prefix + info.fqn] = flat.narrow(0, info.offset, info.numel).view(info.shape).clone()
+                out[_name(prefix, info)] = flat.narrow(0, info.offset, info.numel).view(info.shape).clone()
     if keep:
-        out.update({name: t.detach().clone() for name, t in _other_states(root)})
+        out.update({name: t.detach() for name, t in _other_states(root)})
     return out
 
 
 def load_full_state_dict(root, state_dict: dict, strict: bool = True):
     """A full state dict (every rank holds it all) cut into this rank's shards; no communication."""
-    expected = {prefix + info.fqn for prefix, h in _units(root) for info in h.infos}
+    expected = {_name(prefix, info) for prefix, h in _units(root) for info in h.infos}
     expected |= {name for name, _ in _other_states(root)}
     keys = _check_keys(state_dict, expected, strict)
     with torch.no_grad():
         for prefix, handle in _units(root):
             flat = handle.flat_param.new_zeros(handle.numel)
             for info in handle.infos:
-                if prefix + info.fqn in state_dict:
-                    _check_shape(prefix + info.fqn, state_dict[prefix + info.fqn], info.shape)
-                    flat.narrow(0, info.offset, info.numel).copy_(state_dict[prefix + info.fqn].reshape(-1))
+                name = _name(prefix, info)
+                if name in state_dict:
+                    _check_shape(name, state_dict[name], info.shape)
+                    flat.narrow(0, info.offset, info.numel).copy_(state_dict[name].reshape(-1))
             handle.load_full_flat(flat)
         for name, t in _other_states(root):
             if name in state_dict:
@@ -99,15 +107,30 @@ def sharded_state_dict(root) -> dict:
         flat, mesh = handle.full_flat(), _shard_mesh(handle)
         for info in handle.infos:
             full = flat.narrow(0, info.offset, info.numel).view(info.shape)
-            out[prefix + info.fqn] = _rows(full, mesh, handle.sharded)
-    out.update({name: t.detach().clone() for name, t in _other_states(root)})
+            out[_name(prefix, info)] = _rows(full, mesh, handle.sharded)
+    out.update({name: t.detach() for name, t in _other_states(root)})
     return out
 
 
 def load_sharded_state_dict(root, state_dict: dict, strict: bool = True):
     """Each DTensor gathered back to the full parameter (collective), then loaded as a full state dict."""
-    full = {k: v.full_tensor() if _is_dtensor(v) else v for k, v in state_dict.items()}
+    owner = {_name(prefix, info): handle for prefix, handle in _units(root) for info in handle.infos}
+    full = {k: _gathered(v, owner.get(k)) for k, v in state_dict.items()}
     return load_full_state_dict(root, full, strict)
+
+
+def _gathered(value, handle):
+    """A SHARDED_STATE_DICT entry as the whole tensor, gathered over its unit's shard group when the DTensor's
+    mesh is that unit's (torch's ``_sharded_pre_load_state_dict_hook`` gathers over the unit's process group): a
+    deep-copied or unpickled DTensor's mesh carries no group of its own."""
+    if not _is_dtensor(value):
+        return value
+    if handle is not None and value.device_mesh == _shard_mesh(handle):
+        from pt_dist.tensor import DTensor
+
+        value = DTensor.from_local(value.to_local(), _shard_mesh(handle), value.placements, run_check=False,
+                                   shape=value.shape, stride=value.stride())
+    return value.full_tensor()
 
 
 def local_state_dict(root) -> dict:
@@ -119,7 +142,7 @@ def local_state_dict(root) -> dict:
         out[prefix + FLAT_PARAM] = DTensor.from_local(
             handle.flat_param.detach().clone(), _shard_mesh(handle), placements, run_check=False,
             shape=(handle.padded_numel if handle.sharded else handle.shard_numel,), stride=(1,))
-    out.update({name: t.detach().clone() for name, t in _other_states(root)})
+    out.update({name: t.detach() for name, t in _other_states(root)})
     return out
 
 
@@ -167,12 +190,11 @@ def pre_load_state_dict_hook(unit, state_dict, prefix, local_metadata, strict, m
         flat = handle.flat_param.new_zeros(handle.numel)
         with torch.no_grad():
             for info in handle.infos:
-                name = prefix + info.fqn
+                name = _name(prefix, info)
                 if name not in state_dict:
                     missing.append(name)
                     continue
-                value = state_dict.pop(name)
-                value = value.full_tensor() if _is_dtensor(value) else value
+                value = _gathered(state_dict.pop(name), handle)
                 _check_shape(name, value, info.shape)
                 flat.narrow(0, info.offset, info.numel).copy_(value.reshape(-1))
             handle.load_full_flat(flat)
