@@ -13,13 +13,17 @@ dict (torch gives ShardedTensors with the same rows); loading gathers them back 
 
 from __future__ import annotations
 
+import copy
+import warnings
 from types import SimpleNamespace
 
 import torch
 
 from pt_dist import distributed_c10d as c10d
 from pt_dist.fsdp import state_dict as _sd
-from pt_dist.fsdp.api import StateDictType
+from pt_dist.fsdp._state_dict_settings import fsdp_modules, get_state_dict_type
+from pt_dist.fsdp.api import StateDictSettings, StateDictType
+from pt_dist.object_collectives import all_gather_object, broadcast_object_list
 
 FLAT_PARAM = "_flat_param"
 
@@ -39,9 +43,13 @@ def _pieces(prefix, handle):
 
 
 def _layout(model, optim):
-    """Per optimizer index: ("flat", prefix, handle) for a unit's flat shard, ("plain", name) otherwise."""
-    model._lazy_init()
-    by_param = {id(u._handle.flat_param): (prefix, u._handle) for prefix, u in model._named_units()
+    """Per optimizer index: ("flat", prefix, handle) for a unit's flat shard, ("plain", name) otherwise. The model
+    is an FSDP unit or a plain module holding units (torch's non-FSDP root)."""
+    from pt_dist.fsdp.fully_sharded_data_parallel import FullyShardedDataParallel as FSDP
+
+    for root in fsdp_modules(model, root_only=True):
+        root._lazy_init()
+    by_param = {id(u._handle.flat_param): (prefix, u._handle) for prefix, u in FSDP._named_units(model)
                 if u._handle is not None}
     names = {id(p): _clean(n) for n, p in model.named_parameters()}
     layout = []
@@ -55,6 +63,35 @@ def _layout(model, optim):
     return layout
 
 
+def _settings(model):
+    return get_state_dict_type(model) or StateDictSettings(StateDictType.FULL_STATE_DICT, None, None)
+
+
+def _check_group(model, group, what: str) -> None:
+    """torch's ``group=`` names the model's process group; units here use their own, so another is an error."""
+    if group is None:
+        return
+    own = {id(u.process_group) for u in fsdp_modules(model)}
+    if own != {id(group)}:
+        raise ValueError(f"FSDP.{what}: group={group!r} is not the process group the model's units shard over")
+
+
+def _from_optim_input(model, optim_input, optim, what: str):
+    """torch's deprecated ``optim_input`` (the optimizer's params or param groups, in order; None with no
+    ``optim`` means ``model.parameters()``), as an object with ``param_groups``."""
+    if optim_input is not None:
+        warnings.warn("The `optim_input` argument is deprecated and will be removed after PyTorch 1.13. You may "
+                      "remove it from your code without changing its functionality.", FutureWarning, stacklevel=3)
+    elif optim is not None:
+        return optim
+    items = list(model.parameters() if optim_input is None else optim_input)
+    if not items:
+        raise ValueError(f"FSDP.{what}: Optimizer input should not be empty")
+    if all(isinstance(g, dict) for g in items):
+        return SimpleNamespace(param_groups=[{**g, "params": list(g["params"])} for g in items])
+    return SimpleNamespace(param_groups=[{"params": items}])
+
+
 def _is_sharded_state(value, handle) -> bool:
     return torch.is_tensor(value) and value.dim() == 1 and value.numel() == handle.shard_numel
 
@@ -62,42 +99,99 @@ def _is_sharded_state(value, handle) -> bool:
 def optim_state_dict(model, optim, optim_state_dict=None, group=None) -> dict:
     """Collective over every unit's shard group: the optimizer's state keyed by the module's parameter names
     (all of it on every rank; on global rank 0 only under ``state_dict_type(..., optim_state_dict_config=
-    FullOptimStateDictConfig(rank0_only=True))``)."""
-    if group is not None:
-        raise ValueError("FSDP.optim_state_dict: group= is not supported; units use their own groups")
+    FullOptimStateDictConfig(rank0_only=True))``; this rank's rows, DTensors, under ``SHARDED_STATE_DICT``)."""
+    _check_group(model, group, "optim_state_dict")
     osd = optim.state_dict() if optim_state_dict is None else optim_state_dict
-    if getattr(model, "_state_dict_type", None) is StateDictType.SHARDED_STATE_DICT:
+    settings = _settings(model)
+    if settings.state_dict_type is StateDictType.SHARDED_STATE_DICT:
         return _gathered(model, optim, osd, keep=True, as_rows=True)
-    config = getattr(model, "_optim_state_dict_config", None)
-    return _gathered(model, optim, osd, keep=not getattr(config, "rank0_only", False) or c10d.get_rank() == 0)
+    if settings.state_dict_type is StateDictType.LOCAL_STATE_DICT:
+        raise NotImplementedError("FSDP.optim_state_dict: LOCAL_STATE_DICT is not supported, as in torch")
+    rank0_only = getattr(settings.optim_state_dict_config, "rank0_only", False)
+    return _gathered(model, optim, osd, keep=not rank0_only or c10d.get_rank() == 0)
 
 
 def full_optim_state_dict(model, optim, optim_input=None, rank0_only: bool = True, group=None) -> dict:
-    """torch's older spelling of ``optim_state_dict`` (same name-keyed result; rank 0 only by default)."""
-    if optim_input is not None or group is not None:
-        raise ValueError("FSDP.full_optim_state_dict: optim_input= and group= are not supported; pass the optimizer")
-    return _gathered(model, optim, optim.state_dict(), keep=not rank0_only or c10d.get_rank() == 0)
+    """torch's older spelling of ``optim_state_dict`` (the name-keyed whole state; rank 0 only by default)."""
+    _check_group(model, group, "full_optim_state_dict")
+    layout_of = _from_optim_input(model, optim_input, optim, "full_optim_state_dict")
+    return _gathered(model, layout_of, optim.state_dict(), keep=not rank0_only or c10d.get_rank() == 0)
+
+
+def sharded_optim_state_dict(model, optim, group=None) -> dict:
+    """torch's older spelling of ``optim_state_dict`` under ``SHARDED_STATE_DICT``: this rank's rows, DTensors."""
+    _check_group(model, group, "sharded_optim_state_dict")
+    return _gathered(model, optim, optim.state_dict(), keep=True, as_rows=True)
 
 
 def shard_full_optim_state_dict(full_optim_state_dict: dict, model, optim_input=None, optim=None) -> dict:
-    """torch's older spelling of ``optim_state_dict_to_load``; without ``optim``, for an optimizer built over
-    ``model.parameters()`` in one group."""
-    if optim_input is not None:
-        raise ValueError("FSDP.shard_full_optim_state_dict: optim_input= is not supported; pass optim=")
-    optim = optim or SimpleNamespace(param_groups=[{"params": list(model.parameters())}])
-    return optim_state_dict_to_load(model, optim, full_optim_state_dict)
+    """torch's older spelling of ``optim_state_dict_to_load``; without ``optim``, for the optimizer ``optim_input``
+    describes (default: ``model.parameters()`` in one group)."""
+    layout_of = _from_optim_input(model, optim_input, optim, "shard_full_optim_state_dict")
+    return optim_state_dict_to_load(model, layout_of, full_optim_state_dict)
+
+
+def flatten_sharded_optim_state_dict(sharded_optim_state_dict: dict, model, optim) -> dict:
+    """``sharded_optim_state_dict``'s way back (collective: the rows are gathered), for ``optim.load_state_dict``."""
+    return optim_state_dict_to_load(model, optim, sharded_optim_state_dict)
+
+
+def scatter_full_optim_state_dict(full_optim_state_dict, model, optim_input=None, optim=None, group=None) -> dict:
+    """``shard_full_optim_state_dict`` where only the group's first rank holds the full state (the others pass
+    None): it is broadcast over ``group`` (the model's; default the world) first."""
+    _check_group(model, group, "scatter_full_optim_state_dict")
+    layout_of = _from_optim_input(model, optim_input, optim, "scatter_full_optim_state_dict")
+    src = c10d.get_global_rank(group, 0) if group is not None else 0
+    if c10d.get_rank() == src and full_optim_state_dict is None:
+        raise ValueError("FSDP.scatter_full_optim_state_dict: rank 0 must pass the full optimizer state dict")
+    box = [full_optim_state_dict if c10d.get_rank() == src else None]
+    broadcast_object_list(box, src=src, group=group)
+    return optim_state_dict_to_load(model, layout_of, box[0])
+
+
+def rekey_optim_state_dict(optim_state_dict: dict, optim_state_key_type, model, optim_input=None,
+                           optim=None) -> dict:
+    """The same state keyed by parameter names (``PARAM_NAME``) or by the optimizer's indices (``PARAM_ID``), for
+    moving a state between an FSDP model and the plain one (``model`` is the plain model)."""
+    from pt_dist.fsdp.api import OptimStateKeyType
+
+    if optim_state_key_type not in (OptimStateKeyType.PARAM_NAME, OptimStateKeyType.PARAM_ID):
+        raise ValueError(f"Expected optim_state_key_type to be PARAM_NAME or PARAM_ID, got {optim_state_key_type}")
+    keys = list(optim_state_dict["state"])
+    if not (all(type(k) is str for k in keys) or all(type(k) is int for k in keys)):
+        raise ValueError(f"Invalid parameter keys: {optim_state_dict['state'].keys()}")
+    to_names = optim_state_key_type is OptimStateKeyType.PARAM_NAME
+    if keys and (type(keys[0]) is str) == to_names:
+        return optim_state_dict
+    layout_of = _from_optim_input(model, optim_input, optim, "rekey_optim_state_dict")
+    name_of = {}
+    for n, p in model.named_parameters():
+        name_of.setdefault(id(p), _clean(n))
+    id_to_name = [name_of[id(p)] for g in layout_of.param_groups for p in g["params"]]
+    rekey = (lambda k: id_to_name[k]) if to_names else {n: i for i, n in enumerate(id_to_name)}.__getitem__
+    groups = copy.deepcopy(optim_state_dict["param_groups"])
+    for g in groups:
+        g["params"] = sorted(rekey(k) for k in g["params"])
+    return {"state": {rekey(k): v for k, v in optim_state_dict["state"].items()}, "param_groups": groups}
 
 
 def _gathered(model, optim, osd: dict, keep: bool, as_rows: bool = False) -> dict:
+    """The name-keyed state: each unit's per-element states all-gathered, units in name order (so ranks whose
+    optimizers list the parameters differently still issue the same gathers), after checking every rank's
+    optimizer holds the units rank 0's does."""
+    layout = _layout(model, optim)
+    flat = sorted((_pieces(e[1], e[2])[0][0], idx) for idx, e in enumerate(layout) if e[0] == "flat")
+    _check_same_units(model, [name for name, _ in flat] + [e[1] for e in layout if e[0] == "plain"])
     state, names_of = {}, {}
-    for idx, entry in enumerate(_layout(model, optim)):
-        own = osd["state"].get(idx, {})
+    for idx, entry in enumerate(layout):
         if entry[0] == "plain":
             names_of[idx] = [entry[1]]
+            own = osd["state"].get(idx, {})
             if own:
                 state[entry[1]] = {k: v.clone() if torch.is_tensor(v) else v for k, v in own.items()}
-            continue
-        _, prefix, handle = entry
+    for _, idx in flat:
+        _, prefix, handle = layout[idx]
+        own = osd["state"].get(idx, {})
         pieces = _pieces(prefix, handle)
         names_of[idx] = [name for name, *_ in pieces]
         full = {}
@@ -117,9 +211,30 @@ def _gathered(model, optim, osd: dict, keep: bool, as_rows: bool = False) -> dic
                                    (v.clone() if torch.is_tensor(v) else v)) for k, v in own.items()}
     if not keep:
         return {}
-    groups = [{**{k: v for k, v in g.items() if k != "params"},
-               "params": [n for i in g["params"] for n in names_of[i]]} for g in osd["param_groups"]]
-    return {"state": state, "param_groups": groups}
+    result = {"state": state}
+    if "param_groups" in osd:  # (torch's test_optim_state_without_param_groups passes a state without them)
+        result["param_groups"] = [{**{k: v for k, v in g.items() if k != "params"},
+                                   "params": [n for i in g["params"] for n in names_of[i]]}
+                                  for g in osd["param_groups"]]
+    return result
+
+
+def _check_same_units(model, names: list) -> None:
+    """torch's check: every rank's optimizer holds at least the parameters rank 0's holds (else the gathers would
+    not match); a RuntimeError on every rank naming what each lacks."""
+    roots = fsdp_modules(model, root_only=True)
+    group = roots[0].process_group if roots else None
+    if group is None or group.size() == 1:
+        return
+    everyone = [None] * group.size()
+    all_gather_object(everyone, names, group=group)
+    missing = {r: sorted(set(everyone[0]) - set(mine)) for r, mine in enumerate(everyone)}
+    if any(missing.values()):
+        raise RuntimeError(
+            "FSDP currently requires each rank to have at least the optimizer states needed by rank 0's optimizer "
+            f"but some ranks are missing some of those states (missing, by group rank: "
+            f"{ {r: m for r, m in missing.items() if m} })"
+        )
 
 
 def _piece(whole, offset: int, numel: int, shape, mesh, handle):
@@ -138,8 +253,9 @@ def optim_state_dict_to_load(model, optim, optim_state_dict: dict, is_named_opti
                              load_directly: bool = False, group=None) -> dict:
     """The full, name-keyed optimizer state dict cut into this rank's shards, as ``optim.load_state_dict`` takes
     it (no communication). ``load_directly`` loads it into ``optim`` as well."""
-    if is_named_optimizer or group is not None:
-        raise ValueError("FSDP.optim_state_dict_to_load: is_named_optimizer and group= are not supported")
+    if is_named_optimizer:
+        raise ValueError("FSDP.optim_state_dict_to_load: is_named_optimizer is not supported")
+    _check_group(model, group, "optim_state_dict_to_load")
     state_in, layout = _gathered_rows(optim_state_dict["state"]), _layout(model, optim)
     state, first_names = {}, []
     for idx, entry in enumerate(layout):
@@ -154,9 +270,11 @@ def optim_state_dict_to_load(model, optim, optim_state_dict: dict, is_named_opti
         present = [name for name, *_ in pieces if name in state_in]
         if not present:
             continue
-        if len(present) != len(pieces):
+        if len(present) != len(pieces):  # torch's message: its unflattening needs every piece's state
             missing = sorted({name for name, *_ in pieces} - set(present))
-            raise KeyError(f"FSDP.optim_state_dict_to_load: no state for {missing} (the unit of {present[0]!r})")
+            raise ValueError(f"All unflattened parameters comprising a single flat parameter must have scalar "
+                             f"state with the same value and dtype: no state for {missing} (the unit of "
+                             f"{present[0]!r})")
         start = (handle.shard_group.rank() if handle.sharded else 0) * handle.shard_numel
         out = {}
         for k, v in state_in[present[0]].items():

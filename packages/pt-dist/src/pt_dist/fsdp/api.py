@@ -13,6 +13,7 @@ __all__ = [
     "FullStateDictConfig",
     "LocalStateDictConfig",
     "MixedPrecision",
+    "OptimStateKeyType",
     "ShardedStateDictConfig",
     "ShardingStrategy",
     "StateDictConfig",
@@ -58,6 +59,13 @@ class MixedPrecision:
 @dataclass
 class CPUOffload:
     offload_params: bool = False
+
+
+class OptimStateKeyType(Enum):
+    """How an optimizer state dict's ``state`` is keyed (``FSDP.rekey_optim_state_dict``)."""
+
+    PARAM_NAME = auto()
+    PARAM_ID = auto()
 
 
 class StateDictType(Enum):

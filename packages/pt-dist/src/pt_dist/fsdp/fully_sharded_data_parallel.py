@@ -346,6 +346,10 @@ class FullyShardedDataParallel(nn.Module):
     optim_state_dict_to_load = staticmethod(_optim.optim_state_dict_to_load)
     full_optim_state_dict = staticmethod(_optim.full_optim_state_dict)
     shard_full_optim_state_dict = staticmethod(_optim.shard_full_optim_state_dict)
+    sharded_optim_state_dict = staticmethod(_optim.sharded_optim_state_dict)
+    flatten_sharded_optim_state_dict = staticmethod(_optim.flatten_sharded_optim_state_dict)
+    scatter_full_optim_state_dict = staticmethod(_optim.scatter_full_optim_state_dict)
+    rekey_optim_state_dict = staticmethod(_optim.rekey_optim_state_dict)
 
     def no_sync(self):
         return _unshard.no_sync(self)
