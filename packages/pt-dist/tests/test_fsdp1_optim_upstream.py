@@ -3,17 +3,17 @@ world size 2, each method a case below, checked as upstream checks it: against t
 same way (every rank feeds the same batches, so the averaged gradients are the unwrapped model's), or against
 the optimizer state of a second FSDP model trained the same way (upstream's ``_test_load_optim_state``).
 
-Ported (use_orig_params=False): test_optim_state_dict_nested (full, rank 0 only, sharded; one or two param
-groups; ranks listing the parameters in different orders; optim_input), test_full_optim_state_dict_nested_invalid,
-test_shard_full_optim_state_dict_nested and _halve_world_size, test_scatter_full_optim_state_dict_nested and
-_halve_world_size, test_flatten_sharded_optim_state_dict_nested (each also through optim_state_dict /
-optim_state_dict_to_load under FULL and SHARDED settings, into the same and an alternative wrapping, and an FSDP
-root in place of upstream's transformer), test_shard_full_optim_state_dict_unmanaged_params,
-test_rekey_optim_state_dict_to_ids / _to_names, test_optim_input_warning, test_save_load_without_0th_param_state,
-test_optim_state_without_param_groups, test_with_empty_optimizer_state, test_interface_arguments,
-test_state_dict_with_none_tensor_state, test_with_no_shard. Left out: test_use_orig_params, test_no_grad and
-test_compatible_with_trec (``use_orig_params=True``, which pt_dist's FSDP1 refuses); test_full_optim_state_dict_keys
-(its model runs ``apply_activation_checkpointing`` on FSDP's flat views, covered for the model state dict only).
+Ported (use_orig_params=False): test_full_optim_state_dict_keys; test_optim_state_dict_nested (full, rank 0
+only, sharded; one or two param groups; ranks listing the parameters in different orders; optim_input);
+test_full_optim_state_dict_nested_invalid; test_shard_full_optim_state_dict_nested and _halve_world_size;
+test_scatter_full_optim_state_dict_nested and _halve_world_size; test_flatten_sharded_optim_state_dict_nested
+(each also through optim_state_dict / optim_state_dict_to_load under FULL and SHARDED settings, into the same
+and an alternative wrapping, and an FSDP root in place of upstream's transformer);
+test_shard_full_optim_state_dict_unmanaged_params; test_rekey_optim_state_dict_to_ids / _to_names;
+test_optim_input_warning; test_save_load_without_0th_param_state; test_optim_state_without_param_groups;
+test_with_empty_optimizer_state; test_interface_arguments; test_state_dict_with_none_tensor_state;
+test_with_no_shard. Left out: test_use_orig_params, test_no_grad and test_compatible_with_trec
+(``use_orig_params=True``, which pt_dist's FSDP1 refuses).
 """
 
 from __future__ import annotations
@@ -167,6 +167,22 @@ def _ref_names(multiple, g):
     model = Nested()
     names = {id(p): n for n, p in model.named_parameters()}
     return [(names[id(p)], p) for p in _groups(model, multiple)[g]["params"]]
+
+
+def keys_cases(c, pg):
+    """test_full_optim_state_dict_keys: with an ignored module and activation checkpointing applied to every
+    ``nn.Sequential`` after wrapping, the optimizer state's names are the full model state dict's."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+    model = Nested()
+    model.block1 = FSDP(model.block1, process_group=pg)
+    model = FSDP(model, process_group=pg, ignored_modules=[model.block0])
+    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, nn.Sequential))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    _train(model, opt, 1)
+    osd = FSDP.full_optim_state_dict(model, opt, rank0_only=False)
+    params = {k for k in model.state_dict() if "running" not in k}
+    c.true(f"keys: {sorted(osd['state'])} vs {sorted(params)}", set(osd["state"]) == params)
 
 
 def invalid_cases(c, pg):
@@ -396,7 +412,7 @@ def _cases(rank, world, backend):
     try:
         c = dutil.Case(rank, world)
         pg = pt_dist.group.WORLD
-        for case in (nested_cases, invalid_cases, load_cases, halve_cases, unmanaged_cases, rekey_cases,
+        for case in (nested_cases, keys_cases, invalid_cases, load_cases, halve_cases, unmanaged_cases, rekey_cases,
                      warning_cases, edge_cases):
             case(c, pg)
         return c.fails

@@ -28,8 +28,7 @@ from pt_dist.object_collectives import all_gather_object, broadcast_object_list
 FLAT_PARAM = "_flat_param"
 
 
-def _clean(name: str) -> str:
-    return name.replace("_fsdp_wrapped_module.", "")
+_clean = _sd._clean  # FSDP's and checkpoint_wrapper's prefixes dropped, as torch's clean_tensor_name
 
 
 def _pieces(prefix, handle):
@@ -38,7 +37,7 @@ def _pieces(prefix, handle):
     for info, piece in zip(handle.infos, handle._piece_of):
         if piece not in seen:
             seen.add(piece)
-            out.append((prefix + info.fqn, info.offset, info.numel, info.shape))
+            out.append((_clean(prefix + info.fqn), info.offset, info.numel, info.shape))
     return out
 
 
