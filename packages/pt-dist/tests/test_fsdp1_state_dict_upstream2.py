@@ -7,22 +7,19 @@ Ported here:
 - ``test_fsdp_state_dict_keys``: LOCAL ``{_flat_param, inner._flat_param}``; FULL and SHARDED the plain model's.
 - ``test_state_dict_skip_module``: ``SkipModel`` through ``enable_wrap``/``wrap``, a Linear detached while
   wrapping and reattached (not FSDP's): keys, loading into a new FSDP model and (not LOCAL) into a plain one.
-- ``test_state_dict_with_ignored_modules``, partly: ``ignored_modules=[outer]``, ``state_dict(prefix="foo.")``, FULL
-  and SHARDED, MixedPrecision fp16 on/off: ignored parameters and buffers are the module's own tensors (same
-  ``data_ptr``, two saves), fp32 without MixedPrecision, loadable into the plain model. Left out (pt_dist differs
-  from torch, the fixes belong in fully_sharded_data_parallel.py): ``ignore_inner=True`` (an inner
-  ``FSDP(inner, ignored_modules=[inner])``: pt_dist still flattens ``inner``'s own parameters, torch ignores them
-  all), and under MixedPrecision "ignored buffers stay fp32" (pt_dist's root casts every buffer, ignored too).
+- ``test_state_dict_with_ignored_modules``: ``ignored_modules=[outer]``, optionally an inner
+  ``FSDP(inner, ignored_modules=[inner])`` (``ignore_inner``: none of its parameters managed), ``state_dict(prefix=
+  "foo.")``, FULL and SHARDED, MixedPrecision fp16 on/off: ignored parameters and buffers are the module's own
+  tensors (same ``data_ptr``, two saves) and stay fp32; a buffer cast to fp16 for compute is saved as a fp32 copy;
+  loadable into the plain model.
 - ``test_state_dict_type``: leaving ``FSDP.state_dict_type(..., LOCAL_STATE_DICT)`` puts every unit back on FULL.
 - ``test_local_state_dict_with_empty_ranks``: a 1-element parameter (rank 1 holds padding only), LOCAL restores.
 - ``test_torch_save_load``: LOCAL through ``torch.save``/``torch.load`` of a BytesIO. Adapted: the flat parameter
   is a pt_dist DTensor, not a ShardedTensor, so the weights-only allow-list names pt_dist's DTensor classes
   (``getattr``, ``DTensor``, ``DTensor._rebuild``, ``DTensorSpec``, ``TensorMeta``, ``DeviceMesh``, ``Shard``);
   beyond upstream, what was loaded loads into a zeroed model.
-- ``test_shared_module_and_shared_parameter``, partly: FULL holds ``random_parameter`` and ``shared_parameter``,
-  equal. Left out: the shared module's second name (``net3.*`` beside ``net2.*``); pt_dist's units collect their
-  parameters through ``named_children()``, which skips a module's second name (torch walks
-  ``named_modules(remove_duplicate=False)``); the fix belongs in fully_sharded_data_parallel.py.
+- ``test_shared_module_and_shared_parameter``: FULL holds both names of the shared parameter
+  (``random_parameter``, ``shared_parameter``) and of the shared module (``net2.*``, ``net3.*``), equal.
 - ``test_full_state_dict_missing_unexpected_keys_cleaned``: ``strict=False`` names have no FSDP prefix.
 - ``test_state_dict_with_manual_ac_wrapper``: ``FSDP(checkpoint_wrapper(layer))`` against ``FSDP(layer)``, FULL
   (``rank0_only`` on/off) and SHARDED: the same keys, loaded (beyond upstream: into a fresh zeroed model), equal.
@@ -64,14 +61,15 @@ class Model(nn.Module):
     """upstream ``Model``: inner Linear(4, 4) (an FSDP unit with ``wrap_fsdp``) run twice, outer Linear(4, 5);
     optional persistent and non-persistent buffers."""
 
-    def __init__(self, wrap_fsdp, register_buffers=False, mixed_precision=False, pg=None):
+    def __init__(self, wrap_fsdp, register_buffers=False, mixed_precision=False, pg=None, ignore_inner=False):
         super().__init__()
         self.inner = nn.Linear(4, 4)
         if register_buffers:
             self.inner.register_buffer("buffer", torch.randn(5, 5))
             self.inner.register_buffer("non_persistent_buffer", torch.randn(5, 5), persistent=False)
         if wrap_fsdp:
-            self.inner = FSDP(self.inner, process_group=pg, mixed_precision=FP16 if mixed_precision else None)
+            self.inner = FSDP(self.inner, process_group=pg, mixed_precision=FP16 if mixed_precision else None,
+                              ignored_modules=[self.inner] if ignore_inner else None)
         self.outer = nn.Linear(4, 5)
         if register_buffers:
             self.outer.register_buffer("buffer", torch.randn(5, 5))
@@ -186,15 +184,17 @@ def skip_module_cases(c, pg):
 
 
 def ignored_modules_cases(c, pg):
-    """test_state_dict_with_ignored_modules (the MixedPrecision fp32-ignored-buffer check left out: see above)."""
-    for kind in (FULL, SHARDED):
+    """test_state_dict_with_ignored_modules."""
+    for kind, inner_out in ((k, i) for k in (FULL, SHARDED) for i in (False, True)):
         for prefix, mp in ((p, m) for p in ("foo.", "") for m in (True, False)):
-            what = f"ignored {kind.name} prefix={prefix!r} mp={mp}"
-            model = Model(True, register_buffers=True, mixed_precision=mp, pg=pg)
+            what = f"ignored {kind.name} prefix={prefix!r} mp={mp} ignore_inner={inner_out}"
+            model = Model(True, register_buffers=True, mixed_precision=mp, pg=pg, ignore_inner=inner_out)
             named = {model.outer.bias: "outer.bias", model.outer.weight: "outer.weight"}
+            if inner_out:  # the inner unit ignores its own module: its parameters are the module's own too
+                named.update({model.inner.weight: "inner.weight", model.inner.bias: "inner.bias"})
             bufs = {model.inner.buffer: "inner.buffer", model.outer.buffer: "outer.buffer"}
-            if mp:
-                bufs.pop(model.inner.buffer)  # as upstream: cast for compute, fp32 again in the state dict
+            if mp and not inner_out:  # as upstream: cast for compute, a fp32 copy again in the state dict
+                fp32 = bufs.pop(model.inner.buffer)
             fsdp = FSDP(model, process_group=pg, ignored_modules=[model.outer], mixed_precision=FP16 if mp else None)
             with FSDP.state_dict_type(fsdp, kind):
                 sd1 = fsdp.state_dict(prefix=prefix)
@@ -203,8 +203,10 @@ def ignored_modules_cases(c, pg):
             for t, name in {**named, **bufs}.items():
                 got = sd1.get(prefix + name)
                 c.true(f"{what}: {name} not cloned", got is not None and got.data_ptr() == t.data_ptr())
-            if not mp:
-                c.true(f"{what}: buffers fp32", all(sd1[prefix + n].dtype == torch.float32 for n in bufs.values()))
+            c.true(f"{what}: buffers fp32", all(sd1[prefix + n].dtype == torch.float32 for n in bufs.values()))
+            if mp and not inner_out:
+                c.true(f"{what}: the cast buffer saved fp32", sd1[prefix + fp32].dtype == torch.float32
+                       and model.inner.buffer.dtype == torch.float16)
             plain = Model(False, register_buffers=True)
             zero(plain)
             plain.load_state_dict({k[len(prefix):]: v for k, v in sd1.items()}, strict=True)
@@ -301,7 +303,8 @@ def shared_module_cases(c, pg):
     model = FSDP(Dummy(), process_group=pg)
     with FSDP.state_dict_type(model, FULL):
         sd = model.state_dict()
-    for a, b in (("random_parameter", "shared_parameter"),):  # net2.* / net3.*: left out, see above
+    for a, b in (("random_parameter", "shared_parameter"), ("net2.0.weight", "net3.0.weight"),
+                 ("net2.0.bias", "net3.0.bias")):
         c.true(f"shared: {a} == {b} ({sorted(sd)})", a in sd and b in sd and torch.equal(sd[a], sd[b]))
 
 

@@ -16,6 +16,41 @@ def weak_method(obj, name: str):
     return lambda: getattr(ref(), name)()
 
 
+def cast_buffers(units) -> dict:
+    """At the root's first run: each unit's floating-point buffers to its ``MixedPrecision.buffer_dtype``, the
+    ignored modules' left alone, as torch's; returns ``{id(buffer): (buffer, original dtype)}`` so state dicts
+    save them in their own dtype again."""
+    ignored = set().union(*(u._ignored for u in units))
+    nested = {id(u) for u in units}
+    original = {}
+
+    def own_modules(module):
+        yield module
+        for child in module.children():
+            if id(child) not in nested:
+                yield from own_modules(child)
+
+    for u in units:
+        dtype = u.mixed_precision.buffer_dtype
+        if dtype is None:
+            continue
+        for m in own_modules(u.module):
+            if m in ignored:
+                continue
+            for b in m._buffers.values():
+                if b is not None and b.is_floating_point() and b.dtype != dtype:
+                    original[id(b)] = (b, b.dtype)
+                    b.data = b.data.to(dtype)
+    return original
+
+
+def saved_buffer(unit, t: torch.Tensor) -> torch.Tensor:
+    """A buffer as a state dict holds it: detached, or copied back to the dtype it had before the cast."""
+    root = unit._root or unit
+    entry = getattr(root, "_orig_buffer_dtypes", {}).get(id(t))
+    return t.detach().to(entry[1]) if entry is not None and entry[0] is t else t.detach()
+
+
 def cast_floats(obj, dtype):
     """``obj`` (tensors in nested lists, tuples and dicts) with its floating-point tensors cast to ``dtype``."""
     if isinstance(obj, torch.Tensor):

@@ -126,7 +126,8 @@ class FullyShardedDataParallel(nn.Module):
         self.mixed_precision, self.limit_all_gathers = mixed_precision or MixedPrecision(), limit_all_gathers
         self.process_group, self._replicate_group = shard, replicate
         self._dp_world = shard.size() * (replicate.size() if replicate is not None else 1)
-        owned = list(_owned_parameters(module, ignored))
+        self._ignored = ignored  # (a unit that ignores its own module manages none of its parameters, as torch's)
+        owned = [] if module in ignored else list(_owned_parameters(module, ignored))
         self._handle = None
         if owned:
             mp = self.mixed_precision
@@ -155,11 +156,7 @@ class FullyShardedDataParallel(nn.Module):
         self._exec_order: list[weakref.ref] = []  # the units in their first forward's order
         self._order_frozen, self._final_queued = False, False
         self._reduce_order: list[FlatParamHandle] = []
-        buffer_dtype = self.mixed_precision.buffer_dtype
-        if buffer_dtype is not None:
-            for b in self.buffers():
-                if b.is_floating_point():
-                    b.data = b.data.to(buffer_dtype)
+        self._orig_buffer_dtypes = _rt.cast_buffers(self._units)
 
     @property
     def _root(self):
@@ -396,6 +393,6 @@ def _owned_parameters(module: nn.Module, ignored: set, prefix: str = ""):
     for name, p in list(module._parameters.items()):
         if p is not None:
             yield module, name, f"{prefix}{name}", p
-    for child_name, child in module.named_children():
-        if not isinstance(child, FullyShardedDataParallel) and child not in ignored:
+    for child_name, child in module._modules.items():  # (a module shared under two names: both, as torch's)
+        if child is not None and not isinstance(child, FullyShardedDataParallel) and child not in ignored:
             yield from _owned_parameters(child, ignored, f"{prefix}{child_name}.")

@@ -12,6 +12,7 @@ import torch
 from torch.nn.modules.module import _IncompatibleKeys
 
 from pt_dist import distributed_c10d as c10d
+from pt_dist.fsdp._runtime_utils import saved_buffer
 
 FLAT_PARAM = "_flat_param"
 
@@ -53,7 +54,7 @@ def full_state_dict(root, rank0_only: bool = False) -> dict:
             for info in handle.infos:
                 out[_name(prefix, info)] = flat.narrow(0, info.offset, info.numel).view(info.shape).clone()
     if keep:
-        out.update({name: t.detach() for name, t in _other_states(root)})
+        out.update({name: saved_buffer(root, t) for name, t in _other_states(root)})
     return out
 
 
@@ -108,7 +109,7 @@ def sharded_state_dict(root) -> dict:
         for info in handle.infos:
             full = flat.narrow(0, info.offset, info.numel).view(info.shape)
             out[_name(prefix, info)] = _rows(full, mesh, handle.sharded)
-    out.update({name: t.detach() for name, t in _other_states(root)})
+    out.update({name: saved_buffer(root, t) for name, t in _other_states(root)})
     return out
 
 
