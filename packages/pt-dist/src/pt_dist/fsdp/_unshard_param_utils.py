@@ -50,7 +50,7 @@ def _summon_unit(unit, writeback: bool, rank0_only: bool):
         handle.reshard()
     full = handle.full_flat()  # collective within the shard group: every rank, rank0_only or not
     show = not rank0_only or handle.shard_group.rank() == 0 and _replica_rank(handle) == 0
-    owner = unit._fsdp_wrapped_module
+    owner = handle.owner  # the module holding the flat parameter (a wrapper may have replaced it since)
     saved: list = []
     if show:
         owner._parameters.pop(FLAT_PARAM)

@@ -136,6 +136,7 @@ class FullyShardedDataParallel(nn.Module):
             )
             self._handle.on_post_backward = _rt.weak_method(self, "_post_backward")
             module.register_parameter(FLAT_PARAM, self._handle.flat_param)
+            self._handle.owner = module  # (stays the owner if a wrapper replaces _fsdp_wrapped_module later)
         self._is_root: bool | None = None
         self._root_ref: weakref.ref | None = None
         self._state_dict_type, self._state_dict_config = StateDictType.FULL_STATE_DICT, FullStateDictConfig()
