@@ -13,9 +13,10 @@ world size 2, tcp and shm.
   the source, the destination, both, or by ``apply_activation_checkpointing`` after wrapping; FULL (``rank0_only``
   + ``offload_to_cpu`` on/off, rank 0's broadcast) and SHARDED (gathered); loaded strictly into a zeroed model.
 
-Left out: the ``cpu_offload=CPUOffload(offload_params=True)`` and ``use_orig_params=True`` halves of the first two
-(pt_dist's FSDP1 refuses both). Losses, outputs and gradients compare with ``assertEqual``'s float tolerances, as
-upstream's (with the offload wrapper they differ in the last bits); the state-dict loads compare exactly.
+The first two run with ``cpu_offload`` ``CPUOffload(offload_params=False)`` and ``True`` (on the CPU, where the
+shards already live); their ``use_orig_params=True`` halves are left out (pt_dist's FSDP1 refuses it). Losses,
+outputs and gradients compare with ``assertEqual``'s float tolerances, as upstream's (with the offload wrapper they
+differ in the last bits); the state-dict loads compare exactly.
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ import pt_dist
 import pytest
 import torch
 import torch.distributed.algorithms._checkpoint.checkpoint_wrapper as cw
-from pt_dist.fsdp import FullStateDictConfig, ShardedStateDictConfig, ShardingStrategy, StateDictType
+from pt_dist.fsdp import (
+    CPUOffload,
+    FullStateDictConfig,
+    ShardedStateDictConfig,
+    ShardingStrategy,
+    StateDictType,
+)
 from pt_dist.fsdp import FullyShardedDataParallel as FSDP
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -63,13 +70,14 @@ def _patched_save_on_cpu():
 class Sequential3(nn.Module):
     """upstream's SequentialModule: three Linear(3, 3), each optionally checkpointed and/or its own unit."""
 
-    def __init__(self, pg=None, checkpoint_layer=False, offload=False, wrap_fsdp=False):
+    def __init__(self, pg=None, checkpoint_layer=False, offload=False, wrap_fsdp=False, cpu_offload=None):
         super().__init__()
         torch.manual_seed(0)
         layers = [nn.Linear(3, 3) for _ in range(3)]
         if checkpoint_layer:
             layers = [(cw.offload_wrapper if offload else cw.checkpoint_wrapper)(m) for m in layers]
-        self.ffn = nn.Sequential(*(FSDP(m, process_group=pg) if wrap_fsdp else m for m in layers))
+        self.ffn = nn.Sequential(*(FSDP(m, process_group=pg, cpu_offload=cpu_offload) if wrap_fsdp else m
+                                   for m in layers))
 
     def forward(self, x):
         return self.ffn(x)
@@ -89,11 +97,12 @@ def _parity(c, what, losses, outputs, models):
 
 def fsdp_wrapping_cases(c, pg):
     """test_checkpoint_fsdp_wrapping."""
-    for offload in (False, True):
+    for offload, params_off in ((a, p) for a in (False, True) for p in (False, True)):
         wrapper = cw.offload_wrapper if offload else cw.checkpoint_wrapper
-        outer = wrapper(Sequential3(pg, wrap_fsdp=True))
-        inner = Sequential3(pg, checkpoint_layer=True, offload=offload, wrap_fsdp=True)
-        baseline = Sequential3(pg, wrap_fsdp=True)
+        kw = {"cpu_offload": CPUOffload(offload_params=params_off)}
+        outer = wrapper(Sequential3(pg, wrap_fsdp=True, **kw))
+        inner = Sequential3(pg, checkpoint_layer=True, offload=offload, wrap_fsdp=True, **kw)
+        baseline = Sequential3(pg, wrap_fsdp=True, **kw)
         x = torch.randn(10, 3, generator=torch.Generator().manual_seed(7), requires_grad=True)
         models = [outer, inner, baseline]
         with _patched_save_on_cpu():
@@ -109,19 +118,21 @@ def fsdp_wrapping_cases(c, pg):
                     loss.backward()
                     losses.append(loss.detach())
                     outputs.append(out.detach())
-                _parity(c, f"fsdp wrapping offload={offload} iter {i}", losses, outputs, models[::-1])
+                _parity(c, f"fsdp wrapping offload={offload} cpu_offload={params_off} iter {i}", losses, outputs,
+                        models[::-1])
 
 
 def end_to_end_cases(c, pg):
     """test_basic_checkpoint_end_to_end."""
-    for offload in (False, True):
+    for offload, params_off in ((a, p) for a in (False, True) for p in (False, True)):
         wrapper = cw.offload_wrapper if offload else cw.checkpoint_wrapper
+        kw = {"process_group": pg, "cpu_offload": CPUOffload(offload_params=params_off)}
         with _patched_save_on_cpu() as patched:
             seq = Sequential3()
-            fsdp_only = FSDP(copy.deepcopy(seq), process_group=pg)
-            checkpointed = wrapper(FSDP(copy.deepcopy(seq), process_group=pg))
-            wrapped_checkpoint = FSDP(wrapper(copy.deepcopy(seq)), process_group=pg)
-            call_checkpoint = FSDP(copy.deepcopy(seq), process_group=pg)
+            fsdp_only = FSDP(copy.deepcopy(seq), **kw)
+            checkpointed = wrapper(FSDP(copy.deepcopy(seq), **kw))
+            wrapped_checkpoint = FSDP(wrapper(copy.deepcopy(seq)), **kw)
+            call_checkpoint = FSDP(copy.deepcopy(seq), **kw)
             x = torch.randn(10, 3, generator=torch.Generator().manual_seed(8), requires_grad=True)
             models = [fsdp_only, checkpointed, wrapped_checkpoint, call_checkpoint]
             for i in range(6):
@@ -139,7 +150,7 @@ def end_to_end_cases(c, pg):
                     loss.backward()
                     losses.append(loss.detach())
                     outputs.append(out.detach())
-                _parity(c, f"end to end offload={offload} iter {i}", losses, outputs, models)
+                _parity(c, f"end to end offload={offload} cpu_offload={params_off} iter {i}", losses, outputs, models)
 
 
 class _CheckpointModule(nn.Module):

@@ -16,8 +16,9 @@ Ported here:
 - ``test_world_size_one``: each rank its own singleton group (``pt_dist.new_group(ranks=[r])``), SHARDED saved
   and loaded (beyond upstream: into a zeroed model, values compared).
 
-Adapted: ``use_orig_params=True`` and ``CPUOffload(offload_params=True)`` are left out (pt_dist's FSDP1 refuses
-both); ``offload_to_cpu`` is accepted and a no-op on CPU. Models are small stand-ins for common_fsdp's
+Adapted: ``use_orig_params=True`` is left out (pt_dist's FSDP1 refuses it); ``CPUOffload(offload_params=True)``
+and ``offload_to_cpu`` are accepted and change nothing on CPU, where the shards already live. Models are small
+stand-ins for common_fsdp's
 (``TransformerWithSharedParams``: 2+2 layers of width 16)."""
 
 from __future__ import annotations
@@ -189,12 +190,13 @@ def _fwd_bwd(model, fp16):
 
 
 def basic_save_load_cases(c, pg):
-    """test_basic_save_and_load_state_dict (cpu_offload=CPUOffload(False), use_orig_params=False)."""
-    off = CPUOffload(offload_params=False)
-    for make, kind, fp16, rank0 in itertools.product((Container, nested, simple), KINDS, (False, True), (False, True)):
+    """test_basic_save_and_load_state_dict (cpu_offload both ways, use_orig_params=False)."""
+    for make, kind, fp16, rank0, params_off in itertools.product(
+            (Container, nested, simple), KINDS, (False, True), (False, True), (False, True)):
         if rank0 and kind is not FULL:
             continue  # as upstream: rank0_only is FULL's
-        what = f"basic {make.__name__} {kind.name} fp16={fp16} rank0={rank0}"
+        off = CPUOffload(offload_params=params_off)
+        what = f"basic {make.__name__} {kind.name} fp16={fp16} rank0={rank0} cpu_offload={params_off}"
         model = make(pg, cpu_offload=off)
         if fp16:
             model.half()

@@ -87,15 +87,17 @@ def grad_acc_interleaved_cases(c, pg):
     """test_fsdp_grad_acc.py's ``test_grad_acc`` itself: 3 + 3 + 3 micro-batches, ``no_sync`` on, off, on (and
     off, on, off), the last always synced, give the gradients of one backward over their concatenation, for every
     backward_prefetch (None, PRE, POST) and sharding strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD); then SGD
-    with momentum steps."""
-    from pt_dist.fsdp import BackwardPrefetch, ShardingStrategy
+    with momentum steps. And ``test_grad_acc_cpu_offload``: 3 micro-batches inside ``no_sync`` but the last, under
+    ``CPUOffload(offload_params=True)``."""
+    from pt_dist.fsdp import BackwardPrefetch, CPUOffload, ShardingStrategy
 
-    batches = [_batch(c.rank, i) for i in range(9)]
-    for pattern in ((True, False, True), (False, True, False)):
+    for pattern, offload in (((True, False, True), False), ((False, True, False), False), ((True,), True)):
+        batches = [_batch(c.rank, i) for i in range(3 * len(pattern))]
         for prefetch in (None, BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST):
             for strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.NO_SHARD):
                 model = _net()
-                kw = {"process_group": pg, "backward_prefetch": prefetch, "sharding_strategy": strategy}
+                kw = {"process_group": pg, "backward_prefetch": prefetch, "sharding_strategy": strategy,
+                      "cpu_offload": CPUOffload(offload_params=offload)}
                 model[2] = FSDP(model[2], **kw)
                 model = FSDP(model, **kw)
                 model(torch.cat(batches)).sum().backward()
@@ -105,7 +107,7 @@ def grad_acc_interleaved_cases(c, pg):
                     skip = pattern[i // 3] and i < len(batches) - 1
                     with model.no_sync() if skip else contextlib.nullcontext():
                         model(x).sum().backward()
-                what = f"{pattern} {prefetch} {strategy.name}"
+                what = f"{pattern} {prefetch} {strategy.name} offload={offload}"
                 for (n, p), r in zip(model.named_parameters(), ref):
                     c.equal(f"accumulated {n} {what}", p.grad, r, rtol=1e-5, atol=1e-5)
                 torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9).step()
@@ -268,14 +270,28 @@ def checkpoint_cases(c, pg):
                 c.equal(f"{name} step {step}", a, b, rtol=1e-6, atol=1e-7)
 
 
+def argument_cases(c, pg):
+    """Arguments refused before any communication, naming the value: CPUOffload(offload_params=True) with the
+    parameters off the CPU, a cpu_offload that is not a CPUOffload, use_orig_params=True."""
+    from pt_dist.fsdp import CPUOffload
+
+    _raises(c, "offload with meta parameters", ValueError, lambda: FSDP(
+        nn.Linear(2, 2, device="meta"), process_group=pg, cpu_offload=CPUOffload(offload_params=True)), "['meta']")
+    _raises(c, "cpu_offload=True", TypeError, lambda: FSDP(nn.Linear(2, 2), process_group=pg, cpu_offload=True),
+            "CPUOffload")
+    _raises(c, "use_orig_params", ValueError, lambda: FSDP(nn.Linear(2, 2), process_group=pg, use_orig_params=True),
+            "use_orig_params")
+    unit = FSDP(nn.Linear(2, 2), process_group=pg, cpu_offload=CPUOffload(offload_params=True))
+    c.true("offload on the CPU is taken", unit.cpu_offload.offload_params and unit._flat_param.device.type == "cpu")
+
+
 def _cases(rank, world, backend):
     util.join(rank, world, backend, timeout=60)
     try:
         c = dutil.Case(rank, world)
         pg = pt_dist.group.WORLD
         for case in (grad_acc_cases, grad_acc_interleaved_cases, summon_cases, wrap_api_cases, state_dict_cases,
-                     plain_parent_load_cases,
-                     checkpoint_cases):
+                     plain_parent_load_cases, checkpoint_cases, argument_cases):
             case(c, pg)
         return c.fails
     finally:

@@ -71,11 +71,8 @@ def _check_arguments(
         raise TypeError(f"FullyShardedDataParallel: mixed_precision must be a MixedPrecision, got {mixed_precision!r}")
     if mixed_precision is not None and mixed_precision.keep_low_precision_grads:
         raise ValueError("FullyShardedDataParallel: keep_low_precision_grads is not supported")
-    if cpu_offload is not None and (not isinstance(cpu_offload, CPUOffload) or cpu_offload.offload_params):
-        raise ValueError(
-            f"FullyShardedDataParallel: parameters already live on the CPU here; cpu_offload must be "
-            f"None or CPUOffload(offload_params=False), got {cpu_offload!r}"
-        )
+    if cpu_offload is not None and not isinstance(cpu_offload, CPUOffload):
+        raise TypeError(f"FullyShardedDataParallel: cpu_offload must be a CPUOffload or None, got {cpu_offload!r}")
     for name, value in (
         ("param_init_fn", param_init_fn),
         ("ignored_states", ignored_states),
@@ -86,4 +83,17 @@ def _check_arguments(
     if use_orig_params:
         raise ValueError(
             "FullyShardedDataParallel: use_orig_params=True is not supported; the optimizer steps the flat parameters"
+        )
+
+
+def _check_offload(module, cpu_offload) -> None:
+    """``CPUOffload(offload_params=True)`` keeps the shards and their gradients on the CPU: where the parameters
+    already are here (computing on the CPU), so nothing moves; parameters on an accelerator are refused."""
+    if cpu_offload is None or not cpu_offload.offload_params:
+        return
+    devices = sorted({p.device.type for p in module.parameters()} - {"cpu"})
+    if devices:
+        raise ValueError(
+            f"FullyShardedDataParallel: cpu_offload=CPUOffload(offload_params=True) is supported with the "
+            f"parameters on the CPU only, found them on {devices}"
         )

@@ -28,7 +28,7 @@ from pt_dist.fsdp import _runtime_utils as _rt
 from pt_dist.fsdp import _state_dict_settings as _settings
 from pt_dist.fsdp import _unshard_param_utils as _unshard
 from pt_dist.fsdp import state_dict as _sd
-from pt_dist.fsdp._init_utils import _check_arguments, _init_process_groups
+from pt_dist.fsdp._init_utils import _check_arguments, _check_offload, _init_process_groups
 from pt_dist.fsdp.api import (
     BackwardPrefetch,
     CPUOffload,
@@ -87,6 +87,7 @@ class FullyShardedDataParallel(nn.Module):
         ignored_params = {p for m in ignored for p in m.parameters()}
         if device_id is not None:  # as torch's: the module moves there first (an int is that CUDA device)
             module.to(torch.device("cuda", device_id) if isinstance(device_id, int) else torch.device(device_id))
+        _check_offload(module, cpu_offload)
         if sync_module_states:  # rank 0's values everywhere, before anything is sharded
             states = [t.detach() for t in (*module.parameters(), *module.buffers())]
             for group in (shard, replicate):
@@ -99,6 +100,7 @@ class FullyShardedDataParallel(nn.Module):
             mixed_precision=mixed_precision,
             forward_prefetch=forward_prefetch,
             limit_all_gathers=limit_all_gathers,
+            cpu_offload=cpu_offload,
             ignored_modules=ignored_modules,
         )
         if auto_wrap_policy is not None:
@@ -124,6 +126,7 @@ class FullyShardedDataParallel(nn.Module):
             forward_prefetch,
         )
         self.mixed_precision, self.limit_all_gathers = mixed_precision or MixedPrecision(), limit_all_gathers
+        self.cpu_offload = cpu_offload or CPUOffload()
         self.process_group, self._replicate_group = shard, replicate
         self._dp_world = shard.size() * (replicate.size() if replicate is not None else 1)
         self._ignored = ignored  # (a unit that ignores its own module manages none of its parameters, as torch's)
