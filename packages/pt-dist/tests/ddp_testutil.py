@@ -193,3 +193,32 @@ class Case:
     def true(self, what, cond):
         if not cond:
             self.fails.append(f"rank {self.rank} {what}")
+
+    def raises(self, what, exc, fn, match=""):
+        """``fn()`` raises ``exc`` whose message holds ``match``; another exception or none is a failure."""
+        try:
+            fn()
+        except exc as e:
+            self.true(f"{what}: message {e}", match in str(e))
+            return
+        except Exception as e:  # noqa: BLE001 - a wrong kind is a failure to report
+            self.true(f"{what}: raised {type(e).__name__}({e}) instead of {exc.__name__}", False)
+            return
+        self.true(f"{what}: raised nothing", False)
+
+
+def run_cases(rank, world, backend, cases, seed=None) -> list:
+    """A rank's side of a ported upstream file: join ``backend``, run each ``case(c, WORLD)`` (after
+    ``torch.manual_seed(seed)`` when given), return the failures collected."""
+    import ptdist_testutil as util
+
+    util.join(rank, world, backend, timeout=60)
+    try:
+        c = Case(rank, world)
+        for case in cases:
+            if seed is not None:
+                torch.manual_seed(seed)
+            case(c, pt_dist.group.WORLD)
+        return c.fails
+    finally:
+        util.leave()

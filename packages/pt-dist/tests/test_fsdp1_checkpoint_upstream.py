@@ -46,7 +46,6 @@ from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_testutil as dutil  # noqa: E402
-import ptdist_testutil as util  # noqa: E402
 
 _saved_on_cpu = []
 
@@ -261,15 +260,8 @@ def state_dict_cases(c, pg):
 
 
 def _cases(rank, world, backend):
-    util.join(rank, world, backend, timeout=60)
-    try:
-        c = dutil.Case(rank, world)
-        pg = pt_dist.group.WORLD
-        for case in (fsdp_wrapping_cases, end_to_end_cases, submodule_cases, state_dict_cases):
-            case(c, pg)
-        return c.fails
-    finally:
-        util.leave()
+    return dutil.run_cases(rank, world, backend, (
+        fsdp_wrapping_cases, end_to_end_cases, submodule_cases, state_dict_cases))
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm"])

@@ -41,7 +41,6 @@ from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_testutil as dutil  # noqa: E402
-import ptdist_testutil as util  # noqa: E402
 
 
 class Nested(nn.Module):
@@ -192,20 +191,8 @@ def invalid_cases(c, pg):
     params = list(model.parameters())
     opt = torch.optim.Adam(params if c.rank == 0 else params[:-1], lr=1e-2)
     _train(model, opt, 1)
-    dutil_raises(c, "rank 1 lacks a parameter", RuntimeError, lambda: FSDP.full_optim_state_dict(model, opt),
+    c.raises("rank 1 lacks a parameter", RuntimeError, lambda: FSDP.full_optim_state_dict(model, opt),
                  "requires each rank to have at least the optimizer states needed by rank 0")
-
-
-def dutil_raises(c, what, exc, fn, match=""):
-    try:
-        fn()
-    except exc as e:
-        c.true(f"{what}: message {e}", match in str(e))
-        return
-    except Exception as e:  # noqa: BLE001 - a wrong kind is a failure to report
-        c.true(f"{what}: raised {type(e).__name__}({e}) instead of {exc.__name__}", False)
-        return
-    c.true(f"{what}: raised nothing", False)
 
 
 def load_cases(c, pg):
@@ -260,7 +247,7 @@ def halve_cases(c, pg):
     _same_flat_state(c, "halve shard_full", FSDP.shard_full_optim_state_dict(full, dst, optim=dst_opt), want)
     _same_flat_state(c, "halve scatter_full",
                      FSDP.scatter_full_optim_state_dict(full, dst, optim=dst_opt, group=half), want)
-    dutil_raises(c, "group= not the model's", ValueError,
+    c.raises("group= not the model's", ValueError,
                  lambda: FSDP.scatter_full_optim_state_dict(full, dst, optim=dst_opt, group=pg), "group=")
 
 
@@ -271,7 +258,7 @@ def unmanaged_cases(c, pg):
     full = FSDP.full_optim_state_dict(src, src_opt, rank0_only=False)
     inside = _wrap(Nested(extra=True), pg)
     opt = torch.optim.Adam(inside.parameters(), lr=1e-2)
-    dutil_raises(c, "a unit's parameter without state", ValueError,
+    c.raises("a unit's parameter without state", ValueError,
                  lambda: FSDP.shard_full_optim_state_dict(full, inside, optim=opt),
                  "All unflattened parameters comprising a single flat parameter")
     outside = _wrap(Nested(), pg)
@@ -308,7 +295,7 @@ def rekey_cases(c, pg):
         a = _plain_full(model)
         for n, p in ref.named_parameters():
             c.equal(f"rekeyed, the next step {n}", a[n], p, rtol=1e-5, atol=1e-7)
-    dutil_raises(c, "a key type that is not one", ValueError,
+    c.raises("a key type that is not one", ValueError,
                  lambda: FSDP.rekey_optim_state_dict(full, "names", ref, optim=ref_opt), "PARAM_NAME or PARAM_ID")
 
 
@@ -408,16 +395,9 @@ def edge_cases(c, pg):
 
 
 def _cases(rank, world, backend):
-    util.join(rank, world, backend, timeout=60)
-    try:
-        c = dutil.Case(rank, world)
-        pg = pt_dist.group.WORLD
-        for case in (nested_cases, keys_cases, invalid_cases, load_cases, halve_cases, unmanaged_cases, rekey_cases,
-                     warning_cases, edge_cases):
-            case(c, pg)
-        return c.fails
-    finally:
-        util.leave()
+    return dutil.run_cases(rank, world, backend, (
+        nested_cases, keys_cases, invalid_cases, load_cases, halve_cases, unmanaged_cases, rekey_cases,
+        warning_cases, edge_cases))
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm"])

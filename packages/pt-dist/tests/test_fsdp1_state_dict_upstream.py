@@ -48,7 +48,6 @@ from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_testutil as dutil  # noqa: E402
-import ptdist_testutil as util  # noqa: E402
 
 FULL, SHARDED, LOCAL = StateDictType.FULL_STATE_DICT, StateDictType.SHARDED_STATE_DICT, StateDictType.LOCAL_STATE_DICT
 KINDS = (FULL, SHARDED, LOCAL)
@@ -310,15 +309,7 @@ CASES = (shared_parameters_cases, rank0_offload_flow_cases, basic_save_load_case
 
 
 def _cases(rank, world, backend):
-    util.join(rank, world, backend, timeout=60)
-    try:
-        c = dutil.Case(rank, world)
-        for case in CASES:
-            torch.manual_seed(0)  # the ranks build alike (a plain part, as DDP's, is the same everywhere)
-            case(c, pt_dist.group.WORLD)
-        return c.fails
-    finally:
-        util.leave()
+    return dutil.run_cases(rank, world, backend, CASES, seed=0)
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm"])

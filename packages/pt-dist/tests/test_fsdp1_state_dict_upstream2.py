@@ -50,7 +50,6 @@ from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_testutil as dutil  # noqa: E402
-import ptdist_testutil as util  # noqa: E402
 import test_fsdp1_state_dict_upstream as base  # noqa: E402
 from test_fsdp1_state_dict_upstream import FULL, KINDS, LOCAL, SHARDED, mgr, same, states, zero  # noqa: E402
 
@@ -353,15 +352,7 @@ CASES = (save_load_flow_cases, keys_cases, skip_module_cases, ignored_modules_ca
 
 
 def _cases(rank, world, backend):
-    util.join(rank, world, backend, timeout=60)
-    try:
-        c = dutil.Case(rank, world)
-        for case in CASES:
-            torch.manual_seed(0)
-            case(c, pt_dist.group.WORLD)
-        return c.fails
-    finally:
-        util.leave()
+    return dutil.run_cases(rank, world, backend, CASES, seed=0)
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm"])

@@ -27,19 +27,6 @@ from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_testutil as dutil  # noqa: E402
-import ptdist_testutil as util  # noqa: E402
-
-
-def _raises(c, what, exc, fn, match=""):
-    try:
-        fn()
-    except exc as e:
-        c.true(f"{what}: message {e}", match in str(e))
-        return
-    except Exception as e:  # noqa: BLE001 - a wrong kind is a failure to report
-        c.true(f"{what}: raised {type(e).__name__}({e}) instead of {exc.__name__}", False)
-        return
-    c.true(f"{what}: raised nothing", False)
 
 
 def _net():
@@ -80,7 +67,7 @@ def grad_acc_cases(c, pg):
             c.equal(f"accumulated gradient {n} {configs}", a.grad, b.grad, rtol=1e-5, atol=1e-6)
     inner = _wrapped(pg)
     inner(_batch(c.rank, 0))
-    _raises(c, "no_sync on an inner unit", RuntimeError, lambda: inner[2].no_sync().__enter__(), "root FSDP")
+    c.raises("no_sync on an inner unit", RuntimeError, lambda: inner[2].no_sync().__enter__(), "root FSDP")
 
 
 def grad_acc_interleaved_cases(c, pg):
@@ -140,12 +127,12 @@ def summon_cases(c, pg):
         names = [n for n, _ in model.named_parameters()]
         c.true(f"recurse=False: the inner unit stays flat ({names})", any("flat_param" in n for n in names)
                and any(n.endswith("0.weight") for n in names))
-    _raises(c, "writeback with rank0_only", NotImplementedError,
+    c.raises("writeback with rank0_only", NotImplementedError,
             lambda: FSDP.summon_full_params(model, writeback=True, rank0_only=True).__enter__(), "rank0_only")
-    _raises(c, "with_grads without use_orig_params", NotImplementedError,
+    c.raises("with_grads without use_orig_params", NotImplementedError,
             lambda: FSDP.summon_full_params(model, with_grads=True).__enter__(), "with_grads")
     with FSDP.summon_full_params(model):
-        _raises(c, "nested", AssertionError, lambda: FSDP.summon_full_params(model).__enter__(), "already")
+        c.raises("nested", AssertionError, lambda: FSDP.summon_full_params(model).__enter__(), "already")
 
     class Summoner(nn.Module):
         def __init__(self):
@@ -157,7 +144,7 @@ def summon_cases(c, pg):
                 return self.lin(x)
 
     outer = FSDP(Summoner(), process_group=pg)
-    _raises(c, "inside forward", AssertionError, lambda: outer(x), "during forward/backward")
+    c.raises("inside forward", AssertionError, lambda: outer(x), "during forward/backward")
 
 
 def wrap_api_cases(c, pg):
@@ -171,7 +158,7 @@ def wrap_api_cases(c, pg):
         solo = pt_dist.new_group([c.rank], use_local_synchronization=True)
         other = wrap(nn.Linear(5, 5), process_group=solo)
         c.true("overrides", other.process_group is solo)
-        _raises(c, "nested enable_wrap", NotImplementedError,
+        c.raises("nested enable_wrap", NotImplementedError,
                 lambda: enable_wrap(wrapper_cls=FSDP).__enter__(), "already within an autowrap context")
     c.true("after the context, wrap is a no-op again", wrap(lin) is lin)
 
@@ -192,7 +179,7 @@ def state_dict_cases(c, pg):
             if k in sd:
                 c.equal(f"value {k}", sd[k], v, rtol=0, atol=0)
     model = _wrapped(pg)
-    _raises(c, "FULL_STATE_DICT with LocalStateDictConfig", RuntimeError,
+    c.raises("FULL_STATE_DICT with LocalStateDictConfig", RuntimeError,
             lambda: FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, LocalStateDictConfig()).__enter__(),
             "Expected state_dict_config of type")
     with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig()):
@@ -243,7 +230,7 @@ def plain_parent_load_cases(c, pg):
         c.true(f"{kind}: the one missing key: {keys.missing_keys}",
                len(keys.missing_keys) == 1 and keys.missing_keys[0].endswith("2.0.weight"))
         strict = parent(kind)
-        _raises(c, f"{kind}: strict", RuntimeError, lambda m=strict, s=short: m.load_state_dict(s), "2.0.weight")
+        c.raises(f"{kind}: strict", RuntimeError, lambda m=strict, s=short: m.load_state_dict(s), "2.0.weight")
 
 
 def checkpoint_cases(c, pg):
@@ -275,27 +262,20 @@ def argument_cases(c, pg):
     parameters off the CPU, a cpu_offload that is not a CPUOffload, use_orig_params=True."""
     from pt_dist.fsdp import CPUOffload
 
-    _raises(c, "offload with meta parameters", ValueError, lambda: FSDP(
+    c.raises("offload with meta parameters", ValueError, lambda: FSDP(
         nn.Linear(2, 2, device="meta"), process_group=pg, cpu_offload=CPUOffload(offload_params=True)), "['meta']")
-    _raises(c, "cpu_offload=True", TypeError, lambda: FSDP(nn.Linear(2, 2), process_group=pg, cpu_offload=True),
+    c.raises("cpu_offload=True", TypeError, lambda: FSDP(nn.Linear(2, 2), process_group=pg, cpu_offload=True),
             "CPUOffload")
-    _raises(c, "use_orig_params", ValueError, lambda: FSDP(nn.Linear(2, 2), process_group=pg, use_orig_params=True),
+    c.raises("use_orig_params", ValueError, lambda: FSDP(nn.Linear(2, 2), process_group=pg, use_orig_params=True),
             "use_orig_params")
     unit = FSDP(nn.Linear(2, 2), process_group=pg, cpu_offload=CPUOffload(offload_params=True))
     c.true("offload on the CPU is taken", unit.cpu_offload.offload_params and unit._flat_param.device.type == "cpu")
 
 
 def _cases(rank, world, backend):
-    util.join(rank, world, backend, timeout=60)
-    try:
-        c = dutil.Case(rank, world)
-        pg = pt_dist.group.WORLD
-        for case in (grad_acc_cases, grad_acc_interleaved_cases, summon_cases, wrap_api_cases, state_dict_cases,
-                     plain_parent_load_cases, checkpoint_cases, argument_cases):
-            case(c, pg)
-        return c.fails
-    finally:
-        util.leave()
+    return dutil.run_cases(rank, world, backend, (
+        grad_acc_cases, grad_acc_interleaved_cases, summon_cases, wrap_api_cases, state_dict_cases,
+        plain_parent_load_cases, checkpoint_cases, argument_cases))
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm"])
