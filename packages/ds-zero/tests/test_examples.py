@@ -16,6 +16,8 @@ import runpy
 import sys
 
 import pytest
+import torch
+from ds_zero.runtime.zero.partition_parameters import default_half_dtype
 
 from harness import run_ranks
 
@@ -151,9 +153,9 @@ def test_zero3_init_and_gathered_parameters_train_as_under_deepspeed(tmp_path):
     GatheredParameters(modifier_rank=0), then trained with the page's ZeRO-Infinity block (CPU offload of
     parameters and optimizer). Test-only config edits besides torch_adam: zero_force_ds_cpu_optimizer false (which
     DeepSpeed needs to offload with torch's Adam) and a persistence threshold of 10 elements, so that this small
-    model's parameters are really partitioned (the page's 1e5 keeps all of them whole), and bf16 on: zero.Init
-    without a config builds the model in the accelerator's half precision (DeepSpeed's Init._set_dtype: bf16 on
-    CPU), so the engine trains in it too, as the tutorial's fp16 configs do on GPUs."""
+    model's parameters are really partitioned (the page's 1e5 keeps all of them whole), and the half precision
+    zero.Init builds in without a config (DeepSpeed's Init._set_dtype: fp16 where the CPU has oneDNN fp16 kernels,
+    else bf16) turned on, so the engine trains in it too, as the tutorial's fp16 configs do on GPUs."""
     ours = EXAMPLES / "zero3_init.py"
     theirs = tmp_path / "zero3_init_deepspeed.py"
     theirs.write_text(_deepspeed_source(ours, [("import ds_zero as deepspeed\n", "import deepspeed\n")]))
@@ -161,7 +163,8 @@ def test_zero3_init_and_gathered_parameters_train_as_under_deepspeed(tmp_path):
     cfg["optimizer"]["params"]["torch_adam"] = True
     cfg["zero_force_ds_cpu_optimizer"] = False
     cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 10
-    cfg["bf16"] = {"enabled": True}  # zero.Init without a config builds in half precision: bf16 on CPU
+    half = "fp16" if default_half_dtype() == torch.float16 else "bf16"
+    cfg[half] = {"enabled": True}  # zero.Init without a config builds in the accelerator's half precision
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     argv = ["--deepspeed_config", str(tmp_path / "cfg.json"), "--remote_device", "cpu", "--steps", "4"]
     t_out, o_out = run_ranks(_runs, 2, [(str(theirs), argv), (str(ours), argv)], timeout=300, fresh=True)[0]
@@ -171,7 +174,7 @@ def test_zero3_init_and_gathered_parameters_train_as_under_deepspeed(tmp_path):
 
     # rank 0's initialisation in GatheredParameters(modifier_rank=0) reaches every partition: exactly equal
     assert values(o_out, "position_embeddings initialised") == values(t_out, "position_embeddings initialised")
-    # bf16 training: the tolerance of test_deepspeed_parity.py's bf16 case (one bf16 ulp in a step's gradient
+    # half-precision training: the tolerance of test_deepspeed_parity.py's bf16 case (one bf16 ulp in a step's gradient
     # moves an Adam update by up to lr)
     assert len(values(t_out, "step ")) == 4
     assert values(o_out, "step ") == pytest.approx(values(t_out, "step "), rel=2e-2, abs=1e-3)

@@ -202,8 +202,11 @@ def test_to_hf_of_tp2_pp2_run_loads_into_transformers_with_identical_logits(curv
     merged, _ = load_merged_state_dict(str(sharded))
     single, _ = load_merged_state_dict(str(save_dir / _name("llama", 1, 1, 1)))
     assert merged.keys() == single.keys()
+    # Adam divides each step by the element's own gradient RMS, so an element whose gradient is near zero, where
+    # the split TP / PP reductions differ from one process's in the last bits, moves by a visible part of lr:
+    # atol = lr / 100 (seen: 1.3e-5 on one element of 1024 on an AVX512-FP16 CPU, every other within 7e-6)
     for k in single:
-        torch.testing.assert_close(merged[k], single[k], rtol=1e-4, atol=1e-5, msg=k)
+        torch.testing.assert_close(merged[k], single[k], rtol=1e-4, atol=LLAMA["lr"] / 100, msg=k)
     out = to_hf(str(sharded), str(tmp_path / "hf"))
     model = LlamaForCausalLM.from_pretrained(out).eval()
     assert sum(p.numel() for p in model.parameters()) == sum(v.numel() for v in single.values())

@@ -197,6 +197,19 @@ def _all_subclasses(cls):
         yield from _all_subclasses(sub)
 
 
+def default_half_dtype() -> torch.dtype:
+    """What DeepSpeed's ``Init._set_dtype`` builds in without a config or dtype: fp16 where the accelerator
+    supports it (every CUDA device; on the CPU, where oneDNN has fp16 kernels: AVX512-FP16 / AMX-FP16 parts,
+    ``CPU_Accelerator.is_fp16_supported``), else bf16."""
+    if torch.cuda.is_available():
+        return torch.float16
+    try:
+        fp16 = bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        fp16 = False
+    return torch.float16 if fp16 else torch.bfloat16
+
+
 class Init:
     """Construct a model already partitioned: each module's own parameters are split once its ``__init__`` is done.
 
@@ -240,8 +253,8 @@ class Init:
 
             cfg = cfg if isinstance(cfg, DeepSpeedConfig) else DeepSpeedConfig.load(cfg, _world(None)[0])
             dtype = torch.float16 if cfg.fp16.enabled else torch.bfloat16 if cfg.bf16_enabled else None
-        elif dtype is None and enabled:  # DeepSpeed's default without a config: half precision
-            dtype = torch.float16 if torch.cuda.is_available() else torch.bfloat16
+        elif dtype is None and enabled:
+            dtype = default_half_dtype()
         if enabled and not dist.is_initialized():
             raise RuntimeError("ds_zero.zero.Init needs torch.distributed to be initialised first")
         if data_parallel_group is None and mpu is not None:
