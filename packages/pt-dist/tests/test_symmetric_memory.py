@@ -23,6 +23,7 @@ def _values(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _symmetric(rank, world_size):
+    before = set(util.open_segments())  # a pooled rank may still hold an earlier job's; only this job's count
     util.join(rank, world_size, "shm", key="symm")
     out = {}
     # odd sizes (slices of unequal length, chunks cut short), 2-D shapes, several dtypes and ops
@@ -56,7 +57,8 @@ def _symmetric(rank, world_size):
     util.leave()
     del t, m, sym
     gc.collect()
-    out["segments left"] = util.open_segments()  # the heap's descriptor once stayed open: its pages stayed held
+    # the heap's descriptor once stayed open: its pages stayed held
+    out["segments left"] = [s for s in util.open_segments() if s not in before]
     return out
 
 

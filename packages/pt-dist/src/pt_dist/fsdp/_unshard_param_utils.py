@@ -2,17 +2,22 @@
 (torch/distributed/fsdp/_unshard_param_utils.py and ``FullyShardedDataParallel.no_sync``).
 
 Inside ``summon_full_params`` each unit's flat parameter is all-gathered in its own dtype (never the mixed
-precision one) into a buffer of its own; the module's original parameters are registered again as
-``nn.Parameter`` views of it (the flat parameter is taken out of ``parameters()`` meanwhile, as torch's
-``_unflatten_as_params``), so ``model.parameters()``, ``named_parameters()`` and ``model.weight`` are the full
-tensors. With ``writeback`` the rank copies its shard's range of that buffer back into its flat parameter at
-exit; ``rank0_only`` gathers on every rank but shows the full parameters on rank 0 only.
+precision one) into a buffer of its own, and the flat parameter's data is that buffer (unpadded, as torch's
+``_use_unsharded_flat_param``); the module's original parameters are registered again as ``nn.Parameter`` views
+of it (the flat parameter is taken out of ``parameters()`` meanwhile, as torch's ``_unflatten_as_params``), so
+``model.parameters()``, ``named_parameters()`` and ``model.weight`` are the full tensors. At exit the flat
+parameter is its shard again; with ``writeback`` the rank first copies its shard's range of the buffer into it.
+Unsharded (NO_SHARD, one rank) the buffer is the flat parameter itself, so changes persist either way, as
+torch's. ``rank0_only`` gathers on every rank but shows the full parameters on rank 0 only. A unit whose
+parameters were still gathered (the root after a forward) has them gathered again afterwards, as torch's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 
+import torch
 from torch import nn
 
 from pt_dist.fsdp.flat_param import HandleTrainingState
@@ -30,6 +35,10 @@ def _validate(unit, writeback: bool, rank0_only: bool, offload_to_cpu: bool, wit
         raise NotImplementedError("offload_to_cpu=True and NO_SHARD is not supported yet")
     if writeback and rank0_only:
         raise NotImplementedError("writeback=True and rank0_only=True is not supported yet")
+    if offload_to_cpu and not rank0_only:
+        warnings.warn("offload_to_cpu=True and rank0_only=False may copy the unsharded parameters to CPU memory "
+                      "once per rank sharing it; offload_to_cpu=True with rank0_only=True is recommended",
+                      stacklevel=4)
 
 
 @contextlib.contextmanager
@@ -46,14 +55,19 @@ def _summon_unit(unit, writeback: bool, rank0_only: bool):
         finally:
             unit._summoned = False
         return
-    if handle.is_unsharded:  # the root's buffer kept after a forward without backward: stale once written back
+    was_unsharded = handle.is_unsharded  # the root's buffer, kept after a forward: stale once written back
+    if was_unsharded:
         handle.reshard()
-    full = handle.full_flat()  # collective within the shard group: every rank, rank0_only or not
+    sharded = handle.sharded and handle.shard_group.size() > 1
+    # collective within the shard group: every rank, rank0_only or not
+    full = handle.full_flat() if sharded else handle.flat_param.detach()
     show = not rank0_only or handle.shard_group.rank() == 0 and _replica_rank(handle) == 0
     owner = handle.owner  # the module holding the flat parameter (a wrapper may have replaced it since)
     saved: list = []
+    shard = handle.flat_param.data
     if show:
         owner._parameters.pop(FLAT_PARAM)
+        handle.flat_param.data = full.narrow(0, 0, handle.numel)
         pieces = full.narrow(0, 0, handle.numel).split(handle._numels)
         made = {}
         for info, piece in zip(handle.infos, handle._piece_of):
@@ -71,9 +85,20 @@ def _summon_unit(unit, writeback: bool, rank0_only: bool):
                 info.module._parameters.pop(info.name, None)
                 if old is not None:
                     info.module.__dict__[info.name] = old
+            handle.flat_param.data = shard
             owner.register_parameter(FLAT_PARAM, handle.flat_param)
-        if writeback and show:
-            handle.load_full_flat(full)
+        if writeback and show and sharded:
+            _writeback_to_local_shard(handle, full)
+        if was_unsharded:
+            handle.unshard()
+
+
+def _writeback_to_local_shard(handle, full) -> None:
+    """The shard's range of ``full`` into the shard, its padding left as it is (torch's)."""
+    start = handle.shard_group.rank() * handle.shard_numel
+    n = max(0, min(handle.shard_numel, handle.numel - start))
+    with torch.no_grad():
+        handle.flat_param.narrow(0, 0, n).copy_(full.narrow(0, start, n))
 
 
 def _replica_rank(handle) -> int:
