@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import sys
 from functools import partial
 from pathlib import Path
@@ -69,14 +70,15 @@ def _patched_save_on_cpu():
 class Sequential3(nn.Module):
     """upstream's SequentialModule: three Linear(3, 3), each optionally checkpointed and/or its own unit."""
 
-    def __init__(self, pg=None, checkpoint_layer=False, offload=False, wrap_fsdp=False, cpu_offload=None):
+    def __init__(self, pg=None, checkpoint_layer=False, offload=False, wrap_fsdp=False, cpu_offload=None,
+                 use_orig_params=False):
         super().__init__()
         torch.manual_seed(0)
         layers = [nn.Linear(3, 3) for _ in range(3)]
         if checkpoint_layer:
             layers = [(cw.offload_wrapper if offload else cw.checkpoint_wrapper)(m) for m in layers]
-        self.ffn = nn.Sequential(*(FSDP(m, process_group=pg, cpu_offload=cpu_offload) if wrap_fsdp else m
-                                   for m in layers))
+        self.ffn = nn.Sequential(*(FSDP(m, process_group=pg, cpu_offload=cpu_offload, use_orig_params=use_orig_params)
+                                   if wrap_fsdp else m for m in layers))
 
     def forward(self, x):
         return self.ffn(x)
@@ -96,9 +98,9 @@ def _parity(c, what, losses, outputs, models):
 
 def fsdp_wrapping_cases(c, pg):
     """test_checkpoint_fsdp_wrapping."""
-    for offload, params_off in ((a, p) for a in (False, True) for p in (False, True)):
+    for offload, params_off, orig in itertools.product((False, True), repeat=3):
         wrapper = cw.offload_wrapper if offload else cw.checkpoint_wrapper
-        kw = {"cpu_offload": CPUOffload(offload_params=params_off)}
+        kw = {"cpu_offload": CPUOffload(offload_params=params_off), "use_orig_params": orig}
         outer = wrapper(Sequential3(pg, wrap_fsdp=True, **kw))
         inner = Sequential3(pg, checkpoint_layer=True, offload=offload, wrap_fsdp=True, **kw)
         baseline = Sequential3(pg, wrap_fsdp=True, **kw)
@@ -117,15 +119,15 @@ def fsdp_wrapping_cases(c, pg):
                     loss.backward()
                     losses.append(loss.detach())
                     outputs.append(out.detach())
-                _parity(c, f"fsdp wrapping offload={offload} cpu_offload={params_off} iter {i}", losses, outputs,
-                        models[::-1])
+                _parity(c, f"fsdp wrapping offload={offload} cpu_offload={params_off} use_orig_params={orig} iter {i}",
+                        losses, outputs, models[::-1])
 
 
 def end_to_end_cases(c, pg):
     """test_basic_checkpoint_end_to_end."""
-    for offload, params_off in ((a, p) for a in (False, True) for p in (False, True)):
+    for offload, params_off, orig in itertools.product((False, True), repeat=3):
         wrapper = cw.offload_wrapper if offload else cw.checkpoint_wrapper
-        kw = {"process_group": pg, "cpu_offload": CPUOffload(offload_params=params_off)}
+        kw = {"process_group": pg, "cpu_offload": CPUOffload(offload_params=params_off), "use_orig_params": orig}
         with _patched_save_on_cpu() as patched:
             seq = Sequential3()
             fsdp_only = FSDP(copy.deepcopy(seq), **kw)
@@ -149,7 +151,8 @@ def end_to_end_cases(c, pg):
                     loss.backward()
                     losses.append(loss.detach())
                     outputs.append(out.detach())
-                _parity(c, f"end to end offload={offload} cpu_offload={params_off} iter {i}", losses, outputs, models)
+                _parity(c, f"end to end offload={offload} cpu_offload={params_off} use_orig_params={orig} iter {i}",
+                        losses, outputs, models)
 
 
 class _CheckpointModule(nn.Module):

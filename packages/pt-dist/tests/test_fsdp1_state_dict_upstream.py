@@ -16,7 +16,8 @@ Ported here:
 - ``test_world_size_one``: each rank its own singleton group (``pt_dist.new_group(ranks=[r])``), SHARDED saved
   and loaded (beyond upstream: into a zeroed model, values compared).
 
-Adapted: ``use_orig_params=True`` is left out (pt_dist's FSDP1 refuses it); ``CPUOffload(offload_params=True)``
+Adapted: ``use_orig_params=True`` runs where upstream runs it (rank0_offload_save_load_flow, basic_save_and_load,
+buffers_save_and_load; FULL and SHARDED, as upstream); ``CPUOffload(offload_params=True)``
 and ``offload_to_cpu`` are accepted and change nothing on CPU, where the shards already live. Models are small
 stand-ins for common_fsdp's
 (``TransformerWithSharedParams``: 2+2 layers of width 16)."""
@@ -134,8 +135,13 @@ def shared_parameters_cases(c, pg):
 
 
 def rank0_offload_flow_cases(c, pg):
-    """test_state_dict_rank0_offload_save_load_flow (use_orig_params=False)."""
-    src = FSDP(Shared(0), process_group=pg, auto_wrap_policy=POLICY)
+    """test_state_dict_rank0_offload_save_load_flow (use_orig_params both ways)."""
+    for orig in (False, True):
+        _rank0_offload_flow(c, pg, orig)
+
+
+def _rank0_offload_flow(c, pg, orig):
+    src = FSDP(Shared(0), process_group=pg, auto_wrap_policy=POLICY, use_orig_params=orig)
     with FSDP.summon_full_params(src), torch.no_grad():
         for t in itertools.chain(src.parameters(), src.buffers()):
             if torch.count_nonzero(t) == 0:  # every state nonzero, so a zeroed one differs
@@ -153,13 +159,15 @@ def rank0_offload_flow_cases(c, pg):
         every = [None, None]
         pt_dist.all_gather_object(every, mine, group=pg)
         eq = [torch.equal(a, b) for a, b in zip(*every)]
-        c.true(f"rank0 flow {what}: {eq}", len(eq) == len(mine) and (all(eq) if equal else not any(eq)))
+        c.true(f"rank0 flow use_orig_params={orig} {what}: {eq}",
+               len(eq) == len(mine) and (all(eq) if equal else not any(eq)))
 
     across_ranks("loaded on rank 0 only", new, equal=False)
     fsdp = FSDP(new, process_group=pg, device_id=torch.device("cpu"), auto_wrap_policy=POLICY, sync_module_states=True)
     with FSDP.summon_full_params(fsdp):
         across_ranks("after sync_module_states", fsdp, equal=True)
-    same(c, "rank0 flow: the checkpoint's values", states(src, buffers=False), states(fsdp, buffers=False))
+    same(c, f"rank0 flow use_orig_params={orig}: the checkpoint's values", states(src, buffers=False),
+         states(fsdp, buffers=False))
 
 
 def simple(pg, **kw):
@@ -189,14 +197,14 @@ def _fwd_bwd(model, fp16):
 
 
 def basic_save_load_cases(c, pg):
-    """test_basic_save_and_load_state_dict (cpu_offload both ways, use_orig_params=False)."""
-    for make, kind, fp16, rank0, params_off in itertools.product(
-            (Container, nested, simple), KINDS, (False, True), (False, True), (False, True)):
-        if rank0 and kind is not FULL:
-            continue  # as upstream: rank0_only is FULL's
+    """test_basic_save_and_load_state_dict (cpu_offload both ways, use_orig_params both ways)."""
+    for make, kind, fp16, rank0, params_off, orig in itertools.product(
+            (Container, nested, simple), KINDS, (False, True), (False, True), (False, True), (False, True)):
+        if rank0 and kind is not FULL or orig and kind is LOCAL:
+            continue  # as upstream: rank0_only is FULL's; use_orig_params with the unflattened kinds only
         off = CPUOffload(offload_params=params_off)
-        what = f"basic {make.__name__} {kind.name} fp16={fp16} rank0={rank0} cpu_offload={params_off}"
-        model = make(pg, cpu_offload=off)
+        what = f"basic {make.__name__} {kind.name} fp16={fp16} rank0={rank0} cpu_offload={params_off} orig={orig}"
+        model = make(pg, cpu_offload=off, use_orig_params=orig)
         if fp16:
             model.half()
         _fwd_bwd(model, fp16)  # gradients present when saving
@@ -205,7 +213,7 @@ def basic_save_load_cases(c, pg):
         validate(c, what, model, sd, rank0)
         if fp16:
             c.true(f"{what}: fp16 entries", all(v.dtype == torch.float16 for v in sd.values()))
-        new = make(pg, cpu_offload=off)
+        new = make(pg, cpu_offload=off, use_orig_params=orig)
         if fp16:
             new.half()
         _fwd_bwd(new, fp16)
@@ -221,29 +229,29 @@ def basic_save_load_cases(c, pg):
             c.true(f"{what}: loaded model fp16", all(t.dtype == torch.float16 for t in after))
 
 
-def multibuffer(pg, mp):
+def multibuffer(pg, mp, orig=False):
     """upstream ``_get_multibuffer_nested_model``: FSDP(Linear) with ``mp``, FSDP(BatchNorm1d) in fp32, a Linear."""
     bn_mp = MixedPrecision(torch.float32, torch.float32, torch.float32) if mp else None
     bn = nn.BatchNorm1d(10)
     with torch.no_grad():  # (beyond upstream: running stats that zeroing changes everywhere)
         bn.running_mean.uniform_(-1, 1)
         bn.num_batches_tracked.fill_(5)
-    return FSDP(nn.Sequential(FSDP(nn.Linear(10, 10, bias=False), process_group=pg, mixed_precision=mp),
-                              FSDP(bn, process_group=pg, mixed_precision=bn_mp),
-                              nn.Linear(10, 10, bias=False)), process_group=pg)
+    kw = {"process_group": pg, "use_orig_params": orig}
+    return FSDP(nn.Sequential(FSDP(nn.Linear(10, 10, bias=False), mixed_precision=mp, **kw),
+                              FSDP(bn, mixed_precision=bn_mp, **kw), nn.Linear(10, 10, bias=False)), **kw)
 
 
 def buffers_cases(c, pg):
-    """test_buffers_save_and_load_state_dict (cpu_offload=CPUOffload(False), use_orig_params=False)."""
-    for kind, mp, rank0 in itertools.product(KINDS, (None, FP16), (False, True)):
-        if rank0 and kind is not FULL:
+    """test_buffers_save_and_load_state_dict (cpu_offload=CPUOffload(False), use_orig_params both ways)."""
+    for kind, mp, rank0, orig in itertools.product(KINDS, (None, FP16), (False, True), (False, True)):
+        if rank0 and kind is not FULL or orig and kind is LOCAL:
             continue
-        what = f"buffers {kind.name} mp={mp is not None} rank0={rank0}"
-        model = multibuffer(pg, mp)
+        what = f"buffers {kind.name} mp={mp is not None} rank0={rank0} orig={orig}"
+        model = multibuffer(pg, mp, orig)
         with mgr(model, kind, rank0):
             sd = model.state_dict()
         validate(c, what, model, sd, rank0)
-        new = multibuffer(pg, mp)
+        new = multibuffer(pg, mp, orig)
         zero(new, buffers=True)
         same(c, f"{what} before", states(model), states(new), equal=False)
         if rank0:

@@ -27,8 +27,8 @@ Ported here:
 Not ported here: ``test_fsdp_state_dict_with_activation_checkpoint`` (outside this port's brief; a unit inside a
 plain parent or ``checkpoint_wrapper`` is in test_fsdp1_upstream.py), ``test_state_dict_load_into_local_module``
 (test_fsdp_upstream.py), ``test_wrong_state_dict_config`` (test_fsdp1_upstream.py),
-``test_sharded_load_multi_backend_pg`` (a ``cpu:gloo,cuda:nccl`` group and ``use_orig_params=True``, which
-pt_dist refuses), ``TestFSDPStateDict4GPUs.test_local_state_dict_reshard`` (4 ranks, ShardedTensor resharding)."""
+``TestFSDPStateDict4GPUs.test_local_state_dict_reshard`` (4 ranks, ShardedTensor resharding by hand).
+``test_sharded_load_multi_backend_pg`` is here on a plain group (``sharded_load_new_group_cases``)."""
 
 from __future__ import annotations
 
@@ -347,8 +347,30 @@ def manual_ac_cases(c, pg):
         same(c, what, states(ac), states(no_ac))
 
 
+def sharded_load_new_group_cases(c, pg):
+    """test_sharded_load_multi_backend_pg (use_orig_params=True, an auto-wrapped transformer on a group of its
+    own; upstream's ``backend="cpu:gloo,cuda:nccl"`` group is this job's backend on CPU): SHARDED saved, the
+    original parameters zeroed in place, loaded back (as is, and moved to CPU first), equal."""
+    for load_cpu in (True, False):
+        group = pt_dist.new_group()
+        model = FSDP(base.Shared(0), process_group=group, auto_wrap_policy=base.POLICY, use_orig_params=True)
+        FSDP.set_state_dict_type(model, SHARDED)
+        sd = model.state_dict()
+        copies = [t.detach().clone() for t in model.parameters()]
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        c.true(f"load_cpu={load_cpu}: zeroed", all(not torch.count_nonzero(p) for p in model.parameters()))
+        if load_cpu:
+            sd = {k: v.cpu() for k, v in sd.items()}
+        model.load_state_dict(sd)
+        for (n, p), q in zip(model.named_parameters(), copies, strict=True):
+            c.true(f"load_cpu={load_cpu}: {n} restored", torch.equal(p, q))
+
+
 CASES = (save_load_flow_cases, keys_cases, skip_module_cases, ignored_modules_cases, state_dict_type_cases,
-         empty_ranks_cases, torch_save_load_cases, shared_module_cases, missing_unexpected_cases, manual_ac_cases)
+         empty_ranks_cases, torch_save_load_cases, shared_module_cases, missing_unexpected_cases, manual_ac_cases,
+         sharded_load_new_group_cases)
 
 
 def _cases(rank, world, backend):

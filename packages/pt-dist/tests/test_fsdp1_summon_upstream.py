@@ -29,9 +29,10 @@ import math
 import sys
 from pathlib import Path
 
+import pt_dist
 import pytest
 import torch
-from pt_dist.fsdp import CPUOffload, MixedPrecision
+from pt_dist.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 from pt_dist.fsdp import FullyShardedDataParallel as FSDP
 from pt_dist.fsdp.wrap import enable_wrap, wrap
 from torch import nn
@@ -92,9 +93,12 @@ OFFLOADS = (CPUOffload(offload_params=False), CPUOffload(offload_params=True))
 
 def writeback_cases(c, pg, offloads=OFFLOADS):
     """upstream ``_run_test_summon_full_param_writeback``."""
-    for writeback, modify_outer, mp, offload in itertools.product((True, False), (True, False), MPS, offloads):
-        what = f"writeback={writeback} outer={modify_outer} mp={mp is not None} offload={offload.offload_params}"
-        with enable_wrap(wrapper_cls=FSDP, process_group=pg, mixed_precision=mp, cpu_offload=offload):
+    for writeback, modify_outer, mp, offload, orig in itertools.product((True, False), (True, False), MPS, offloads,
+                                                                        (True, False)):
+        what = (f"writeback={writeback} outer={modify_outer} mp={mp is not None} offload={offload.offload_params} "
+                f"use_orig_params={orig}")
+        with enable_wrap(wrapper_cls=FSDP, process_group=pg, mixed_precision=mp, cpu_offload=offload,
+                         use_orig_params=orig):
             model = wrap(nn.Sequential(wrap(nn.Linear(5, 5, bias=False)), nn.Linear(5, 3, bias=False)))
         p = _flat(model if modify_outer else model.module[0])
         with torch.no_grad():
@@ -152,16 +156,17 @@ def from_backward_cases(c, pg):
 
 def reshard_after_forward_cases(c, pg):
     """upstream ``_test_summon_full_params_respects_reshard_after_forward``."""
-    for mp in MPS:
-        model = _two_units(pg, mixed_precision=mp)
+    for mp, orig in itertools.product(MPS, (False, True)):
+        what = f"mp={mp is not None} use_orig_params={orig}"
+        model = _two_units(pg, mixed_precision=mp, use_orig_params=orig)
         full = _flat(model).numel() * c.world_size
         model(torch.zeros(5))
         kept = (_gathered(model), _gathered(model.module[0]))
-        c.true(f"mp={mp is not None}: the root keeps its buffer after forward: {kept}", kept == (full, 0))
+        c.true(f"{what}: the root keeps its buffer after forward: {kept}", kept == (full, 0))
         with FSDP.summon_full_params(model):
             pass
         after = (_gathered(model), _gathered(model.module[0]))
-        c.true(f"mp={mp is not None}: and after a summon: {after}", after == (full, 0))
+        c.true(f"{what}: and after a summon: {after}", after == (full, 0))
 
 
 def reshard_outside_cases(c, pg):
@@ -292,11 +297,92 @@ def named_cases(c, pg):
                     c.equal(f"{what} {n}", a, b, 0, 0)
 
 
+class SharedParams(nn.Module):
+    """A small stand-in for common_fsdp's ``TransformerWithSharedParams``: an embedding tied to the output
+    projection, a body (its own unit when wrapped), deterministic."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(10, 4)
+        self.body = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 4))
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, x):
+        return self.head(self.body(self.embed(x)))
+
+
+def _shared_fsdp(pg, **kw):
+    model = SharedParams()
+    model.body = FSDP(model.body, process_group=pg, **kw)
+    return FSDP(model, process_group=pg, **kw)
+
+
+STRATEGIES = (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.NO_SHARD)
+
+
+def _check_grads(c, what, ddp, fsdp, old, writeback, offload, persists, factor=2):
+    """upstream ``_check_grads``."""
+    with FSDP.summon_full_params(fsdp, writeback=writeback, offload_to_cpu=offload, with_grads=True):
+        for (n1, p1), (n2, p2) in zip(ddp.module.named_parameters(), fsdp.named_parameters(), strict=True):
+            c.true(f"{what}: names {n1} {n2}", n1 == n2)
+            c.equal(f"{what}: {n1} grad", p2.grad, p1.grad, 1e-5, 1e-6)
+            c.true(f"{what}: {n1} grad not all zeros", int(torch.count_nonzero(p2.grad)) > 0)
+            p2.grad *= factor
+    new = [p.grad for p in fsdp.parameters() if p.grad is not None]
+    c.true(f"{what}: as many gradients after ({len(new)}) as before ({len(old)})", len(new) == len(old))
+    for a, b in zip(old, new):
+        c.equal(f"{what}: after", b, a * factor if persists else a, 1e-5, 1e-6)
+    if persists:
+        for p in ddp.parameters():
+            p.grad *= factor
+
+
+def with_grads_core_cases(c, pg):
+    """upstream ``_test_with_grads_core``: inside ``summon_full_params(with_grads=True)`` the gradients equal
+    DDP's; doubled inside, they stay doubled with ``writeback`` (or NO_SHARD); after backward and between forward
+    and backward; ``offload_to_cpu`` with ``with_grads`` is a NotImplementedError, as upstream."""
+    for writeback, offload, strategy in itertools.product((False, True), (False, True), STRATEGIES):
+        what = f"writeback={writeback} offload={offload} {strategy.name}"
+        ddp = pt_dist.DistributedDataParallel(SharedParams(), process_group=pg)
+        fsdp = _shared_fsdp(pg, use_orig_params=True, sharding_strategy=strategy)
+        with FSDP.summon_full_params(fsdp):
+            c.true(f"{what}: the same start", all(torch.equal(a, b) for a, b in
+                                                   zip(ddp.module.parameters(), fsdp.parameters())))
+        args = (c, what, ddp, fsdp)
+        kw = dict(writeback=writeback, offload=offload, persists=writeback or strategy is ShardingStrategy.NO_SHARD)
+        for between in (False, True):
+            x = torch.randint(0, 10, (3, 2), generator=torch.Generator().manual_seed(c.rank + 10 * between))
+            ddp_out, fsdp_out = ddp(x), fsdp(x)
+            if not between:  # after backward; else the gradients of the last backward, between forward and backward
+                ddp_out.sum().backward()
+                fsdp_out.sum().backward()
+            old = [p.grad.clone() for p in fsdp.parameters() if p.grad is not None]
+            if offload:
+                c.raises(f"{what}: offload", NotImplementedError,
+                         lambda args=args, old=old, kw=kw: _check_grads(*args, old, **kw), "is not supported")
+            else:
+                _check_grads(*args, old, **kw)
+            if between:
+                ddp_out.sum().backward()
+                fsdp_out.sum().backward()
+
+
+def with_grads_none_grads_cases(c, pg):
+    """upstream ``_test_with_grads_none_grads``: no backward yet, every original's gradient is None inside."""
+    for strategy in STRATEGIES:
+        fsdp = _shared_fsdp(pg, use_orig_params=True, sharding_strategy=strategy)
+        c.true(f"{strategy.name}: no flat gradient", all(u._flat_param.grad is None for u in FSDP.fsdp_modules(fsdp)))
+        with FSDP.summon_full_params(fsdp, with_grads=True):
+            c.true(f"{strategy.name}: None inside", all(p.grad is None for p in fsdp.parameters()))
+
+
 def _cases(rank, world, backend):
     return dutil.run_cases(rank, world, backend, (
         writeback_cases, shard_value_cases, recursive_cases, from_backward_cases, reshard_after_forward_cases,
         reshard_outside_cases, single_param_cases, equivalence_cases, non_fsdp_root_cases, unflattened_cases,
-        count_and_value_cases, named_cases))
+        count_and_value_cases, named_cases, with_grads_core_cases, with_grads_none_grads_cases))
 
 
 def _no_shard_cases(rank, world, backend):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import sys
 from pathlib import Path
 
@@ -75,28 +76,32 @@ def grad_acc_interleaved_cases(c, pg):
     off, on, off), the last always synced, give the gradients of one backward over their concatenation, for every
     backward_prefetch (None, PRE, POST) and sharding strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD); then SGD
     with momentum steps. And ``test_grad_acc_cpu_offload``: 3 micro-batches inside ``no_sync`` but the last, under
-    ``CPUOffload(offload_params=True)``."""
+    ``CPUOffload(offload_params=True)``. Each with ``use_orig_params`` off and on, as upstream."""
     from pt_dist.fsdp import BackwardPrefetch, CPUOffload, ShardingStrategy
 
     for pattern, offload in (((True, False, True), False), ((False, True, False), False), ((True,), True)):
         batches = [_batch(c.rank, i) for i in range(3 * len(pattern))]
         for prefetch in (None, BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST):
-            for strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.NO_SHARD):
+            for strategy, orig in itertools.product(
+                    (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.NO_SHARD),
+                    (False, True)):
                 model = _net()
                 kw = {"process_group": pg, "backward_prefetch": prefetch, "sharding_strategy": strategy,
-                      "cpu_offload": CPUOffload(offload_params=offload)}
+                      "cpu_offload": CPUOffload(offload_params=offload), "use_orig_params": orig}
                 model[2] = FSDP(model[2], **kw)
                 model = FSDP(model, **kw)
                 model(torch.cat(batches)).sum().backward()
-                ref = [p.grad.clone() for p in model.parameters()]
+                ref = [p.grad.clone() for p in model.parameters() if p.grad is not None]  # (as upstream)
                 model.zero_grad()
                 for i, x in enumerate(batches):
                     skip = pattern[i // 3] and i < len(batches) - 1
                     with model.no_sync() if skip else contextlib.nullcontext():
                         model(x).sum().backward()
-                what = f"{pattern} {prefetch} {strategy.name} offload={offload}"
-                for (n, p), r in zip(model.named_parameters(), ref):
-                    c.equal(f"accumulated {n} {what}", p.grad, r, rtol=1e-5, atol=1e-5)
+                what = f"{pattern} {prefetch} {strategy.name} offload={offload} use_orig_params={orig}"
+                acc = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+                c.true(f"{what}: {len(acc)} gradients, {len(ref)} before", len(acc) == len(ref) > 0)
+                for (n, g), r in zip(acc, ref):
+                    c.equal(f"accumulated {n} {what}", g, r, rtol=1e-5, atol=1e-5)
                 torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9).step()
 
 
@@ -259,15 +264,15 @@ def checkpoint_cases(c, pg):
 
 def argument_cases(c, pg):
     """Arguments refused before any communication, naming the value: CPUOffload(offload_params=True) with the
-    parameters off the CPU, a cpu_offload that is not a CPUOffload, use_orig_params=True."""
+    parameters off the CPU, a cpu_offload that is not a CPUOffload, a use_orig_params that is not a bool."""
     from pt_dist.fsdp import CPUOffload
 
     c.raises("offload with meta parameters", ValueError, lambda: FSDP(
         nn.Linear(2, 2, device="meta"), process_group=pg, cpu_offload=CPUOffload(offload_params=True)), "['meta']")
     c.raises("cpu_offload=True", TypeError, lambda: FSDP(nn.Linear(2, 2), process_group=pg, cpu_offload=True),
             "CPUOffload")
-    c.raises("use_orig_params", ValueError, lambda: FSDP(nn.Linear(2, 2), process_group=pg, use_orig_params=True),
-            "use_orig_params")
+    c.raises("use_orig_params", TypeError, lambda: FSDP(nn.Linear(2, 2), process_group=pg, use_orig_params="yes"),
+            "'yes'")
     unit = FSDP(nn.Linear(2, 2), process_group=pg, cpu_offload=CPUOffload(offload_params=True))
     c.true("offload on the CPU is taken", unit.cpu_offload.offload_params and unit._flat_param.device.type == "cpu")
 

@@ -80,10 +80,8 @@ def _check_arguments(
     ):
         if value is not None:
             raise ValueError(f"FullyShardedDataParallel: {name} is not supported, got {value!r}")
-    if use_orig_params:
-        raise ValueError(
-            "FullyShardedDataParallel: use_orig_params=True is not supported; the optimizer steps the flat parameters"
-        )
+    if not isinstance(use_orig_params, bool):
+        raise TypeError(f"FullyShardedDataParallel: use_orig_params must be a bool, got {use_orig_params!r}")
 
 
 def _check_offload(module, cpu_offload) -> None:

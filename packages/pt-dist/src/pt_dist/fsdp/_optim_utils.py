@@ -9,6 +9,7 @@ own ``state_dict`` form (parameter indices), for ``optim.load_state_dict``. Load
 full optimizer state dict saved at one world size loads at another. Under ``SHARDED_STATE_DICT`` each
 per-element state is instead this rank's ``torch.chunk`` rows of it, a DTensor, as the model's sharded state
 dict (torch gives ShardedTensors with the same rows); loading gathers them back (a collective) first.
+``use_orig_params=True`` units' states are per original parameter (_orig_optim_utils.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from pt_dist import distributed_c10d as c10d
 from pt_dist.fsdp import state_dict as _sd
+from pt_dist.fsdp._orig_optim_utils import _gathered_orig, _orig_to_load, _orig_units
 from pt_dist.fsdp._state_dict_settings import fsdp_modules, get_state_dict_type
 from pt_dist.fsdp.api import StateDictSettings, StateDictType
 from pt_dist.object_collectives import all_gather_object, broadcast_object_list
@@ -48,13 +50,17 @@ def _layout(model, optim):
 
     for root in fsdp_modules(model, root_only=True):
         root._lazy_init()
-    by_param = {id(u._handle.flat_param): (prefix, u._handle) for prefix, u in FSDP._named_units(model)
-                if u._handle is not None}
+    units = [(prefix, u._handle) for prefix, u in FSDP._named_units(model) if u._handle is not None]
+    by_param = {id(h.flat_param): (prefix, h) for prefix, h in units}
+    originals = {id(p): (prefix, h, i) for prefix, h in units if h.orig is not None
+                 for i, p in enumerate(h.orig.params)}
     names = {id(p): _clean(n) for n, p in model.named_parameters()}
     layout = []
     for p in (p for g in optim.param_groups for p in g["params"]):
         if id(p) in by_param:
             layout.append(("flat", *by_param[id(p)]))
+        elif id(p) in originals:  # use_orig_params: ("orig", prefix, handle, which of its parameters)
+            layout.append(("orig", *originals[id(p)]))
         elif id(p) in names:
             layout.append(("plain", names[id(p)]))
         else:
@@ -178,10 +184,13 @@ def _gathered(model, optim, osd: dict, keep: bool, as_rows: bool = False) -> dic
     """The name-keyed state: each unit's per-element states all-gathered, units in name order (so ranks whose
     optimizers list the parameters differently still issue the same gathers), after checking every rank's
     optimizer holds the units rank 0's does."""
+    osd = _by_index(optim, osd)
     layout = _layout(model, optim)
     flat = sorted((_pieces(e[1], e[2])[0][0], idx) for idx, e in enumerate(layout) if e[0] == "flat")
-    _check_same_units(model, [name for name, _ in flat] + [e[1] for e in layout if e[0] == "plain"])
+    if not _orig_units(model):  # (use_orig_params: the ranks' states are merged instead, as torch's)
+        _check_same_units(model, [name for name, _ in flat] + [e[1] for e in layout if e[0] == "plain"])
     state, names_of = {}, {}
+    _gathered_orig(model, layout, osd, keep, as_rows, state, names_of)
     for idx, entry in enumerate(layout):
         if entry[0] == "plain":
             names_of[idx] = [entry[1]]
@@ -218,6 +227,24 @@ def _gathered(model, optim, osd: dict, keep: bool, as_rows: bool = False) -> dic
     return result
 
 
+def _by_index(optim, osd: dict) -> dict:
+    """A ``_NamedOptimizer``'s state dict (keyed by parameter names; torch's ``_is_named_optimizer``) keyed by
+    the optimizer's indices, through its ``ordered_param_keys``."""
+    named = [k for k in osd.get("state", {}) if isinstance(k, str)]
+    named += [k for g in osd.get("param_groups", []) for k in g["params"] if isinstance(k, str)]
+    if not named:
+        return osd
+    keys = getattr(optim, "ordered_param_keys", None)
+    if keys is None:
+        raise ValueError(f"FSDP.optim_state_dict: the state is keyed by names ({named[:3]}) but the optimizer "
+                         f"has no ordered_param_keys (a torch.distributed.optim._NamedOptimizer)")
+    index = {k: i for i, k in enumerate(keys)}
+    out = {"state": {index[k]: v for k, v in osd["state"].items()}}
+    if "param_groups" in osd:
+        out["param_groups"] = [{**g, "params": sorted(index[k] for k in g["params"])} for g in osd["param_groups"]]
+    return out
+
+
 def _check_same_units(model, names: list) -> None:
     """torch's check: every rank's optimizer holds at least the parameters rank 0's holds (else the gathers would
     not match); a RuntimeError on every rank naming what each lacks."""
@@ -252,9 +279,20 @@ def optim_state_dict_to_load(model, optim, optim_state_dict: dict, is_named_opti
                              load_directly: bool = False, group=None) -> dict:
     """The full, name-keyed optimizer state dict cut into this rank's shards, as ``optim.load_state_dict`` takes
     it (no communication). ``load_directly`` loads it into ``optim`` as well."""
-    if is_named_optimizer:
-        raise ValueError("FSDP.optim_state_dict_to_load: is_named_optimizer is not supported")
     _check_group(model, group, "optim_state_dict_to_load")
+    keys = getattr(optim, "ordered_param_keys", None)
+    if is_named_optimizer and keys is None:
+        raise ValueError("FSDP.optim_state_dict_to_load: is_named_optimizer=True needs a _NamedOptimizer (its "
+                         "ordered_param_keys)")
+    settings = _settings(model)
+    if (settings.state_dict_type is StateDictType.FULL_STATE_DICT
+            and getattr(settings.optim_state_dict_config, "rank0_only", False)):  # saved on rank 0 only: from it
+        roots = fsdp_modules(model, root_only=True)
+        over = group if group is not None else roots[0].process_group if roots else None
+        src = c10d.get_global_rank(over, 0) if over is not None else 0
+        box = [optim_state_dict if c10d.get_rank() == src else None]
+        broadcast_object_list(box, src=src, group=over)
+        optim_state_dict = box[0]
     state_in, layout = _gathered_rows(optim_state_dict["state"]), _layout(model, optim)
     state, first_names = {}, []
     for idx, entry in enumerate(layout):
@@ -262,6 +300,12 @@ def optim_state_dict_to_load(model, optim, optim_state_dict: dict, is_named_opti
             first_names.append(entry[1])
             if entry[1] in state_in:
                 state[idx] = {k: v.clone() if torch.is_tensor(v) else v for k, v in state_in[entry[1]].items()}
+            continue
+        if entry[0] == "orig":
+            _, prefix, handle, i = entry
+            first_names.append(_pieces(prefix, handle)[i][0])
+            if first_names[-1] in state_in and handle.orig._in_shard(i):  # (none where no element is here)
+                state[idx] = _orig_to_load(handle, i, first_names[-1], state_in[first_names[-1]])
             continue
         _, prefix, handle = entry
         pieces = _pieces(prefix, handle)
@@ -297,6 +341,9 @@ def optim_state_dict_to_load(model, optim, optim_state_dict: dict, is_named_opti
                        list(range(at, at + len(own["params"])))})
         at += len(own["params"])
     result = {"state": state, "param_groups": groups}
+    if is_named_optimizer:  # keyed by the names the _NamedOptimizer loads by
+        result = {"state": {keys[i]: st for i, st in state.items()},
+                  "param_groups": [{**g, "params": sorted(keys[i] for i in g["params"])} for g in groups]}
     if load_directly:
         optim.load_state_dict(result)
     return result

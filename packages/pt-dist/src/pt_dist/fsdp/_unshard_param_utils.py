@@ -8,7 +8,8 @@ of it (the flat parameter is taken out of ``parameters()`` meanwhile, as torch's
 ``model.parameters()``, ``named_parameters()`` and ``model.weight`` are the full tensors. At exit the flat
 parameter is its shard again; with ``writeback`` the rank first copies its shard's range of the buffer into it.
 Unsharded (NO_SHARD, one rank) the buffer is the flat parameter itself, so changes persist either way, as
-torch's. ``rank0_only`` gathers on every rank but shows the full parameters on rank 0 only. A unit whose
+torch's (``use_orig_params=True``: the original parameter objects become the views, and ``with_grads`` gathers
+their gradients too). ``rank0_only`` gathers on every rank but shows the full parameters on rank 0 only. A unit whose
 parameters were still gathered (the root after a forward) has them gathered again afterwards, as torch's.
 """
 
@@ -26,11 +27,10 @@ FLAT_PARAM = "_flat_param"
 
 
 def _validate(unit, writeback: bool, rank0_only: bool, offload_to_cpu: bool, with_grads: bool) -> None:
-    """torch's ``_validate_unshard_params_args``, for a unit whose optimizer steps the flat parameter
-    (``use_orig_params=False``, the only form here)."""
-    if with_grads:
-        raise NotImplementedError(f"with_grads={with_grads}, use_orig_params=False, offload_to_cpu={offload_to_cpu} "
-                                  f"is not supported yet")
+    """torch's ``_validate_unshard_params_args``."""
+    if with_grads and (offload_to_cpu or not unit._use_orig_params):
+        raise NotImplementedError(f"with_grads={with_grads}, use_orig_params={unit._use_orig_params}, "
+                                  f"offload_to_cpu={offload_to_cpu} is not supported yet")
     if offload_to_cpu and unit._handle is not None and not unit._handle.sharded:
         raise NotImplementedError("offload_to_cpu=True and NO_SHARD is not supported yet")
     if writeback and rank0_only:
@@ -42,7 +42,7 @@ def _validate(unit, writeback: bool, rank0_only: bool, offload_to_cpu: bool, wit
 
 
 @contextlib.contextmanager
-def _summon_unit(unit, writeback: bool, rank0_only: bool):
+def _summon_unit(unit, writeback: bool, rank0_only: bool, with_grads: bool = False):
     handle = unit._handle
     if any(h.state is not HandleTrainingState.IDLE for h in _handles(unit._root)):
         raise AssertionError("Cannot manually unshard parameters during forward/backward")
@@ -65,10 +65,17 @@ def _summon_unit(unit, writeback: bool, rank0_only: bool):
     owner = handle.owner  # the module holding the flat parameter (a wrapper may have replaced it since)
     saved: list = []
     shard = handle.flat_param.data
+    if handle.orig is not None:
+        with _orig_summoned(unit, handle, full, shard, show, with_grads, writeback and sharded):
+            yield
+        if was_unsharded:  # the module's views of the gathered buffer back, as before the summon
+            handle.unshard()
+            handle.use_unsharded_views(new_leaf=False)
+        return
     if show:
         owner._parameters.pop(FLAT_PARAM)
         handle.flat_param.data = full.narrow(0, 0, handle.numel)
-        pieces = full.narrow(0, 0, handle.numel).split(handle._numels)
+        pieces = handle.views_of(full)
         made = {}
         for info, piece in zip(handle.infos, handle._piece_of):
             if piece not in made:  # a tied parameter is one Parameter, registered in each place
@@ -93,12 +100,41 @@ def _summon_unit(unit, writeback: bool, rank0_only: bool):
             handle.unshard()
 
 
-def _writeback_to_local_shard(handle, full) -> None:
-    """The shard's range of ``full`` into the shard, its padding left as it is (torch's)."""
+@contextlib.contextmanager
+def _orig_summoned(unit, handle, full, shard, show: bool, with_grads: bool, writeback: bool):
+    """``use_orig_params=True``: the original parameters themselves are the full ones inside (their gradients too,
+    with ``with_grads``: gathered, None where every rank's is; ``writeback`` keeps what was written to them too,
+    as torch's ``_writeback_to_local_shard(handle, writeback_grad=with_grads)``)."""
+    orig = handle.orig
+    grads = orig.full_grads() if with_grads else None  # (collective: every rank)
+    if show:
+        handle.flat_param.data = full.narrow(0, 0, handle.numel)
+        orig.use_full_views(full.narrow(0, 0, handle.numel))
+        for p, g, shape in zip(orig.params, handle.views_of(grads) if grads is not None else orig.params, orig.shapes):
+            if with_grads:
+                p.grad = g.view(shape) if grads is not None else None  # (a frozen one's zeros too, as torch's)
+    unit._summoned = True
+    try:
+        yield
+    finally:
+        unit._summoned = False
+        handle.flat_param.data = shard
+        if writeback and show:
+            _writeback_to_local_shard(handle, full)
+            if grads is not None and handle.flat_param.grad is not None:
+                _writeback_to_local_shard(handle, grads, handle.flat_param.grad)
+        orig.use_sharded_views()
+        if with_grads:
+            orig.use_grad_views()
+
+
+def _writeback_to_local_shard(handle, full, shard=None) -> None:
+    """The shard's range of ``full`` into the shard (default the flat parameter), its padding left as it is
+    (torch's)."""
     start = handle.shard_group.rank() * handle.shard_numel
     n = max(0, min(handle.shard_numel, handle.numel - start))
     with torch.no_grad():
-        handle.flat_param.narrow(0, 0, n).copy_(full.narrow(0, start, n))
+        (handle.flat_param if shard is None else shard).narrow(0, 0, n).copy_(full.narrow(0, start, n))
 
 
 def _replica_rank(handle) -> int:
@@ -124,7 +160,7 @@ def summon_full_params(module: nn.Module, recurse: bool = True, writeback: bool 
     with contextlib.ExitStack() as stack:
         for unit in units:
             unit._lazy_init()
-            stack.enter_context(_summon_unit(unit, writeback, rank0_only))
+            stack.enter_context(_summon_unit(unit, writeback, rank0_only, with_grads))
         yield
 
 

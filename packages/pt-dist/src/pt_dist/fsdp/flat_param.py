@@ -1,10 +1,11 @@
 """``FlatParamHandle``: one FSDP unit's parameters as one flat, padded, sharded parameter (torch's _flat_param.py).
 
-The unit's parameters (each shared one once) are concatenated, padded with zeros to a multiple of the shard
-group's size N, and cut into N equal shards; this rank keeps shard r as ``flat_param``, the ``nn.Parameter`` the
-optimizer steps. To run the unit, ``unshard`` all-gathers the shards into a full buffer (in ``param_dtype``)
-and the module's parameters become views of it; ``reshard`` frees that buffer's storage. After backward,
-``reduce_grad`` reduce-scatters the full gradient so this rank keeps only its shard's (NO_SHARD: all-reduce).
+The unit's parameters (each shared one once; ``use_orig_params``: each starting 16-byte aligned) are
+concatenated, padded with zeros to a multiple of the shard group's size N, and cut into N equal shards; this rank
+keeps shard r as ``flat_param``, the ``nn.Parameter`` the optimizer steps (or views of it: _orig_params.py). To
+run the unit, ``unshard`` all-gathers the shards into a full buffer (in ``param_dtype``) and the module's
+parameters become views of it; ``reshard`` frees that buffer's storage. After backward, ``reduce_grad``
+reduce-scatters the full gradient so this rank keeps only its shard's (NO_SHARD: all-reduce).
 
 The views autograd saves in forward point into the buffer through a leaf tensor (``_unsharded``) that shares
 the buffer's storage but not its version counter, so refilling the storage for backward (FULL_SHARD's second
@@ -41,16 +42,17 @@ class ParamInfo:
 
 
 class FlatParamHandle:
-    def __init__(self, named_params, shard_group, replicate_group, sharded: bool, param_dtype, reduce_dtype):
+    def __init__(self, named_params, shard_group, replicate_group, sharded: bool, param_dtype, reduce_dtype,
+                 use_orig_params: bool = False):
         """``named_params``: ``(module, attr, clean fqn, parameter)`` for every place a parameter of the unit is
-        registered, in module order (a tied parameter appears twice, stored once)."""
-        uniques, self.infos, offsets, self._piece_of = [], [], {}, []
-        for module, name, fqn, p in named_params:
-            if id(p) not in offsets:
-                offsets[id(p)] = sum(q.numel() for q in uniques)
+        registered, in module order (a tied parameter appears twice, stored once). ``use_orig_params``: the
+        module keeps its parameter objects, as views of the flat shard (_orig_params.py)."""
+        named_params, uniques, index, self._piece_of = list(named_params), [], {}, []
+        for _, _, _, p in named_params:
+            if id(p) not in index:
+                index[id(p)] = len(uniques)
                 uniques.append(p)
-            self.infos.append(ParamInfo(module, name, fqn, offsets[id(p)], p.numel(), p.shape))
-            self._piece_of.append(next(i for i, q in enumerate(uniques) if q is p))
+            self._piece_of.append(index[id(p)])
         self._numels = [p.numel() for p in uniques]
         devices = {p.device for p in uniques}
         if len(devices) != 1:
@@ -61,14 +63,16 @@ class FlatParamHandle:
         self.device = devices.pop()  # CPU on the native backends, a GPU through the nccl adapter
         dtypes = {p.dtype for p in uniques}
         if len(dtypes) != 1:
-            names = [f"{i.fqn} ({i.module._parameters[i.name].dtype})" for i in self.infos][:6]
+            names = [f"{fqn} ({p.dtype})" for _, _, fqn, p in named_params][:6]
             raise ValueError(
                 f"FullyShardedDataParallel: one unit's parameters must share a dtype to be flattened, "
                 f"got {sorted(map(str, dtypes))}: {names}; wrap them in separate units"
             )
         trainable = {p.requires_grad for p in uniques}
+        if use_orig_params:  # (a frozen original gets no gradient, and no part of the flat one)
+            trainable = {any(trainable)}
         if len(trainable) != 1:
-            frozen = [i.fqn for i in self.infos if not i.module._parameters[i.name].requires_grad][:6]
+            frozen = [fqn for _, _, fqn, p in named_params if not p.requires_grad][:6]
             raise ValueError(
                 f"FullyShardedDataParallel: a unit mixes frozen parameters ({frozen}) with trainable "
                 f"ones; wrap the frozen ones in a unit of their own, or pass them in ignored_modules"
@@ -76,15 +80,29 @@ class FlatParamHandle:
         self.requires_grad = trainable.pop()
         self.shard_group, self.replicate_group, self.sharded = shard_group, replicate_group, sharded
         world = shard_group.size() if sharded else 1
-        self.numel = sum(p.numel() for p in uniques)
+        dtype = uniques[0].dtype
+        # use_orig_params: each parameter starts 16-byte aligned (zeros between), as torch's align_addresses
+        align, self._offsets, self._split, self._split_index = 16 // dtype.itemsize, [], [], []
+        total = 0
+        for p in uniques:
+            pad = (-total) % align if use_orig_params else 0
+            if pad:
+                self._split.append(pad)
+                total += pad
+            self._offsets.append(total)
+            self._split_index.append(len(self._split))
+            self._split.append(p.numel())
+            total += p.numel()
+        self.infos = [ParamInfo(module, name, fqn, self._offsets[index[id(p)]], p.numel(), p.shape)
+                      for module, name, fqn, p in named_params]
+        self.numel = total
         self.padded_numel = -(-self.numel // world) * world
         self.shard_numel = self.padded_numel // world
-        dtype = uniques[0].dtype
         self._mp_param_dtype, self._mp_reduce_dtype = param_dtype, reduce_dtype
         flat = torch.zeros(self.padded_numel, dtype=dtype, device=self.device)
         with torch.no_grad():
-            for p in uniques:
-                flat.narrow(0, offsets[id(p)], p.numel()).copy_(p.reshape(-1))
+            for p, offset in zip(uniques, self._offsets):
+                flat.narrow(0, offset, p.numel()).copy_(p.reshape(-1))
         start = (shard_group.rank() if sharded else 0) * self.shard_numel
         shard = _shard_storage(shard_group if sharded else None, self.shard_numel, dtype, self.device)
         self.flat_param = nn.Parameter(
@@ -102,6 +120,12 @@ class FlatParamHandle:
         self.state = HandleTrainingState.IDLE
         self.post_backward_calls = 0
         self._kept_grad: torch.Tensor | None = None  # the unsharded gradient summed inside no_sync()
+        self.orig = None
+        if use_orig_params:
+            from pt_dist.fsdp._orig_params import OrigParams
+
+            self.orig = OrigParams(self, uniques)
+            self.orig.use_sharded_views()
 
     # -- parameters ----------------------------------------------------------------------------------------------
 
@@ -163,9 +187,17 @@ class FlatParamHandle:
                 leaf.register_post_accumulate_grad_hook(lambda t: handle().on_post_backward())
         # one split for all: its backward concatenates the gradients into one buffer (a narrow per parameter would
         # make a zero-filled full-size gradient per parameter for autograd to sum)
-        pieces = self._unsharded.split(self._numels)
+        pieces = self._unsharded.split(self._split)
+        pieces = [pieces[j] for j in self._split_index]
+        if self.orig is not None:
+            self.orig.unregister()
+            pieces = [v if p.requires_grad else v.detach() for v, p in zip(pieces, self.orig.params)]
         for info, piece in zip(self.infos, self._piece_of):
             setattr(info.module, info.name, pieces[piece].view(info.shape))
+
+    def views_of(self, flat: torch.Tensor) -> list:
+        """Each distinct parameter's 1-D range of a whole flat tensor (gathered parameter, state, gradient)."""
+        return [flat.narrow(0, offset, n) for offset, n in zip(self._offsets, self._numels)]
 
     def on_post_backward(self) -> None:  # set by the unit (fully_sharded_data_parallel.py)
         """Called once the whole unsharded gradient is accumulated."""
@@ -176,6 +208,8 @@ class FlatParamHandle:
             self.unshard()
         self._full.untyped_storage().resize_(0)
         self.is_unsharded = False
+        if self.orig is not None:
+            self.orig.use_sharded_views()
 
     # -- gradients -----------------------------------------------------------------------------------------------
 
@@ -216,10 +250,14 @@ class FlatParamHandle:
         if self.replicate_group is not None and self.replicate_group.size() > 1:
             self.replicate_group.all_reduce(out).wait()
         grad = out.to(self.flat_param.dtype)
+        if self.orig is not None:  # zero_grad() and the like reached the originals' gradients only
+            self.orig.writeback_grads()
         if self.flat_param.grad is None:
             self.flat_param.grad = grad
         else:
             self.flat_param.grad += grad
+        if self.orig is not None:
+            self.orig.use_grad_views()
 
     # -- state dicts ---------------------------------------------------------------------------------------------
 

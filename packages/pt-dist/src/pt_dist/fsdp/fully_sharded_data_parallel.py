@@ -11,7 +11,8 @@ life per iteration:
 3. ``_post_backward`` (the unsharded parameter's post-accumulate-grad hook): reduce-scatter the gradient, free
    the gathered buffer; the root's end-of-backward callback waits and leaves ``flat_param.grad`` a shard.
 
-The optimizer is built over ``model.parameters()``: the flat shards only. Units refer to each other (the root, the
+The optimizer is built over ``model.parameters()``: the flat shards (``use_orig_params=True``: the module's own
+parameters, views of them; _orig_params.py). Units refer to each other (the root, the
 execution order) and are called back by their handles only weakly, so a dropped model is freed at once, and with
 it the gathered buffers and any shm group it kept referenced.
 """
@@ -29,6 +30,7 @@ from pt_dist.fsdp import _state_dict_settings as _settings
 from pt_dist.fsdp import _unshard_param_utils as _unshard
 from pt_dist.fsdp import state_dict as _sd
 from pt_dist.fsdp._init_utils import _check_arguments, _check_offload, _init_process_groups
+from pt_dist.fsdp._orig_params import flat_params_exposed
 from pt_dist.fsdp.api import (
     BackwardPrefetch,
     CPUOffload,
@@ -102,6 +104,7 @@ class FullyShardedDataParallel(nn.Module):
             limit_all_gathers=limit_all_gathers,
             cpu_offload=cpu_offload,
             ignored_modules=ignored_modules,
+            use_orig_params=use_orig_params,
         )
         if auto_wrap_policy is not None:
             nested = [n for n, m in module.named_modules() if isinstance(m, FullyShardedDataParallel)]
@@ -131,14 +134,16 @@ class FullyShardedDataParallel(nn.Module):
         self._dp_world = shard.size() * (replicate.size() if replicate is not None else 1)
         self._ignored = ignored  # (a unit that ignores its own module manages none of its parameters, as torch's)
         owned = [] if module in ignored else list(_owned_parameters(module, ignored))
-        self._handle = None
+        self._handle, self._use_orig_params = None, use_orig_params
         if owned:
             mp = self.mixed_precision
             self._handle = FlatParamHandle(
-                owned, shard, replicate, strategy is not ShardingStrategy.NO_SHARD, mp.param_dtype, mp.reduce_dtype
+                owned, shard, replicate, strategy is not ShardingStrategy.NO_SHARD, mp.param_dtype, mp.reduce_dtype,
+                use_orig_params,
             )
             self._handle.on_post_backward = _rt.weak_method(self, "_post_backward")
-            module.register_parameter(FLAT_PARAM, self._handle.flat_param)
+            if not use_orig_params:  # (with them, the flat parameter is no module's parameter, as torch's)
+                module.register_parameter(FLAT_PARAM, self._handle.flat_param)
             self._handle.owner = module  # (stays the owner if a wrapper replaces _fsdp_wrapped_module later)
         self._is_root: bool | None = None
         self._root_ref: weakref.ref | None = None
@@ -196,6 +201,10 @@ class FullyShardedDataParallel(nn.Module):
             and self.mixed_precision.cast_root_forward_inputs
         ):
             args, kwargs = _rt.cast_floats((args, kwargs), self.mixed_precision.param_dtype)
+        if self._is_root and torch._C._current_graph_task_id() == -1:
+            for unit in self._units:  # what the user did to the original parameters since (torch's writeback)
+                if unit._handle is not None and unit._handle.orig is not None:
+                    unit._handle.orig.writeback_params()
         if handle is None:
             out = self._fsdp_wrapped_module(*args, **kwargs)
             if self._is_root:  # (a root of wrapped units alone: the order is known after its first forward too)
@@ -354,6 +363,10 @@ class FullyShardedDataParallel(nn.Module):
 
     def no_sync(self):
         return _unshard.no_sync(self)
+
+    def _apply(self, fn, *args, **kwargs):
+        with flat_params_exposed(self._units):  # (use_orig_params: the flat shards are what converts)
+            return super()._apply(fn, *args, **kwargs)
 
     def named_parameters(self, *args, **kwargs):
         """Inside ``summon_full_params`` the plain module's names (FSDP's prefixes dropped), as torch's."""

@@ -31,8 +31,10 @@ def _other_states(root):
         for name, b in module._buffers.items():
             if b is not None and name not in module._non_persistent_buffers_set:
                 yield _clean(f"{prefix}.{name}" if prefix else name), b
+    owned = {id(p) for u in root._units if u._handle is not None and u._handle.orig is not None
+             for p in u._handle.orig.params}  # (use_orig_params: the units' own, saved through their handles)
     for name, p in root.named_parameters():
-        if not name.endswith(FLAT_PARAM):
+        if not name.endswith(FLAT_PARAM) and id(p) not in owned:
             yield _clean(name), p
 
 
@@ -201,15 +203,17 @@ def pre_load_state_dict_hook(unit, state_dict, prefix, local_metadata, strict, m
             handle.load_full_flat(flat)
     for key in [k for k in state_dict if k.startswith(prefix)]:
         state_dict[f"{prefix}{FSDP_WRAPPED_MODULE}.{key[len(prefix):]}"] = state_dict.pop(key)
-    unit.__dict__["_loading_flat_key"] = f"{prefix}{FSDP_WRAPPED_MODULE}.{FLAT_PARAM}"
+    loaded = {f"{prefix}{FSDP_WRAPPED_MODULE}.{FLAT_PARAM}"}
+    if handle is not None and handle.orig is not None:  # the originals, registered where the walk goes on
+        loaded |= {f"{prefix}{FSDP_WRAPPED_MODULE}.{info.fqn}" for info in handle.infos}
+    unit.__dict__["_loading_flat_keys"] = loaded
 
 
 def post_load_state_dict_hook(unit, incompatible) -> None:
-    """The walk's default loading of the wrapped module counted the flat parameter missing: a plain module's
-    state dict never holds it."""
-    key = unit.__dict__.pop("_loading_flat_key", None)
-    if key in incompatible.missing_keys:
-        incompatible.missing_keys.remove(key)
+    """The walk's default loading of the wrapped module counted the flat parameter missing (a plain module's
+    state dict never holds it), and with ``use_orig_params`` the originals the pre-hook loaded already."""
+    keys = unit.__dict__.pop("_loading_flat_keys", set())
+    incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if k not in keys]
 
 
 def _is_dtensor(value) -> bool:
