@@ -26,9 +26,10 @@ Ported here:
 
 Not ported here: ``test_fsdp_state_dict_with_activation_checkpoint`` (outside this port's brief; a unit inside a
 plain parent or ``checkpoint_wrapper`` is in test_fsdp1_upstream.py), ``test_state_dict_load_into_local_module``
-(test_fsdp_upstream.py), ``test_wrong_state_dict_config`` (test_fsdp1_upstream.py),
-``TestFSDPStateDict4GPUs.test_local_state_dict_reshard`` (4 ranks, ShardedTensor resharding by hand).
-``test_sharded_load_multi_backend_pg`` is here on a plain group (``sharded_load_new_group_cases``)."""
+(test_fsdp_upstream.py), ``test_wrong_state_dict_config`` (test_fsdp1_upstream.py).
+``test_sharded_load_multi_backend_pg`` is here on a plain group (``sharded_load_new_group_cases``), and
+``TestFSDPStateDict4GPUs.test_local_state_dict_reshard`` at world size 4 on CPU (``local_reshard_cases``: the
+LOCAL rows cut anew for two ranks, DTensors in place of ShardedTensors)."""
 
 from __future__ import annotations
 
@@ -375,6 +376,55 @@ CASES = (save_load_flow_cases, keys_cases, skip_module_cases, ignored_modules_ca
 
 def _cases(rank, world, backend):
     return dutil.run_cases(rank, world, backend, CASES, seed=0)
+
+
+def local_reshard_cases(c, pg):
+    """TestFSDPStateDict4GPUs.test_local_state_dict_reshard (world size 4): each LOCAL flat parameter gathered
+    whole, cut anew in two (``chunk(2)``) as rows of a DTensor over ranks 0-1 (upstream's ShardedTensor
+    ``init_from_local_shards``), loaded into the same model on those two ranks: its full state dict is the
+    4-rank model's."""
+    from pt_dist.device_mesh import DeviceMesh
+    from pt_dist.tensor import Shard
+
+    model = FSDP(Model(True, pg=pg), process_group=pg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 4, generator=torch.Generator().manual_seed(c.rank))).sum().backward()
+    opt.step()
+    with FSDP.state_dict_type(model, LOCAL):
+        sd = model.state_dict()
+    pair = pt_dist.new_group(ranks=[0, 1])
+    mesh = DeviceMesh.from_group(pair, "cpu") if c.rank < 2 else None
+    resharded = {}
+    for key, value in sd.items():
+        if isinstance(value, DTensor):
+            full = value.full_tensor()  # (collective over the unit's four ranks)
+            if c.rank < 2:
+                resharded[key] = DTensor.from_local(full.chunk(2)[c.rank].clone(), mesh, [Shard(0)],
+                                                    run_check=False, shape=full.shape, stride=full.stride())
+        elif c.rank < 2:
+            resharded[key] = value
+    if c.rank < 2:
+        model2 = FSDP(Model(True, pg=pair), process_group=pair)
+        with FSDP.state_dict_type(model2, LOCAL):
+            model2.load_state_dict(resharded)
+    full1 = model.state_dict()  # (FULL, collective over the four)
+    if c.rank < 2:
+        full2 = model2.state_dict()
+        c.true(f"reshard: keys {sorted(full2)}", sorted(full1) == sorted(full2) and len(full1) == 4)
+        for k, v in full1.items():
+            c.equal(f"reshard: {k}", full2[k], v, 0, 0)
+        c.true("reshard: the rows really moved", resharded["_flat_param"].to_local().numel() !=
+               sd["_flat_param"].to_local().numel())
+
+
+def _reshard_cases(rank, world, backend):
+    return dutil.run_cases(rank, world, backend, (local_reshard_cases,), seed=0)
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_fsdp1_local_state_dict_reshard_4_to_2(backend):
+    for fails in run_ranks(_reshard_cases, 4, backend, backend=None, timeout=180):
+        assert not fails, fails[:8]
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm"])

@@ -3,8 +3,9 @@ into the plain module's parameters under their plain names (so ``plain_model.loa
 *sharded* (``SHARDED_STATE_DICT``), the same names, each parameter a DTensor over its unit's shard group holding
 this rank's rows (``Shard(0)``, cut as ``torch.chunk``: torch's ``_ext_chunk_dtensor``), which is what
 ``pt_dist.checkpoint.save`` saves so it loads at any world size, or into a plain model; and *local*
-(``LOCAL_STATE_DICT``), each unit's flat shard as it is (``<unit>._flat_param``, a DTensor over the padded flat
-parameter), loadable only by the same wrapping at the same world size."""
+(``LOCAL_STATE_DICT``), each unit's flat shard without its padding (``<unit>._flat_param``, a DTensor over the
+unpadded flat parameter, as torch's ShardedTensor), loadable by the same wrapping: at the same world size, or
+at another once its rows are cut anew for it (torch's test_local_state_dict_reshard)."""
 
 from __future__ import annotations
 
@@ -137,32 +138,61 @@ def _gathered(value, handle):
 
 
 def local_state_dict(root) -> dict:
+    """Each unit's flat parameter as torch's ``_local_post_state_dict_hook`` gives it: global size the unpadded
+    flat parameter, this rank's rows its shard without the padding (``torch.chunk``'s rows, a DTensor)."""
     from pt_dist.tensor import DTensor, Replicate, Shard
 
     out = {}
     for prefix, handle in _units(root):
+        start, n = _local_rows(handle)
         placements = [Shard(0) if handle.sharded else Replicate()]
         out[prefix + FLAT_PARAM] = DTensor.from_local(
-            handle.flat_param.detach().clone(), _shard_mesh(handle), placements, run_check=False,
-            shape=(handle.padded_numel if handle.sharded else handle.shard_numel,), stride=(1,))
+            handle.flat_param.detach().narrow(0, 0, n).clone(), _shard_mesh(handle), placements, run_check=False,
+            shape=(handle.numel if handle.sharded else handle.shard_numel,), stride=(1,))
     out.update({name: t.detach() for name, t in _other_states(root)})
     return out
 
 
+def _local_rows(handle) -> tuple[int, int]:
+    """(first element, count) of the unpadded flat parameter that this rank's shard holds."""
+    if not handle.sharded:
+        return 0, handle.shard_numel
+    start = handle.shard_group.rank() * handle.shard_numel
+    return start, max(0, min(handle.shard_numel, handle.numel - start))
+
+
+def _load_local_flat(handle, name: str, value) -> None:
+    """A LOCAL entry into the flat shard: a DTensor whose rows here are this shard's (resharded by hand for this
+    world, as torch's test_local_state_dict_reshard does, or saved by it), padding zeroed; or the shard itself."""
+    if _is_dtensor(value):
+        from pt_dist.tensor._utils import compute_local_shape_and_global_offset
+
+        sizes, offsets = compute_local_shape_and_global_offset(value.shape, value.device_mesh, value.placements)
+        start, n = _local_rows(handle)
+        local = value.to_local()
+        if tuple(value.shape) != ((handle.numel if handle.sharded else handle.shard_numel),) or (
+                handle.sharded and (sizes[0] != n or n and offsets[0] != start)):  # (an empty one sits at the end)
+            raise ValueError(
+                f"FullyShardedDataParallel.load_state_dict: {name!r} holds rows {offsets[0]}..{offsets[0] + sizes[0]}"
+                f" of {tuple(value.shape)}, this rank's shard is {start}..{start + n} of ({handle.numel},) (saved by "
+                f"a different number of ranks?)")
+        value = torch.cat([local.reshape(-1), local.new_zeros(handle.shard_numel - local.numel())])
+    _check_shape(name, value, handle.flat_param.shape, "(saved by a different number of ranks?)")
+    handle.flat_param.copy_(value)
+
+
 def load_local_state_dict(root, state_dict: dict, strict: bool = True):
-    targets = {prefix + FLAT_PARAM: handle.flat_param for prefix, handle in _units(root)}
-    targets.update(dict(_other_states(root)))
-    keys = _check_keys(state_dict, set(targets), strict)
+    handles = {prefix + FLAT_PARAM: handle for prefix, handle in _units(root)}
+    others = dict(_other_states(root))
+    keys = _check_keys(state_dict, set(handles) | set(others), strict)
     with torch.no_grad():
-        for name, target in targets.items():
+        for name, handle in handles.items():
+            if name in state_dict:
+                _load_local_flat(handle, name, state_dict[name])
+        for name, target in others.items():
             if name in state_dict:
                 value = state_dict[name].to_local() if _is_dtensor(state_dict[name]) else state_dict[name]
-                _check_shape(
-                    name,
-                    value,
-                    target.shape,
-                    "(saved by a different number of ranks?)" if name.endswith(FLAT_PARAM) else "",
-                )
+                _check_shape(name, value, target.shape)
                 target.copy_(value)
     return keys
 
@@ -182,11 +212,8 @@ def pre_load_state_dict_hook(unit, state_dict, prefix, local_metadata, strict, m
     handle = unit._handle
     if handle is not None and unit._state_dict_type is StateDictType.LOCAL_STATE_DICT:
         if prefix + FLAT_PARAM in state_dict:
-            value = state_dict.pop(prefix + FLAT_PARAM)
-            value = value.to_local() if _is_dtensor(value) else value
-            _check_shape(prefix + FLAT_PARAM, value, handle.flat_param.shape, "(saved by a different number of ranks?)")
             with torch.no_grad():
-                handle.flat_param.copy_(value)
+                _load_local_flat(handle, prefix + FLAT_PARAM, state_dict.pop(prefix + FLAT_PARAM))
         else:
             missing.append(prefix + FLAT_PARAM)
     elif handle is not None:
