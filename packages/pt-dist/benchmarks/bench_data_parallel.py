@@ -11,7 +11,8 @@ as the median over reps of the two variants' times in that rep. Variants:
   collectives registered with torch: ``backends/torch_backend.py``);
 * ``after backward <b>``: the same model without DDP, its gradients all-reduced in one flat buffer after
   backward (no buckets, no overlap): what bucketing and overlap are measured against;
-* ``torch FSDP2 gloo`` / ``pt FSDP gloo`` / ``pt FSDP shm``: torch's ``fully_shard`` per block and ours.
+* ``torch FSDP2 gloo`` / ``pt FSDP gloo`` / ``pt FSDP shm``: torch's ``fully_shard`` per block and ours;
+* ``--only orig``: FSDP1 per block with ``use_orig_params=True`` (``orig``), torch's and ours, and both without.
 
 Per-rank bytes are sums of tensor sizes at the step's peak (gradients still held): parameters + gradients +
 AdamW's state, and apart from them our DDP's buckets (torch's DDP holds buckets of the same size in C++, out of
@@ -19,6 +20,7 @@ Python's sight; FSDP has none: its gradient shards are the reduce-scatter's outp
 
     uv run python packages/pt-dist/benchmarks/bench_data_parallel.py
     uv run python packages/pt-dist/benchmarks/bench_data_parallel.py --reps 5 --steps 2 --only ddp
+    uv run python packages/pt-dist/benchmarks/bench_data_parallel.py --only orig
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from _ranks import interleaved, per_rep_ratios, spawn_ranks
 DDP_VARIANTS = ["torch DDP gloo", "torch DDP pt_shm", "pt DDP gloo", "pt DDP shm", "after backward gloo",
                 "after backward shm"]
 FSDP_VARIANTS = ["torch FSDP2 gloo", "pt FSDP gloo", "pt FSDP shm"]
+ORIG_VARIANTS = ["torch FSDP1 gloo", "torch FSDP1 orig gloo", "pt FSDP gloo", "pt FSDP orig gloo", "pt FSDP orig shm"]
 
 
 def _model(width: int, blocks: int):
@@ -91,12 +94,19 @@ def _variants(names, rank, world, width, blocks):
             for block in model:
                 fully_shard(block, mesh=mesh)
             run = fully_shard(model, mesh=mesh)
+        elif name.startswith("torch FSDP1"):
+            from torch.distributed.fsdp import FullyShardedDataParallel
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+            run = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params="orig" in name,
+                                           auto_wrap_policy=ModuleWrapPolicy({type(model[0])}))
         elif name.startswith("pt FSDP"):
             from pt_dist.fsdp import FullyShardedDataParallel, ModuleWrapPolicy
 
             block_type = type(model[0])
             run = FullyShardedDataParallel(model, process_group=groups[name.split()[-1]],
-                                           auto_wrap_policy=ModuleWrapPolicy({block_type}))
+                                           auto_wrap_policy=ModuleWrapPolicy({block_type}),
+                                           use_orig_params="orig" in name)
             model = run
         else:
             raise ValueError(f"unknown variant {name!r}")
@@ -160,6 +170,7 @@ def _rank(rank, world, port, args, out) -> None:
     pt_dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=600)
     names = (DDP_VARIANTS if args.only in ("all", "ddp") else []) + (FSDP_VARIANTS if args.only in ("all", "fsdp")
                                                                      else [])
+    names += ORIG_VARIANTS if args.only == "orig" else []
     variants, groups = _variants(names, rank, world, args.width, args.blocks)
     sync = pt_dist.new_group(backend="shm").barrier  # ranks leave it within microseconds
     g = torch.Generator().manual_seed(rank)
@@ -196,7 +207,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="rows per rank and step")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per rep")
-    ap.add_argument("--only", choices=["all", "ddp", "fsdp"], default="all")
+    ap.add_argument("--only", choices=["all", "ddp", "fsdp", "orig"], default="all",
+                    help="orig: FSDP1 with use_orig_params=True, ours and torch's, beside the flat form")
     args = ap.parse_args()
     world = 2
     times, memory, buckets, payload, numel = spawn_ranks(_rank, world, args, timeout=3600)
@@ -214,7 +226,11 @@ def main() -> None:
               ("pt DDP shm / after backward shm (overlap)", "pt DDP shm", "after backward shm", "< 1"),
               ("pt DDP gloo / after backward gloo (overlap)", "pt DDP gloo", "after backward gloo", "< 1"),
               ("pt FSDP gloo / torch FSDP2 gloo", "pt FSDP gloo", "torch FSDP2 gloo", "<= 1.2"),
-              ("pt FSDP shm / torch FSDP2 gloo", "pt FSDP shm", "torch FSDP2 gloo", "")]
+              ("pt FSDP shm / torch FSDP2 gloo", "pt FSDP shm", "torch FSDP2 gloo", ""),
+              ("pt FSDP gloo / torch FSDP1 gloo", "pt FSDP gloo", "torch FSDP1 gloo", ""),
+              ("pt FSDP orig gloo / torch FSDP1 orig gloo", "pt FSDP orig gloo", "torch FSDP1 orig gloo", ""),
+              ("pt FSDP orig gloo / pt FSDP gloo (the views' cost)", "pt FSDP orig gloo", "pt FSDP gloo", ""),
+              ("pt FSDP orig shm / torch FSDP1 orig gloo", "pt FSDP orig shm", "torch FSDP1 orig gloo", "")]
     print("\n| ratio (median of per-rep ratios) | measured | reps' middle half | target |")
     print("|---|---|---|---|")
     for label, a, b, target in ratios:
