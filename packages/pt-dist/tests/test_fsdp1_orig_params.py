@@ -3,7 +3,8 @@ runs on CPU with ``device_id=cpu`` over a gloo group), after torch's test/distri
 (``TestFSDPUseOrigParamsUnshardReshard``, ``..ParamAccess``, ``..WriteBack``, ``..FQNs``): the same parameter names,
 each rank's same sharded views (1-D runs of its flat shard, 16-byte aligned as torch's), values and gradients after
 steps with per-parameter AdamW groups and a frozen parameter inside a unit, ``zero_grad`` between forward and
-backward, gradients accumulated over two backwards; the full and sharded state dicts; ``summon_full_params``
+backward, gradients accumulated over two backwards; ``clip_grad_norm_`` after a gradient replaced by hand; the
+full and sharded state dicts; ``summon_full_params``
 with ``with_grads``; the optimizer state dicts (full and sharded) and their round trip; writeback of
 ``p.data = ...`` and ``p.grad = ...``."""
 
@@ -121,6 +122,13 @@ def _both(rank, world, backend, strategy):
         for m, o in zip((theirs, ours), opts):
             _train(m, o, rank)
         out["params"] = [_params(m) for m in (theirs, ours)]
+        # clip_grad_norm_ after one original's gradient was replaced by hand (torch clips the originals' gradients)
+        for m in (theirs, ours):
+            p = dict(m.named_parameters())["_fsdp_wrapped_module.3.weight"]
+            if p.grad is not None:
+                p.grad = p.grad * 3
+        out["norms"] = [m.clip_grad_norm_(0.05) for m in (theirs, ours)]
+        out["clipped"] = [_params(m) for m in (theirs, ours)]
         out["full"] = [m.state_dict() for m in (theirs, ours)]
         for m in (theirs, ours):
             with type(m).summon_full_params(m, with_grads=True):
@@ -174,13 +182,16 @@ def test_use_orig_params_trains_and_saves_as_torchs(backend, strategy):
         theirs, ours = out["names"]
         assert ours == theirs, (rank, ours, theirs)  # names, each rank's sharded shapes, requires_grad
         _close(out["params"][1], out["params"][0], f"rank {rank} trained")
+        torch.testing.assert_close(out["norms"][1], out["norms"][0], rtol=1e-5, atol=1e-6)
+        assert out["norms"][0] > 0.05  # (so the clip did scale)
+        _close(out["clipped"][1], out["clipped"][0], f"rank {rank} clip_grad_norm_")
         full_t, full_o = out["full"]
         assert sorted(full_o) == sorted(full_t) == sorted(ref_params)
         for k, v in full_t.items():
             torch.testing.assert_close(full_o[k], v, rtol=1e-5, atol=1e-6, msg=k)
             torch.testing.assert_close(full_o[k], ref_params[k], rtol=1e-4, atol=1e-6, msg=f"{k} vs the plain run")
         _close(out["summoned"][1], out["summoned"][0], f"rank {rank} summon_full_params(with_grads=True)")
-        _close(out["after summon"], out["params"][1], f"rank {rank} after the summon")
+        _close(out["after summon"], out["clipped"][1], f"rank {rank} after the summon")
         # torch's own full optimizer state is wrong here: on CPU every per-element state of a use_orig_params unit
         # is a view of one gathered buffer that _allgather_orig_param_states reuses per state, so exp_avg comes
         # back as exp_avg_sq (a GPU's copy to CPU hides it), and under NO_SHARD its step is the ranks' sum (6 for

@@ -302,6 +302,9 @@ class FullyShardedDataParallel(nn.Module):
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the gradient norm of the whole model (the shards' norms combined over the shard group)."""
         self._lazy_init()
+        for h in (u._handle for u in self._units if u._handle is not None and u._handle.orig is not None):
+            h.orig.writeback_grads()  # (use_orig_params: what the originals' gradients say, views of the flat one)
+            h.orig.use_grad_views()
         grads = [u._handle.flat_param.grad for u in self._units if u._handle and u._handle.flat_param.grad is not None]
         sharded = self.sharding_strategy is not ShardingStrategy.NO_SHARD and self.process_group.size() > 1
         return _rt.clip_grad_norm_(grads, max_norm, norm_type, self.process_group if sharded else None)
