@@ -11,22 +11,19 @@ with ``with_grads``; the optimizer state dicts (full and sharded) and their roun
 from __future__ import annotations
 
 import copy
-import datetime
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from pt_dist.fsdp import FullyShardedDataParallel as FSDP
 from pt_dist.fsdp import ShardingStrategy, StateDictType
 from torch import nn
 
-import harness
 from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ptdist_testutil import join, leave  # noqa: E402
+from test_fully_shard_common import two_worlds  # noqa: E402
 
 
 def _net():
@@ -87,18 +84,6 @@ def _params(model):
     return {n: (p.detach().clone(), None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
 
 
-def _torch_world(rank, world, backend, key):
-    if rank == 0:  # torch's default group first (gloo), so pt_dist's world does not become torch's
-        tstore = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
-                               timeout=datetime.timedelta(seconds=60))
-        harness.store().set(f"{key}_port", str(tstore.port))
-    else:
-        tstore = dist.TCPStore("127.0.0.1", int(harness.store().get(f"{key}_port")), world,
-                               timeout=datetime.timedelta(seconds=60))
-    dist.init_process_group("gloo", store=tstore, rank=rank, world_size=world)
-    join(rank, world, backend, timeout=60, key=f"{key}_pt")
-
-
 def _local(v):
     if hasattr(v, "local_tensor"):
         return v.local_tensor().clone()
@@ -108,56 +93,56 @@ def _local(v):
 
 
 def _both(rank, world, backend, strategy):
+    with two_worlds(rank, world, f"uop{strategy}", backend):
+        return _both_body(rank, strategy)
+
+
+def _both_body(rank, strategy):
     from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
     from torch.distributed.fsdp import ShardingStrategy as TorchStrategy
     from torch.distributed.fsdp import StateDictType as TorchType
 
-    _torch_world(rank, world, backend, f"uop{strategy}")
-    try:
-        theirs = _wrap(TorchFSDP, getattr(TorchStrategy, strategy), device_id=torch.device("cpu"))
-        ours = _wrap(FSDP, getattr(ShardingStrategy, strategy))
-        out = {"names": [[(n, tuple(p.shape), p.requires_grad) for n, p in m.named_parameters()]
-                         for m in (theirs, ours)]}
-        opts = [_optim(m) for m in (theirs, ours)]
-        for m, o in zip((theirs, ours), opts):
-            _train(m, o, rank)
-        out["params"] = [_params(m) for m in (theirs, ours)]
-        # clip_grad_norm_ after one original's gradient was replaced by hand (torch clips the originals' gradients)
-        for m in (theirs, ours):
-            p = dict(m.named_parameters())["_fsdp_wrapped_module.3.weight"]
-            if p.grad is not None:
-                p.grad = p.grad * 3
-        out["norms"] = [m.clip_grad_norm_(0.05) for m in (theirs, ours)]
-        out["clipped"] = [_params(m) for m in (theirs, ours)]
-        out["full"] = [m.state_dict() for m in (theirs, ours)]
-        for m in (theirs, ours):
-            with type(m).summon_full_params(m, with_grads=True):
-                out.setdefault("summoned", []).append(_params(m))
-        out["after summon"] = _params(ours)
-        out["optim"] = [TorchFSDP.optim_state_dict(theirs, opts[0]), FSDP.optim_state_dict(ours, opts[1])]
-        with TorchFSDP.state_dict_type(theirs, TorchType.SHARDED_STATE_DICT):
-            sh_t = (theirs.state_dict(), TorchFSDP.optim_state_dict(theirs, opts[0]))
-        with FSDP.state_dict_type(ours, StateDictType.SHARDED_STATE_DICT):
-            sh_o = (ours.state_dict(), FSDP.optim_state_dict(ours, opts[1]))
-        out["sharded"] = [({k: _local(v) for k, v in sd.items()},
-                           {n: {k: _local(v) for k, v in st.items()} for n, st in osd["state"].items()})
-                          for sd, osd in (sh_t, sh_o)]
-        # the round trip: a fresh model and optimizer take what was saved, and the next steps equal the run's
-        fresh = _wrap(FSDP, getattr(ShardingStrategy, strategy))
-        fresh.load_state_dict(copy.deepcopy(out["full"][1]))
-        fresh_opt = _optim(fresh)
-        fresh_opt.load_state_dict(FSDP.optim_state_dict_to_load(fresh, fresh_opt, copy.deepcopy(out["optim"][1])))
-        with FSDP.state_dict_type(fresh, StateDictType.SHARDED_STATE_DICT):
-            sharded_opt = _optim(fresh)
-            sharded_opt.load_state_dict(FSDP.optim_state_dict_to_load(fresh, sharded_opt, sh_o[1]))
-        out["sharded optim round trip"] = _same_state(sharded_opt, fresh_opt)
-        for m, o in ((ours, opts[1]), (fresh, fresh_opt), (theirs, opts[0])):
-            _train(m, o, rank, start=10)
-        out["resumed"] = [_params(m) for m in (theirs, ours, fresh)]
-        return out
-    finally:
-        leave()
-        dist.destroy_process_group()
+    theirs = _wrap(TorchFSDP, getattr(TorchStrategy, strategy), device_id=torch.device("cpu"))
+    ours = _wrap(FSDP, getattr(ShardingStrategy, strategy))
+    out = {"names": [[(n, tuple(p.shape), p.requires_grad) for n, p in m.named_parameters()]
+                     for m in (theirs, ours)]}
+    opts = [_optim(m) for m in (theirs, ours)]
+    for m, o in zip((theirs, ours), opts):
+        _train(m, o, rank)
+    out["params"] = [_params(m) for m in (theirs, ours)]
+    # clip_grad_norm_ after one original's gradient was replaced by hand (torch clips the originals' gradients)
+    for m in (theirs, ours):
+        p = dict(m.named_parameters())["_fsdp_wrapped_module.3.weight"]
+        if p.grad is not None:
+            p.grad = p.grad * 3
+    out["norms"] = [m.clip_grad_norm_(0.05) for m in (theirs, ours)]
+    out["clipped"] = [_params(m) for m in (theirs, ours)]
+    out["full"] = [m.state_dict() for m in (theirs, ours)]
+    for m in (theirs, ours):
+        with type(m).summon_full_params(m, with_grads=True):
+            out.setdefault("summoned", []).append(_params(m))
+    out["after summon"] = _params(ours)
+    out["optim"] = [TorchFSDP.optim_state_dict(theirs, opts[0]), FSDP.optim_state_dict(ours, opts[1])]
+    with TorchFSDP.state_dict_type(theirs, TorchType.SHARDED_STATE_DICT):
+        sh_t = (theirs.state_dict(), TorchFSDP.optim_state_dict(theirs, opts[0]))
+    with FSDP.state_dict_type(ours, StateDictType.SHARDED_STATE_DICT):
+        sh_o = (ours.state_dict(), FSDP.optim_state_dict(ours, opts[1]))
+    out["sharded"] = [({k: _local(v) for k, v in sd.items()},
+                       {n: {k: _local(v) for k, v in st.items()} for n, st in osd["state"].items()})
+                      for sd, osd in (sh_t, sh_o)]
+    # the round trip: a fresh model and optimizer take what was saved, and the next steps equal the run's
+    fresh = _wrap(FSDP, getattr(ShardingStrategy, strategy))
+    fresh.load_state_dict(copy.deepcopy(out["full"][1]))
+    fresh_opt = _optim(fresh)
+    fresh_opt.load_state_dict(FSDP.optim_state_dict_to_load(fresh, fresh_opt, copy.deepcopy(out["optim"][1])))
+    with FSDP.state_dict_type(fresh, StateDictType.SHARDED_STATE_DICT):
+        sharded_opt = _optim(fresh)
+        sharded_opt.load_state_dict(FSDP.optim_state_dict_to_load(fresh, sharded_opt, sh_o[1]))
+    out["sharded optim round trip"] = _same_state(sharded_opt, fresh_opt)
+    for m, o in ((ours, opts[1]), (fresh, fresh_opt), (theirs, opts[0])):
+        _train(m, o, rank, start=10)
+    out["resumed"] = [_params(m) for m in (theirs, ours, fresh)]
+    return out
 
 
 def _same_state(a, b) -> bool:

@@ -24,8 +24,8 @@ from ptdist_testutil import join, leave  # noqa: E402
 
 
 @contextlib.contextmanager
-def two_worlds(rank: int, world: int, key: str):
-    """torch's default group first (gloo), so pt_dist's world does not become torch's."""
+def two_worlds(rank: int, world: int, key: str, backend: str = "tcp"):
+    """torch's default group first (gloo), so pt_dist's world (``backend``) does not become torch's."""
     if rank == 0:
         tstore = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
                                timeout=datetime.timedelta(seconds=90))
@@ -34,7 +34,7 @@ def two_worlds(rank: int, world: int, key: str):
         tstore = dist.TCPStore("127.0.0.1", int(harness.store().get(f"{key}_torch_port")), world,
                                timeout=datetime.timedelta(seconds=90))
     dist.init_process_group("gloo", store=tstore, rank=rank, world_size=world)
-    join(rank, world, "tcp", timeout=90, key=key)
+    join(rank, world, backend, timeout=90, key=key)
     try:
         yield
     finally:

@@ -135,7 +135,7 @@ def flat_params_exposed(units):
     originals, so the conversion reaches the flat shard and the originals are its views again after (torch's
     ``_deregister_orig_params_ctx``)."""
     handles = [u._handle for u in units if u._handle is not None and u._handle.orig is not None
-               and not getattr(u._handle, "_exposed", False)]
+               and not u._handle._exposed]
     for h in handles:
         h._exposed = True
         h.orig.unregister()

@@ -121,6 +121,7 @@ class FlatParamHandle:
         self.post_backward_calls = 0
         self._kept_grad: torch.Tensor | None = None  # the unsharded gradient summed inside no_sync()
         self.orig = None
+        self._exposed = False  # (use_orig_params: the flat parameter registered for nn.Module._apply)
         if use_orig_params:
             from pt_dist.fsdp._orig_params import OrigParams
 
