@@ -103,6 +103,38 @@ def test_a_full_queue_is_a_429_for_streams_too(checkpoint):
         s.close()
 
 
+def test_an_invalid_request_is_a_400_naming_the_value_even_when_the_queue_is_full(checkpoint):
+    """Validation comes before capacity, as in vLLM's server (every check runs before ``engine_client.generate``):
+    a request that could never succeed gets its 400 whatever the queue's state; a valid one then gets the 429."""
+    path, _ = checkpoint("llama")
+    s = Server(path, max_waiting_requests=1, max_num_seqs=8)
+    release = threading.Event()
+    real_step = s.engine.engine.step
+    s.engine.engine.step = lambda: (release.wait(timeout=30), real_step())[1]  # the engine holds still
+    try:
+        results: list = []
+        body = {"prompt": "the", "max_tokens": 2}
+        post = lambda: results.append(httpx.post(f"{s.url}/v1/completions", json=body, timeout=30))  # noqa: E731
+        first = threading.Thread(target=post)
+        first.start()
+        with httpx.Client(base_url=s.url, timeout=30) as client:
+            deadline = time.time() + 10
+            while s.engine.num_waiting() < 1:  # the first request fills the waiting queue
+                assert time.time() < deadline, "the first request never queued"
+                time.sleep(0.01)
+            wide = client.post("/v1/completions", json={"prompt": "x", "n": 9, "temperature": 1.0})
+            assert "max_num_seqs=8" in _error(wide, 400)["message"]
+            full = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+            assert _error(full, 429)["type"] == "rate_limit_exceeded"  # the queue really was full
+        release.set()
+        first.join(timeout=30)
+        assert results and results[0].status_code == 200
+        assert s.idle_and_free()
+    finally:
+        release.set()
+        s.close()
+
+
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_an_error_after_the_stream_started_is_an_error_event_then_done(checkpoint, route):
     path, _ = checkpoint("llama")

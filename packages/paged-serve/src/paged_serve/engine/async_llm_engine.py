@@ -88,10 +88,11 @@ class AsyncLLMEngine:
     async def add_requests(self, requests: list[tuple]) -> list[RequestStream]:
         """Admit ``(request_id, prompt, params, prompt_token_ids)`` requests all together or not at all.
 
-        Everything that can fail fails here, before a server has answered anything: a dead engine (RuntimeError),
-        more prompts than the waiting bound could ever hold (ValueError), a full queue (``QueueFullError``, worth
-        a retry), a bad value (``ValueError`` from ``LLMEngine.process_request``, run off the event loop since it
-        tokenizes). The returned streams yield each request's outputs; closing one aborts its request.
+        Everything that can fail fails here, before a server has answered anything, in vLLM's order (every check
+        before the engine sees the request): a dead engine (RuntimeError), more prompts than the waiting bound could
+        ever hold (ValueError), a bad value (``ValueError`` from ``LLMEngine.process_request``, run off the event
+        loop since it tokenizes), then a full queue (``QueueFullError``, worth a retry). The returned streams yield
+        each request's outputs; closing one aborts its request.
         """
         if self.errored is not None:
             raise RuntimeError(f"the engine loop died: {self.errored!r}")
@@ -100,8 +101,7 @@ class AsyncLLMEngine:
                 f"{len(requests)} prompts in one request can never fit the waiting queue "
                 f"(max_waiting_requests={self.max_waiting_requests})"
             )
-        self._check_room(len(requests))
-        processed = []
+        processed = []  # checked before the queue's room: a request that can never succeed is a 400 in any state
         for _, prompt, params, ids in requests:
             processed.append(await asyncio.to_thread(self.engine.process_request, prompt, params, ids))
         loop = asyncio.get_running_loop()
