@@ -62,9 +62,9 @@ def _progress(sizes: list[int], rank: int, desc: str):
 def _rank(rank: int, world: int, port: int, sizes: list[int], backends: list[str], op: str, out) -> None:
     import torch
     import torch.distributed as dist
+    from pt_dist._infra.store import PrefixStore, TCPStore
     from pt_dist.backends.shm import ProcessGroupSHM
     from pt_dist.backends.tcp import ProcessGroupTCP
-    from pt_dist.store import PrefixStore, TCPStore
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=300)

@@ -31,8 +31,8 @@ def _rank(rank, world, port, args, root, out) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as torch_dcp
     from pt_dist import checkpoint as dcp
+    from pt_dist._infra.store import TCPStore
     from pt_dist.device_mesh import init_device_mesh
-    from pt_dist.store import TCPStore
     from pt_dist.tensor import Shard, distribute_tensor
     from torch.distributed.device_mesh import init_device_mesh as torch_mesh
     from torch.distributed.tensor import Shard as TShard

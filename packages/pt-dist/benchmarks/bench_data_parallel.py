@@ -163,7 +163,7 @@ def _payload(step, name, group) -> dict:
 def _rank(rank, world, port, args, out) -> None:
     import pt_dist
     import torch
-    from pt_dist.store import TCPStore
+    from pt_dist._infra.store import TCPStore
 
     torch.set_num_threads(1)
     store = TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=600, secret=b"bench")

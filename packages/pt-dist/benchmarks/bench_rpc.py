@@ -75,7 +75,7 @@ def _worker(rank: int, port: int, args, out) -> None:
     torch.set_num_threads(1)
     import pt_dist.rpc as ours
     import torch.distributed.rpc as theirs
-    from pt_dist.store import TCPStore
+    from pt_dist._infra.store import TCPStore
 
     store = TCPStore("127.0.0.1", port, 2, is_master=rank == 0, wait_for_workers=False, timeout=60)
     ours.init_rpc(f"w{rank}", rank=rank, world_size=2,

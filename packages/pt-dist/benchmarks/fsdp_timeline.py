@@ -19,8 +19,8 @@ import time
 def _rank(rank: int, world: int, port: int, args, out) -> None:
     import pt_dist
     import torch
+    from pt_dist._infra.store import TCPStore
     from pt_dist.fsdp import BackwardPrefetch, FullyShardedDataParallel, ModuleWrapPolicy
-    from pt_dist.store import TCPStore
     from torch import nn
 
     torch.set_num_threads(1)

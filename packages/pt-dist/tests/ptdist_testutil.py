@@ -13,8 +13,8 @@ import threading
 import pt_dist
 import torch
 from pt_dist import ReduceOp
+from pt_dist._infra.store import PrefixStore, TCPStore
 from pt_dist.backends.tcp import ProcessGroupTCP
-from pt_dist.store import PrefixStore, TCPStore
 
 import harness
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pt_dist.rpc as rpc
-from pt_dist.store import TCPStore
+from pt_dist._infra.store import TCPStore
 
 import harness
 

@@ -283,8 +283,8 @@ def test_a_failed_init_frees_its_port_for_the_retry():
     import threading
 
     from pt_dist import TCPStore
+    from pt_dist._infra.store import PrefixStore
     from pt_dist.backends.tcp import ProcessGroupTCP
-    from pt_dist.store import PrefixStore
 
     port = util.free_port()
     peer = {}

@@ -17,9 +17,10 @@ from pathlib import Path
 import pt_dist
 import pytest
 import torch
-from pt_dist import DistBackendError, DistError, ReduceOp, TCPStore, wire
+from pt_dist import DistBackendError, DistError, ReduceOp, TCPStore
+from pt_dist._infra import wire
+from pt_dist._infra.store import PrefixStore
 from pt_dist.backends.tcp import ProcessGroupTCP
-from pt_dist.store import PrefixStore
 
 import harness
 from harness import run_ranks

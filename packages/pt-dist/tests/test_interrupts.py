@@ -204,8 +204,8 @@ def test_the_mesh_acceptor_ends_quietly_greets_in_parallel_and_refuses_late_conn
     a real peer off for the whole handshake timeout (10 s), and then, bounded, a crowd of them still did (the
     oldest silent one is now cut for each newcomer past the bound); and a connection it took after the setup
     had closed the others stayed open."""
-    from pt_dist import wire
-    from pt_dist.backends.mesh_setup import COLL, P2P, MeshSetup
+    from pt_dist._infra import wire
+    from pt_dist._infra.full_mesh import COLL, P2P, MeshSetup
 
     mesh = MeshSetup(0, 3, 30.0, "acceptor")  # the acceptor driven by hand
     mesh._expected = 2  # rank 1's two connections complete it; rank 2 then comes late

@@ -236,7 +236,7 @@ def test_native_backends_run_without_numpy(tmp_path):
         sys.modules["numpy"] = None  # any `import numpy` (and Tensor.numpy()) now fails
         import torch
         from pt_dist import TCPStore
-        from pt_dist.store import PrefixStore
+        from pt_dist._infra.store import PrefixStore
         from pt_dist.backends.tcp import ProcessGroupTCP
 
         master = TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=30)

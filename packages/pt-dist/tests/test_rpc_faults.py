@@ -15,8 +15,8 @@ from pathlib import Path
 import pt_dist.rpc as rpc
 import pytest
 import torch
+from pt_dist._infra.store import TCPStore
 from pt_dist.rpc import join
-from pt_dist.store import TCPStore
 
 import harness
 from harness import run_ranks

@@ -17,7 +17,7 @@ from pathlib import Path
 import pt_dist.rpc as rpc
 import pytest
 import torch
-from pt_dist import wire
+from pt_dist._infra import wire
 from pt_dist.rpc import api
 from pt_dist.rpc.transport import HEADER, REQUEST, RESPONSE, Connection, Limits, Message
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pt_dist
 import pytest
-from pt_dist import DistError, DistNetworkError, TCPStore, secret
+from pt_dist import DistError, DistNetworkError, TCPStore
+from pt_dist._infra import secret
 
 from harness import run_ranks
 
@@ -145,7 +146,7 @@ def test_a_multi_host_job_without_a_secret_refuses_saying_how_to_set_one(runtime
     master.close()
     monkeypatch.delenv(secret.SECRET_ENV)
     monkeypatch.setenv(secret.INSECURE_ENV, "1")  # the explicit opt-in: it runs, and says what it costs
-    with caplog.at_level(logging.WARNING, logger="pt_dist.secret"):
+    with caplog.at_level(logging.WARNING, logger="pt_dist._infra.secret"):
         master = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=5)
         assert TCPStore("127.0.0.1", master.port, timeout=5).add("n", 1) == 1
     assert "any process that can reach it can compute" in caplog.text

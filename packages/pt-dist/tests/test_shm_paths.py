@@ -125,8 +125,8 @@ def test_single_copy_verdict_is_agreed_and_results_are_bitwise_equal():
 def _two_groups_in_threads(name: str):
     import threading
 
+    from pt_dist._infra.store import PrefixStore, TCPStore
     from pt_dist.backends import shm
-    from pt_dist.store import PrefixStore, TCPStore
 
     master = TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False, timeout=10)
     groups = [None, None]
@@ -145,8 +145,8 @@ def test_a_tight_dev_shm_shrinks_the_staging_slots(monkeypatch):
     """Docker's 64 MB /dev/shm: slots shrink to what fits (touching a page past it would be a SIGBUS)."""
     import threading
 
+    from pt_dist._infra import shm_segment as segment
     from pt_dist.backends import shm
-    from pt_dist.backends.shm import segment
 
     monkeypatch.setattr(segment, "free_bytes", lambda: 24 << 20)
     groups = _two_groups_in_threads("tight")
@@ -160,7 +160,7 @@ def test_a_tight_dev_shm_shrinks_the_staging_slots(monkeypatch):
     for g in groups:
         g.shutdown()
     monkeypatch.setattr(segment, "free_bytes", lambda: 1 << 20)
-    from pt_dist.store import PrefixStore, TCPStore
+    from pt_dist._infra.store import PrefixStore, TCPStore
 
     with pytest.raises(pt_dist.DistError, match="shm-size"):
         shm.ProcessGroupSHM(PrefixStore("none", TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=5)), 0, 2,
@@ -172,7 +172,7 @@ def test_running_out_of_dev_shm_mid_collective_raises_on_every_rank(monkeypatch)
     import errno
     import threading
 
-    from pt_dist.backends.shm import segment
+    from pt_dist._infra import shm_segment as segment
 
     groups = _two_groups_in_threads("full")
 
@@ -199,7 +199,7 @@ def test_running_out_of_dev_shm_mid_collective_raises_on_every_rank(monkeypatch)
 _MANY_GROUPS = '''
 import threading, torch, pt_dist
 from pt_dist.backends import shm
-from pt_dist.store import PrefixStore, TCPStore
+from pt_dist._infra.store import PrefixStore, TCPStore
 
 master = TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False, timeout=10)
 groups, errors = {}, []
@@ -251,7 +251,7 @@ def test_many_shm_groups_overrunning_a_small_dev_shm_raise_instead_of_sigbus(tmp
 def test_a_segment_no_peer_attaches_to_is_still_removed(tmp_path):
     """Rank 0 gives up on a peer that never maps the segment: it raises, and leaves no file in /dev/shm."""
     from pt_dist import DistError, FileStore
-    from pt_dist.backends.shm import segment
+    from pt_dist._infra import shm_segment as segment
 
     pattern = os.path.join(segment.shm_dir(), f"pt_dist_{os.getpid()}_*")
     store = FileStore(str(tmp_path / "store"), 1, timeout=5)
@@ -266,7 +266,7 @@ def test_ranks_disagreeing_on_the_segment_size_both_fail_at_once():
     import threading
 
     from pt_dist import DistError, HashStore
-    from pt_dist.backends.shm import segment
+    from pt_dist._infra import shm_segment as segment
 
     store, seen = HashStore(), {}
 
@@ -290,11 +290,11 @@ def test_a_segment_left_by_a_killed_creator_is_removed_by_the_next_group(tmp_pat
     import textwrap
 
     from pt_dist import FileStore
-    from pt_dist.backends.shm import segment
+    from pt_dist._infra import shm_segment as segment
 
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         from pt_dist import FileStore
-        from pt_dist.backends.shm import segment
+        from pt_dist._infra import shm_segment as segment
         segment.map_shared_segment(FileStore({str(tmp_path / 'killed')!r}, 1), 0, 2, 1 << 16, "seg", 60, "g")
     """)])
     deadline = time.monotonic() + 60
@@ -323,7 +323,7 @@ def test_a_rank_on_another_host_fails_fast_and_says_why(monkeypatch):
     import time
 
     from pt_dist import DistError, TCPStore
-    from pt_dist.backends.shm import segment
+    from pt_dist._infra import shm_segment as segment
 
     master = TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=10)
     stores = [master, TCPStore("127.0.0.1", master.port, 2, is_master=False, timeout=10)]
@@ -354,7 +354,7 @@ def test_a_rank_on_another_host_fails_fast_and_says_why(monkeypatch):
 def _collapse_works() -> bool:
     import ctypes
 
-    from pt_dist.backends.shm import huge_pages
+    from pt_dist._infra import huge_pages
 
     t = torch.ones(4 << 20, dtype=torch.uint8)
     lo = -(-t.data_ptr() // huge_pages.HUGE) * huge_pages.HUGE
@@ -365,7 +365,7 @@ def _collapse_works() -> bool:
 def test_buffers_used_twice_are_collapsed_into_huge_pages(monkeypatch):
     """The second time a single-copy collective publishes the same range of >= 4 MiB, its whole 2 MiB pages are
     collapsed (peers' process_vm_readv then pins 512x fewer pages); small or new ranges are left alone."""
-    from pt_dist.backends.shm import huge_pages
+    from pt_dist._infra import huge_pages
 
     advisor, big, small = huge_pages.HugePageAdvisor(), torch.ones(3 << 20), torch.ones(1 << 18)
     for _ in range(3):

@@ -13,9 +13,10 @@ import time
 
 import pytest
 import torch.distributed as dist
-from pt_dist import DistError, DistNetworkError, DistStoreError, FileStore, HashStore, PrefixStore, TCPStore, wire
-from pt_dist.secret import SECRET_ENV
-from pt_dist.store import GET, SET, WAIT
+from pt_dist import DistError, DistNetworkError, DistStoreError, FileStore, HashStore, PrefixStore, TCPStore
+from pt_dist._infra import wire
+from pt_dist._infra.secret import SECRET_ENV
+from pt_dist._infra.store import GET, SET, WAIT
 
 from harness import run_ranks
 
@@ -320,7 +321,7 @@ def test_a_flood_of_silent_connections_neither_keeps_clients_out_nor_piles_up_th
     ``MAX_UNAUTHENTICATED`` of them waiting, the oldest is cut for each newcomer, so a client with the secret
     gets in at once however many strangers hold connections open (it used to be shut out until their
     timeouts ran out, for as long as they kept reconnecting), and handshake threads stay bounded."""
-    from pt_dist import store_server
+    from pt_dist._infra import store_server
 
     monkeypatch.setattr(store_server, "MAX_UNAUTHENTICATED", 4)
     before = set(threading.enumerate())  # (other tests' servers may still be winding down)
@@ -422,7 +423,7 @@ def test_ctrl_c_inside_a_file_store_call_leaves_the_file_unlocked(tmp_path, monk
     import fcntl
     import threading
 
-    from pt_dist import file_store
+    from pt_dist._infra import file_store
 
     store = FileStore(str(tmp_path / "f"), 1, timeout=5)
     pressed = []

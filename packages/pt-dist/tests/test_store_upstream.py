@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from pt_dist import DistStoreError, FileStore, HashStore, PrefixStore, Store, TCPStore
-from pt_dist.rendezvous import rendezvous
+from pt_dist._infra.rendezvous import rendezvous
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ptdist_testutil as util  # noqa: E402

@@ -158,8 +158,8 @@ def test_a_full_shared_memory_filesystem_is_a_clear_error_not_a_sigbus(monkeypat
     import errno
     import os
 
+    from pt_dist._infra.store import TCPStore
     from pt_dist.backends.shm import symmetric_memory
-    from pt_dist.store import TCPStore
 
     heap = symmetric_memory.SymmetricHeap(TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10), 0, 1, 10.0, "g")
     assert heap.offset_of(heap.view(0, heap.allocate(100), 25, torch.float32)) == 0
@@ -177,8 +177,8 @@ def test_an_exactly_full_heap_still_takes_empty_tensors_but_nothing_more(monkeyp
     """A zero-size tensor takes no page: it once took one past the rank's region, growing the segment file."""
     import os
 
+    from pt_dist._infra.store import TCPStore
     from pt_dist.backends.shm import symmetric_memory
-    from pt_dist.store import TCPStore
 
     monkeypatch.setattr(symmetric_memory, "HEAP_BYTES", 2 * symmetric_memory.ALIGN)
     heap = symmetric_memory.SymmetricHeap(TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10), 0, 1, 10.0, "g")

@@ -149,7 +149,7 @@ def test_torchs_ddp_and_fsdp_on_pt_backends_train_as_on_gloo(backend, kind):
 
 
 def _world_for_torch(rank, world_size, backend, port_key):
-    from pt_dist.store import TCPStore
+    from pt_dist._infra.store import TCPStore
     from torch.utils.data import DistributedSampler
 
     if rank == 0:

@@ -18,8 +18,8 @@ import threading
 
 import pytest
 import torch
+from pt_dist._infra.store import PrefixStore, TCPStore
 from pt_dist.backends.tcp import ProcessGroupTCP
-from pt_dist.store import PrefixStore, TCPStore
 
 JOB = """
 import json, os, sys, torch, pt_dist

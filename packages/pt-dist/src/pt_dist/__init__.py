@@ -3,6 +3,10 @@
 from torch.distributed import is_gloo_available, is_mpi_available, is_nccl_available  # what torch was built with
 
 from pt_dist import autograd, rpc  # attributes after ``import pt_dist``, as torch.distributed's
+from pt_dist._infra.errors import DistBackendError, DistError, DistNetworkError, DistStoreError
+from pt_dist._infra.file_store import FileStore
+from pt_dist._infra.hash_store import HashStore
+from pt_dist._infra.store import PrefixStore, Store, TCPStore
 from pt_dist.backends import Backend, get_default_backend_for_device, is_backend_available
 from pt_dist.batch_p2p import P2POp, batch_isend_irecv
 from pt_dist.distributed_c10d import (
@@ -40,10 +44,7 @@ from pt_dist.distributed_c10d import (
     set_timeout,
     symmetric_empty,
 )
-from pt_dist.errors import DistBackendError, DistError, DistNetworkError, DistStoreError
-from pt_dist.file_store import FileStore
 from pt_dist.fsdp import FullyShardedDataParallel
-from pt_dist.hash_store import HashStore
 from pt_dist.list_collectives import (
     _broadcast_coalesced as _broadcast_coalesced,  # torch.distributed._broadcast_coalesced (private there too)
 )
@@ -68,7 +69,6 @@ from pt_dist.object_collectives import (
     send_object_list,
 )
 from pt_dist.process_group import ProcessGroup, ReduceOp, supports_complex
-from pt_dist.store import PrefixStore, Store, TCPStore
 from pt_dist.subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
 from pt_dist.work import Work
 

@@ -15,14 +15,14 @@ import warnings
 
 import torch
 
+from pt_dist._infra.errors import DistError
+from pt_dist._infra.rendezvous import get_node_local_rank, is_torchelastic_launched, rendezvous
+from pt_dist._infra.secret import mesh_secret
+from pt_dist._infra.store import PrefixStore, Store, TCPStore
+from pt_dist._infra.store import _seconds as store_seconds
 from pt_dist.backends import Backend, library_options_for
 from pt_dist.backends.arguments import as_rank
-from pt_dist.errors import DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp
-from pt_dist.rendezvous import get_node_local_rank, is_torchelastic_launched, rendezvous
-from pt_dist.secret import mesh_secret
-from pt_dist.store import PrefixStore, Store, TCPStore
-from pt_dist.store import _seconds as store_seconds
 
 log = logging.getLogger(__name__)
 default_pg_timeout = datetime.timedelta(minutes=10)

@@ -16,8 +16,8 @@ import time
 import weakref
 
 from pt_dist import distributed_c10d as c10d
-from pt_dist.errors import DistBackendError
-from pt_dist.store import PrefixStore
+from pt_dist._infra.errors import DistBackendError
+from pt_dist._infra.store import PrefixStore
 
 __all__ = ["monitored_barrier"]
 

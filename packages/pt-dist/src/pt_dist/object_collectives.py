@@ -18,7 +18,7 @@ import pickle
 import torch
 
 from pt_dist import distributed_c10d as c10d
-from pt_dist.wire import byte_view
+from pt_dist._infra.wire import byte_view
 
 __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "recv_object_list", "scatter_object_list",
            "send_object_list"]

@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from pt_dist.errors import DistError, DistStoreError
+from pt_dist._infra.errors import DistError, DistStoreError
 from pt_dist.work import Work
 
 __all__ = ["DistError", "DistStoreError", "ProcessGroup", "ReduceOp", "combine_", "check_reduce_dtype"]

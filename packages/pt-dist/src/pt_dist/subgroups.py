@@ -16,10 +16,10 @@ import time
 import torch
 
 from pt_dist import distributed_c10d as c10d
+from pt_dist._infra.errors import DistError, DistStoreError
+from pt_dist._infra.store import PrefixStore
 from pt_dist.backends import Backend, library_options_for
 from pt_dist.distributed_c10d import GroupMember, _group, _positive_seconds, _world
-from pt_dist.errors import DistError, DistStoreError
-from pt_dist.store import PrefixStore
 
 __all__ = ["new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group"]
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from pt_dist.store import _seconds
+from pt_dist._infra.store import _seconds
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class Work:
                 return True
             self._before_blocking(timeout)
         if not self._done.wait(timeout):
-            from pt_dist.errors import DistBackendError
+            from pt_dist._infra.errors import DistBackendError
 
             raise DistBackendError(f"{self.op_name}: Work.wait timed out after {timeout}s")
         if self._exc is not None:

@@ -85,8 +85,8 @@ def is_backend_available(backend: str) -> bool:
         return False
     if not Backend.is_torch_backed(name):
         return True
+    from pt_dist._infra.errors import DistError
     from pt_dist.backends.torch_adapter import check_available
-    from pt_dist.errors import DistError
 
     try:
         check_available(name)

@@ -16,10 +16,10 @@ import math
 
 import torch
 
+from pt_dist._infra import failure
+from pt_dist._infra.failure import HeaderMismatch
 from pt_dist.backends import arguments as args
-from pt_dist.backends import failure
 from pt_dist.backends.arguments import contig, desc, overlap, through
-from pt_dist.backends.failure import HeaderMismatch
 from pt_dist.backends.sparse import check_sparse_all_reduce, sparse_all_reduce, sparse_header
 from pt_dist.process_group import ProcessGroup, ReduceOp
 from pt_dist.work import OpQueue, Work

@@ -25,9 +25,9 @@ import time
 
 import torch
 
-from pt_dist import wire
-from pt_dist.errors import DistBackendError
-from pt_dist.wire import byte_view
+from pt_dist._infra import wire
+from pt_dist._infra.errors import DistBackendError
+from pt_dist._infra.wire import byte_view
 from pt_dist.work import ChannelWork, Work, callbacks_elsewhere
 
 _HEAD = struct.Struct("<qq16s")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from pt_dist._infra.wire import byte_view
 from pt_dist.backends import ring
 from pt_dist.backends.base import NativeProcessGroup
-from pt_dist.backends.mesh import PeerMesh
+from pt_dist.backends.peer_mesh import PeerMesh
 from pt_dist.process_group import finish_avg_
-from pt_dist.wire import byte_view
 
 CHUNK_BYTES = 1 << 20
 

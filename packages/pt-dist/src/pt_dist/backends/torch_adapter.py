@@ -15,11 +15,11 @@ import os
 import torch
 import torch.distributed as dist
 
+from pt_dist._infra.errors import DistBackendError, DistError
 from pt_dist.backends.arguments import check_contiguous, check_tensor, contig
 from pt_dist.backends.sparse import check_sparse_all_reduce
 from pt_dist.backends.torch_store import TorchStore
 from pt_dist.backends.torch_work import TorchWork
-from pt_dist.errors import DistBackendError, DistError
 from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
 
 _TORCH_OPS = {op: op.name for op in ReduceOp}

@@ -12,7 +12,7 @@ import threading
 
 import torch
 
-from pt_dist.errors import DistBackendError, DistError
+from pt_dist._infra.errors import DistBackendError, DistError
 from pt_dist.work import Work
 
 

@@ -45,7 +45,7 @@ def init_rpc(name: str, backend=None, rank: int = -1, world_size: int | None = N
             raise RuntimeError("RPC is already initialized")
         store = options.store
         if store is None:
-            from pt_dist.rendezvous import rendezvous
+            from pt_dist._infra.rendezvous import rendezvous
 
             rdzv = rendezvous(options.init_method, rank, -1 if world_size is None else world_size,
                               timeout=options.rpc_timeout or 300.0)

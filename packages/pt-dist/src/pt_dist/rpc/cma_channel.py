@@ -19,7 +19,7 @@ import secrets
 import socket
 import struct
 
-from pt_dist import wire
+from pt_dist._infra import wire
 from pt_dist.backends.shm.cma import CrossMemory
 
 MIN_BYTES = int(os.environ.get("PT_DIST_RPC_CMA_BYTES", 256 << 10))

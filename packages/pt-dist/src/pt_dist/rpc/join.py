@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import time
 
-from pt_dist.errors import DistError
+from pt_dist._infra.errors import DistError
 
 
 def _barrier(agent, key: str, deadline: float) -> None:

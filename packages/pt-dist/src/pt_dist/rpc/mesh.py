@@ -18,7 +18,7 @@ import struct
 import threading
 import time
 
-from pt_dist import wire
+from pt_dist._infra import wire
 from pt_dist.rpc import cma_channel
 from pt_dist.rpc.options import WorkerInfo
 

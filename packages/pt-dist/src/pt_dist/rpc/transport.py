@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pt_dist import wire
+from pt_dist._infra import wire
 from pt_dist.backends.shm.cma import CrossMemory
 from pt_dist.rpc import cma_channel
 

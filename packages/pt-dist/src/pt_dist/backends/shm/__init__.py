@@ -33,13 +33,14 @@ import struct
 
 import torch
 
+from pt_dist._infra import shm_segment as segment
+from pt_dist._infra.futex import Futex
+from pt_dist._infra.shm_segment import map_shared_segment
 from pt_dist.backends.arguments import contig, desc, reduced
 from pt_dist.backends.base import NativeProcessGroup
-from pt_dist.backends.mesh import PeerMesh
-from pt_dist.backends.shm import cma, segment
+from pt_dist.backends.peer_mesh import PeerMesh
+from pt_dist.backends.shm import cma
 from pt_dist.backends.shm.counters import LINE, CounterBarrier
-from pt_dist.backends.shm.futex import Futex
-from pt_dist.backends.shm.segment import map_shared_segment
 from pt_dist.backends.shm.symmetric_memory import SymmetricCollectives
 from pt_dist.process_group import ReduceOp, combine_, finish_avg_
 

@@ -16,9 +16,9 @@ import sys
 
 import torch
 
+from pt_dist._infra.errors import DistBackendError, missing_text
+from pt_dist._infra.huge_pages import HugePageAdvisor
 from pt_dist.backends.shm.counters import ABORT
-from pt_dist.backends.shm.huge_pages import HugePageAdvisor
-from pt_dist.errors import DistBackendError, missing_text
 from pt_dist.process_group import combiner, finish_avg_
 
 # Collectives from this many bytes take the single-copy path where the group agreed it works; below it,

@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 import time
 
-from pt_dist.backends.shm.futex import pid_dead
-from pt_dist.errors import DistBackendError, missing_text
+from pt_dist._infra.errors import DistBackendError, missing_text
+from pt_dist._infra.futex import pid_dead
 from pt_dist.work import on_group_thread
 
 LINE = 64

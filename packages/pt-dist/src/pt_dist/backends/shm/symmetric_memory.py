@@ -17,8 +17,8 @@ import os
 
 import torch
 
+from pt_dist._infra.shm_segment import map_shared_segment
 from pt_dist.backends.arguments import lazy_view
-from pt_dist.backends.shm.segment import map_shared_segment
 from pt_dist.process_group import combiner, finish_avg_
 
 HEAP_BYTES = int(os.environ.get("PT_DIST_SYMM_HEAP_BYTES", 1 << 30))  # per rank; pages appear when touched

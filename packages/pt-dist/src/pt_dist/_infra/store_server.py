@@ -18,10 +18,10 @@ import socket
 import struct
 import threading
 
-from pt_dist import wire
-from pt_dist.errors import DistNetworkError
+from pt_dist._infra import wire
+from pt_dist._infra.errors import DistNetworkError
 
-log = logging.getLogger("pt_dist.store")
+log = logging.getLogger("pt_dist._infra.store")
 
 MAX_FRAME = 64 << 20
 # "No timeout" in practice (users pass timedelta.max and the like): socket and lock waits overflow near 292 years

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
-from pt_dist.errors import DistBackendError, DistError
+from pt_dist._infra.errors import DistBackendError, DistError
 
 
 class HeaderMismatch(DistBackendError):

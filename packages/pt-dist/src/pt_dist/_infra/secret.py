@@ -17,7 +17,7 @@ import secrets
 import socket
 import stat
 
-from pt_dist.errors import DistError
+from pt_dist._infra.errors import DistError
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import struct
 import threading
 import time
 
-from pt_dist import wire
-from pt_dist.errors import DistError, DistNetworkError, missing_text
+from pt_dist._infra import wire
+from pt_dist._infra.errors import DistError, DistNetworkError, missing_text
 
 COLL, P2P = 0, 1  # each pair of ranks gets two sockets: collectives, and point-to-point traffic
 

@@ -1,4 +1,4 @@
-"""The socket mesh's data path: ``sendrecv`` and the header exchange, on the connections ``mesh_setup.py`` made.
+"""The socket mesh's data path: ``sendrecv`` and the header exchange, on the connections ``_infra/full_mesh.py`` made.
 
 gloo's tcp ``Pair`` in miniature: collectives stream through one non-blocking socket per peer, ``sendrecv``
 filling preallocated ``memoryview`` s with no per-chunk copies (full duplex, folding chunks as they land); each
@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from pt_dist import wire
-from pt_dist.backends.mesh_setup import COLL, P2P, MeshSetup
+from pt_dist._infra import wire
+from pt_dist._infra.errors import DistBackendError, missing_text
+from pt_dist._infra.full_mesh import COLL, P2P, MeshSetup
 from pt_dist.backends.p2p import P2PChannels
-from pt_dist.errors import DistBackendError, missing_text
 from pt_dist.work import Work
 
 __all__ = ["COLL", "P2P", "PeerMesh"]

@@ -18,9 +18,9 @@ import os
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlparse
 
-from pt_dist import secret as _secret
-from pt_dist.file_store import FileStore
-from pt_dist.store import PrefixStore, Store, TCPStore
+from pt_dist._infra import secret as _secret
+from pt_dist._infra.file_store import FileStore
+from pt_dist._infra.store import PrefixStore, Store, TCPStore
 
 
 @dataclass

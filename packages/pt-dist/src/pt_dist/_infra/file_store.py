@@ -19,11 +19,11 @@ import struct
 import threading
 import time
 
-from pt_dist import wire
-from pt_dist.errors import DistError, DistStoreError
-from pt_dist.secret import check_private
-from pt_dist.store import DEFAULT_TIMEOUT, Store, _b, _seconds
-from pt_dist.store_server import _ARITY, ADD, APPEND, CAS, DELETE, MULTI_SET, SET, _apply, check_pairs
+from pt_dist._infra import wire
+from pt_dist._infra.errors import DistError, DistStoreError
+from pt_dist._infra.secret import check_private
+from pt_dist._infra.store import DEFAULT_TIMEOUT, Store, _b, _seconds
+from pt_dist._infra.store_server import _ARITY, ADD, APPEND, CAS, DELETE, MULTI_SET, SET, _apply, check_pairs
 
 _INTERNAL = b"\x00pt_dist/"  # bookkeeping keys, invisible to num_keys
 _USERS, _DONE, _OPENS = _INTERNAL + b"users", _INTERNAL + b"done", _INTERNAL + b"opens"

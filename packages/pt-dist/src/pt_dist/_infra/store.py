@@ -16,10 +16,10 @@ import struct
 import threading
 import time
 
-from pt_dist import secret as _secret
-from pt_dist import wire
-from pt_dist.errors import DistNetworkError, DistStoreError
-from pt_dist.store_server import (
+from pt_dist._infra import secret as _secret
+from pt_dist._infra import wire
+from pt_dist._infra.errors import DistNetworkError, DistStoreError
+from pt_dist._infra.store_server import (
     ADD,
     APPEND,
     CAS,

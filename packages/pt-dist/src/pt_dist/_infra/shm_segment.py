@@ -21,7 +21,7 @@ import secrets
 import tempfile
 import time
 
-from pt_dist.errors import DistError
+from pt_dist._infra.errors import DistError
 
 logger = logging.getLogger(__name__)
 MIN_SLOT_BYTES = 64 << 10

@@ -5,10 +5,10 @@ from __future__ import annotations
 import struct
 import threading
 
-from pt_dist import wire
-from pt_dist.errors import DistStoreError
-from pt_dist.store import DEFAULT_TIMEOUT, Store, _b, _seconds
-from pt_dist.store_server import ADD, APPEND, CAS, DELETE, MULTI_SET, SET, _apply, check_pairs
+from pt_dist._infra import wire
+from pt_dist._infra.errors import DistStoreError
+from pt_dist._infra.store import DEFAULT_TIMEOUT, Store, _b, _seconds
+from pt_dist._infra.store_server import ADD, APPEND, CAS, DELETE, MULTI_SET, SET, _apply, check_pairs
 
 
 class HashStore(Store):
