@@ -15,7 +15,7 @@ import math
 import numpy
 import torch
 
-from mega_par.datasets.blended_megatron_dataset_config import Split
+from mega_par._compat.datasets.blended_megatron_dataset_config import Split
 
 
 def build_blending_indices(weights, size: int):

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy
 import torch
 
-from mega_par.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig, Split
-from mega_par.datasets.indexed_dataset import IndexedDataset
+from mega_par._compat.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig, Split
+from mega_par._compat.datasets.indexed_dataset import IndexedDataset
 
 
 @dataclass

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from mega_par.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-from mega_par.tokenizers import MegatronTokenizer
+from mega_par._compat.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+from mega_par._compat.tokenizers.megatron_tokenizer import MegatronTokenizer
 
 
 def get_args(argv=None):
@@ -69,6 +69,3 @@ def main(argv=None) -> dict:
         builder.finalize(prefixes[key] + ".idx")
     return prefixes
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,1 @@
+"""Tokenizers for Megatron's datasets (``megatron/core/tokenizers``)."""

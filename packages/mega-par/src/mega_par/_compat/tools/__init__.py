@@ -1,0 +1,1 @@
+"""Megatron-LM's command-line tools (``tools/``)."""
