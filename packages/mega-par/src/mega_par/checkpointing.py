@@ -24,21 +24,9 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from mega_par import parallel_state as ps
+from mega_par._infra.atomic_io import atomic_write, atomic_write_text
 
 TRACKER = "latest_checkpointed_iteration.txt"
-
-
-def _atomic_save(obj, path: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(text: str, path: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def get_checkpoint_name(save: str, iteration: int, tp_rank: int, pp_rank: int) -> str:
@@ -76,12 +64,13 @@ def save_checkpoint(iteration: int, model_chunks, optimizer, args) -> str:
             state[f"{key}_layer_numbers"] = [layer.layer_number for layer in inner.decoder.layers]
         if not distributed:
             state["optimizer"] = optimizer.state_dict()
-        _atomic_save(state, os.path.join(folder, "model_optim_rng.pt"))
+        atomic_write(os.path.join(folder, "model_optim_rng.pt"), lambda tmp: torch.save(state, tmp))
     if distributed:
-        _atomic_save(optimizer.sharded_state_dict(), os.path.join(folder, f"distrib_optim_dp{dp_rank:03d}.pt"))
+        shard = optimizer.sharded_state_dict()
+        atomic_write(os.path.join(folder, f"distrib_optim_dp{dp_rank:03d}.pt"), lambda tmp: torch.save(shard, tmp))
     dist.barrier()
     if dist.get_rank() == 0:
-        _atomic_write_text(str(iteration), os.path.join(args.save, TRACKER))
+        atomic_write_text(os.path.join(args.save, TRACKER), str(iteration))
     dist.barrier()
     return folder
 
@@ -205,8 +194,7 @@ def to_hf(checkpoint_dir: str, out_dir: str, iteration: int | None = None) -> st
     if config["tie_word_embeddings"]:
         tensors.pop("lm_head.weight", None)
     os.makedirs(out_dir, exist_ok=True)
-    tmp = os.path.join(out_dir, f"model.safetensors.tmp.{os.getpid()}")
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(out_dir, "model.safetensors"))
-    _atomic_write_text(json.dumps(config, indent=2), os.path.join(out_dir, "config.json"))
+    atomic_write(os.path.join(out_dir, "model.safetensors"),
+                 lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    atomic_write_text(os.path.join(out_dir, "config.json"), json.dumps(config, indent=2))
     return out_dir

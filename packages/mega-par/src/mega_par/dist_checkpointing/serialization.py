@@ -25,6 +25,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from mega_par._infra.atomic_io import atomic_write, atomic_write_text
 from mega_par.dist_checkpointing.core import CheckpointingException
 from mega_par.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory, is_main_replica
 
@@ -50,17 +51,6 @@ def _all_gather(obj) -> list:
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
-
-
-def _atomic_write(path: str, write) -> str:
-    """Write through ``write(tmp_path)``, fsync, rename; returns the file's sha256."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    write(tmp)
-    with open(tmp, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return digest
 
 
 def _expand_factories(sharded_state_dict: dict) -> dict:
@@ -116,11 +106,11 @@ def save(sharded_state_dict: dict, checkpoint_dir: str, sharded_strategy=None, v
                           "global_offset": list(sh.global_offset), "shape": list(sh.stored_shape),
                           "dtype": str(sh.dtype).removeprefix("torch.")})
     fname = f"__{rank}_0.pt"
-    digest = _atomic_write(os.path.join(checkpoint_dir, fname), lambda p: torch.save(shards, p))
+    digest = atomic_write(os.path.join(checkpoint_dir, fname), lambda p: torch.save(shards, p))
     files = {fname: digest}
     if rank == 0:
         common = {k: v for k, v in flat.items() if not isinstance(v, ShardedTensor)}
-        files[COMMON] = _atomic_write(os.path.join(checkpoint_dir, COMMON), lambda p: torch.save(common, p))
+        files[COMMON] = atomic_write(os.path.join(checkpoint_dir, COMMON), lambda p: torch.save(common, p))
     gathered = _all_gather((fname, index, files))
     if rank == 0:
         tensors, all_files = {}, {}
@@ -138,8 +128,7 @@ def save(sharded_state_dict: dict, checkpoint_dir: str, sharded_strategy=None, v
             for key, t in tensors.items():
                 _check_exact_cover(key, t)
         meta = {"sharded_backend": BACKEND, "sharded_backend_version": 1, "tensors": tensors, "files": all_files}
-        _atomic_write(os.path.join(checkpoint_dir, METADATA),
-                      lambda p: open(p, "w").write(json.dumps(meta, indent=1)))
+        atomic_write_text(os.path.join(checkpoint_dir, METADATA), json.dumps(meta, indent=1))
     _barrier()
 
 
