@@ -18,7 +18,7 @@ class Bucket:
     """A contiguous slice ``[offset, offset + numel)`` of the buffers holding whole parameters."""
 
     def __init__(self, params, param_data, grad_data, offset: int, data_parallel_group, data_parallel_world_size):
-        self.params, self.params_set = list(params), set(params)
+        self.params = list(params)
         self.param_data, self.grad_data, self.offset = param_data, grad_data, offset
         self.data_parallel_group, self.data_parallel_world_size = data_parallel_group, data_parallel_world_size
         self.reset()
