@@ -119,9 +119,6 @@ def model_parallel_cuda_manual_seed(seed: int) -> None:
     _TRACKER.add(_MODEL_PARALLEL_RNG_TRACKER_NAME, tp_seed)
 
 
-model_parallel_manual_seed = model_parallel_cuda_manual_seed
-
-
 class CheckpointFunction(torch.autograd.Function):
     """Drop activations in forward; in backward restore the RNG states of forward and recompute.
 
