@@ -113,9 +113,8 @@ def _state() -> _ParallelState:
 
 def destroy_model_parallel() -> None:
     """Forget the grid, as Megatron's ``destroy_model_parallel`` does: the groups are dropped, not destroyed
-    (torch keeps them until its default group is destroyed). This once destroyed each rank's gloo subgroups at
-    once; twice in CI the next grid's new_group then failed in gloo's connectFullMesh ("Connection closed by
-    peer"), suspected to be a rank closing its pairs while a peer was still connecting (not reproduced here)."""
+    (torch keeps them until its default group is destroyed), so no rank closes gloo pairs a peer may still be
+    connecting while the next grid's ``new_group`` runs."""
     global _STATE
     _STATE = None
 
