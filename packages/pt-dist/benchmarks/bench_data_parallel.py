@@ -8,7 +8,7 @@ as the median over reps of the two variants' times in that rep. Variants:
 * ``torch DDP gloo`` / ``pt DDP gloo``: torch's DDP and ours on torch's gloo group (ours through the adapter);
 * ``pt DDP shm``: ours on pt_dist's shared-memory backend;
 * ``torch DDP pt_shm``: torch's own DDP on a torch group of backend ``pt_shm`` (pt_dist's shared-memory
-  collectives registered with torch: ``backends/torch_backend.py``);
+  collectives registered with torch: ``_compat/torch_backend.py``);
 * ``after backward <b>``: the same model without DDP, its gradients all-reduced in one flat buffer after
   backward (no buckets, no overlap): what bucketing and overlap are measured against;
 * ``torch FSDP2 gloo`` / ``pt FSDP gloo`` / ``pt FSDP shm``: torch's ``fully_shard`` per block and ours;

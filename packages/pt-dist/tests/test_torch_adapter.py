@@ -123,7 +123,7 @@ def test_mpi_backend_says_clearly_when_torch_lacks_it():
     import torch.distributed as dist
 
     if dist.is_mpi_available():  # a torch built with MPI: the adapter must then get past the check
-        from pt_dist.backends.torch_adapter import check_available
+        from pt_dist._compat.torch_adapter import check_available
 
         check_available("mpi")
         return

@@ -1,4 +1,4 @@
-"""pt-dist's tcp and shm as torch.distributed backends (``pt_tcp``, ``pt_shm``: backends/torch_backend.py).
+"""pt-dist's tcp and shm as torch.distributed backends (``pt_tcp``, ``pt_shm``: _compat/torch_backend.py).
 
 torch's own DistributedDataParallel, FSDP (FSDP1), DistributedSampler and collectives run on a default group of
 ``pt_shm`` / ``pt_tcp`` made by torch's ``init_process_group``; in the same ranks a gloo group runs the same work,

@@ -1,14 +1,31 @@
-"""pt_dist: torch.distributed's c10d layer rebuilt small (stores, ProcessGroup, tcp/shm backends, adapters)."""
+"""pt_dist: torch.distributed rebuilt small (c10d, DDP, FSDP, DTensor, DCP, RPC); this module is its facade.
+
+The core sits at torch's file names, ``_compat/`` holds what exists only so torch's code runs, ``_infra/`` the
+hardening (stores, auth, failure detection); see the README's reading guides."""
 
 from torch.distributed import is_gloo_available, is_mpi_available, is_nccl_available  # what torch was built with
 
 from pt_dist import autograd, rpc  # attributes after ``import pt_dist``, as torch.distributed's
+from pt_dist._compat import torch_adapter as torch_adapter  # registers torch's gloo, nccl, mpi
+from pt_dist._compat import torch_backend as torch_backend  # makes ours torch backends: pt_tcp, pt_shm
+from pt_dist._compat.batch_p2p import P2POp, batch_isend_irecv
+from pt_dist._compat.list_collectives import (
+    all_gather_coalesced,
+    all_gather_single,
+    all_reduce_coalesced,
+    all_to_all,
+    gather_into_tensor,
+    gather_single,
+    reduce_scatter,
+    reduce_scatter_single,
+)
+from pt_dist._compat.monitored_barrier import monitored_barrier
+from pt_dist._compat.subgroups import new_subgroups, new_subgroups_by_enumeration, split_group
 from pt_dist._infra.errors import DistBackendError, DistError, DistNetworkError, DistStoreError
 from pt_dist._infra.file_store import FileStore
 from pt_dist._infra.hash_store import HashStore
 from pt_dist._infra.store import PrefixStore, Store, TCPStore
 from pt_dist.backends import Backend, get_default_backend_for_device, is_backend_available
-from pt_dist.batch_p2p import P2POp, batch_isend_irecv
 from pt_dist.distributed_c10d import (
     GroupMember,
     all_gather,
@@ -36,6 +53,7 @@ from pt_dist.distributed_c10d import (
     is_initialized,
     is_torchelastic_launched,
     isend,
+    new_group,
     recv,
     reduce,
     reduce_scatter_tensor,
@@ -45,20 +63,6 @@ from pt_dist.distributed_c10d import (
     symmetric_empty,
 )
 from pt_dist.fsdp import FullyShardedDataParallel
-from pt_dist.list_collectives import (
-    _broadcast_coalesced as _broadcast_coalesced,  # torch.distributed._broadcast_coalesced (private there too)
-)
-from pt_dist.list_collectives import (
-    all_gather_coalesced,
-    all_gather_single,
-    all_reduce_coalesced,
-    all_to_all,
-    gather_into_tensor,
-    gather_single,
-    reduce_scatter,
-    reduce_scatter_single,
-)
-from pt_dist.monitored_barrier import monitored_barrier
 from pt_dist.nn.parallel import DistributedDataParallel, GradBucket
 from pt_dist.object_collectives import (
     all_gather_object,
@@ -69,7 +73,7 @@ from pt_dist.object_collectives import (
     send_object_list,
 )
 from pt_dist.process_group import ProcessGroup, ReduceOp, supports_complex
-from pt_dist.subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
+from pt_dist.utils import _broadcast_coalesced as _broadcast_coalesced  # torch.distributed's (private there too)
 from pt_dist.work import Work
 
 __version__ = "0.1.0"

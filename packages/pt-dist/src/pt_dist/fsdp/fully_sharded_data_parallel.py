@@ -42,8 +42,8 @@ from pt_dist.fsdp.api import (
 )
 from pt_dist.fsdp.flat_param import FlatParamHandle, HandleTrainingState
 from pt_dist.fsdp.wrap import _as_policy, _recursive_wrap
-from pt_dist.list_collectives import _broadcast_coalesced
 from pt_dist.nn.parallel.distributed import _find_tensors
+from pt_dist.utils import _broadcast_coalesced
 
 FSDP_WRAPPED_MODULE = "_fsdp_wrapped_module"
 FLAT_PARAM = "_flat_param"

@@ -18,10 +18,10 @@ import torch
 from torch.nn import Module
 
 from pt_dist import distributed_c10d as c10d
-from pt_dist.list_collectives import _broadcast_coalesced
 from pt_dist.nn.parallel.bucketing import _DEFAULT_FIRST_BUCKET_BYTES, GradBucket, _compute_bucket_assignment_by_size
 from pt_dist.nn.parallel.reducer import Reducer
 from pt_dist.object_collectives import all_gather_object
+from pt_dist.utils import _broadcast_coalesced
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,12 @@ import os
 import torch
 import torch.distributed as dist
 
+from pt_dist._compat.torch_store import TorchStore
+from pt_dist._compat.torch_work import TorchWork
 from pt_dist._infra.errors import DistBackendError, DistError
 from pt_dist.backends.arguments import check_contiguous, check_tensor, contig
+from pt_dist.backends.registry import Backend
 from pt_dist.backends.sparse import check_sparse_all_reduce
-from pt_dist.backends.torch_store import TorchStore
-from pt_dist.backends.torch_work import TorchWork
 from pt_dist.process_group import ProcessGroup, ReduceOp, check_reduce_dtype
 
 _TORCH_OPS = {op: op.name for op in ReduceOp}
@@ -239,3 +240,26 @@ class TorchProcessGroup(ProcessGroup):
         td = None if timeout is None else datetime.timedelta(seconds=timeout)
         return self._staged("barrier", lambda: dist.barrier(group=self.pg, async_op=True, device_ids=device_ids,
                                                             timeout=td), result=[], async_op=async_op)
+
+
+class TorchBackedCreator:
+    """Backend ``name``'s entry in the registry (``backends/registry.py``): builds torch's own group, and says
+    before any communication whether this build and machine can run it."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, store, rank, size, timeout, group_name, secret, global_ranks, **library_options):
+        """``library_options``: init_process_group's ``device_id`` and ``pg_options``, for torch's own group."""
+        return TorchProcessGroup.create(self.name, store, rank, size, timeout, group_name, global_ranks,
+                                        **library_options)
+
+    def check_available(self) -> None:
+        check_available(self.name)
+
+    def new_subgroup(self, global_ranks, timeout, group_name, **options):
+        return TorchProcessGroup.new_subgroup(self.name, global_ranks, timeout, group_name, **options)
+
+
+for _name in ("gloo", "nccl", "mpi"):
+    Backend.register_backend(_name, TorchBackedCreator(_name), torch_backed=True)

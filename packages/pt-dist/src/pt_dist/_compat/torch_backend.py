@@ -24,7 +24,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from pt_dist.backends.torch_store import TorchStore
+from pt_dist import distributed_c10d as c10d
+from pt_dist._compat.torch_store import TorchStore
+from pt_dist.backends.registry import Backend
 from pt_dist.process_group import ReduceOp
 
 NAMES = {"pt_tcp": "tcp", "pt_shm": "shm"}
@@ -188,9 +190,7 @@ class TorchBackend(dist.ProcessGroup):
 
 def _owned_elsewhere(inner) -> bool:
     """A pt-dist world group shared with torch (``share_world``) is pt-dist's to shut down."""
-    from pt_dist.distributed_c10d import GroupMember
-
-    return inner is GroupMember.WORLD
+    return inner is c10d.GroupMember.WORLD
 
 
 def _collected(works, outputs) -> dist.Work:
@@ -242,8 +242,6 @@ def unshare_world(pg) -> None:
 
 def _creator(name: str):
     def create(store, rank: int, size: int, timeout: timedelta):
-        from pt_dist.backends import Backend
-
         if _adopted:
             return TorchBackend(_adopted[0], name)
         native = NAMES[name]
@@ -258,3 +256,12 @@ def register() -> None:
     for name in NAMES:
         if not hasattr(dist.Backend, name.upper()):
             dist.Backend.register_backend(name, _creator(name), devices=["cpu"])
+
+
+def _on_init(pg, backend: str, store) -> None:
+    if backend in ("tcp", "shm"):
+        share_world(pg, backend, store)  # torch.distributed.get_rank(), DistributedSampler() see the world too
+
+
+register()  # torch.distributed.init_process_group("pt_shm" | "pt_tcp") from here on
+c10d.world_hooks.append((_on_init, unshare_world))
