@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from pt_dist.tensor._dtensor_spec import DTensorSpec
-from pt_dist.tensor.placement_types import Placement, Replicate, Shard
+from pt_dist.tensor.placement_types import Placement
 
 __all__ = ["OpCall", "OutputSharding", "pick", "redistribute_cost", "register_prop_rule", "rule_for"]
 
@@ -103,12 +103,6 @@ def pick(specs: Sequence[DTensorSpec | None], choices: Sequence[tuple], mesh_dim
     return best
 
 
-def replicate_all(call: OpCall) -> OutputSharding:
-    """Everything Replicate (an op that must see whole tensors)."""
-    rep = (Replicate(),) * call.mesh_ndim
-    return OutputSharding([rep] * len(call.specs), rep)
-
-
 def local_shape(call: OpCall, global_shape, placements) -> list[int]:
     """This rank's shape of a tensor of ``global_shape`` laid out as ``placements``."""
     from pt_dist.tensor._utils import _local_shape_and_offset
@@ -116,6 +110,3 @@ def local_shape(call: OpCall, global_shape, placements) -> list[int]:
     return list(_local_shape_and_offset(global_shape, call.mesh.shape, call.mesh.get_coordinate(), placements,
                                         skip_offset=True)[0])
 
-
-def shard_dims(placements: Sequence[Placement]) -> set[int]:
-    return {p.dim for p in placements if isinstance(p, Shard)}
