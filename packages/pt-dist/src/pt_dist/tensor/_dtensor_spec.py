@@ -26,10 +26,6 @@ class DTensorSpec:
     tensor_meta: TensorMeta | None = None
 
     @property
-    def device_mesh(self):
-        return self.mesh
-
-    @property
     def shape(self) -> torch.Size:
         return self.tensor_meta.shape
 
@@ -48,23 +44,6 @@ class DTensorSpec:
             if isinstance(p, Shard):
                 n *= self.mesh.size(i)
         return n
-
-    @property
-    def dim_map(self) -> list[int]:
-        """For every tensor dim, the mesh dim sharding it (-1: none; torch's, refuses nested shards)."""
-        out = [-1] * self.ndim
-        for i, p in enumerate(self.placements):
-            if isinstance(p, Shard):
-                if out[p.dim] != -1:
-                    raise ValueError(f"tensor dim {p.dim} is sharded on mesh dims {out[p.dim]} and {i}")
-                out[p.dim] = i
-        return out
-
-    def is_replicated(self) -> bool:
-        return all(p.is_replicate() for p in self.placements)
-
-    def is_sharded(self) -> bool:
-        return any(p.is_shard() for p in self.placements)
 
     def __str__(self) -> str:
         return f"Spec({''.join(str(p) for p in self.placements)} on {tuple(self.shape)})"
