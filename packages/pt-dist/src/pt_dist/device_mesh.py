@@ -50,8 +50,7 @@ class DeviceMesh:
 
     def __init__(self, device_type: str, mesh, *, mesh_dim_names: tuple[str, ...] | None = None,
                  backend_override=None, _init_backend: bool = True, _rank: int | None = None,
-                 _dim_groups: list | None = None, _root_mesh: DeviceMesh | None = None,
-                 _strides: tuple[int, ...] | None = None) -> None:
+                 _dim_groups: list | None = None, _strides: tuple[int, ...] | None = None) -> None:
         tensor = _as_mesh_tensor(mesh)
         if tensor.ndim == 0:
             raise ValueError(f"DeviceMesh: mesh must have at least one dimension, got {mesh!r}")
@@ -71,7 +70,6 @@ class DeviceMesh:
         self._device_type = device_type
         self._mesh = tensor
         self._mesh_dim_names = names
-        self._root_mesh = _root_mesh
         self._strides = _strides if _strides is not None else tuple(tensor.stride())
         self._flatten_rank_map = tuple(flat)
         if _init_backend:
@@ -150,9 +148,6 @@ class DeviceMesh:
     def _is_current_rank_part_of_mesh(self) -> bool:
         return self._coordinate_on_dim is not None
 
-    def _get_root_mesh(self) -> DeviceMesh:
-        return self._root_mesh if self._root_mesh is not None else self
-
     # -- groups ----------------------------------------------------------------------------------------------------
     def _get_mesh_dim_by_name(self, mesh_dim_name: str) -> int:
         if not self._mesh_dim_names:
@@ -209,7 +204,7 @@ class DeviceMesh:
         index = tuple(self._coordinate_on_dim[d] if d in rest else slice(None) for d in range(self.ndim))
         sub = self._mesh[index].contiguous()
         return DeviceMesh(self._device_type, sub, mesh_dim_names=names, _init_backend=False, _rank=self._rank,
-                          _dim_groups=[self._dim_groups[d] for d in dims], _root_mesh=self._get_root_mesh(),
+                          _dim_groups=[self._dim_groups[d] for d in dims],
                           _strides=tuple(self._strides[d] for d in dims))
 
     @staticmethod
