@@ -112,10 +112,6 @@ def get_worker_info(worker_name: str | None = None) -> WorkerInfo:
     return agent.info if worker_name is None else agent.workers[_to_rank(worker_name)]
 
 
-def _all_worker_infos() -> list[WorkerInfo]:
-    return list(_require_agent().workers)
-
-
 def _current_ctx():
     from pt_dist.autograd import container as context
 
