@@ -192,10 +192,6 @@ class FSDPParam:
         return DTensor.from_local(tensor, self.mesh_info.mesh, _placements(self.mesh_info), run_check=False,
                                   shape=self._orig_size, stride=self._contiguous_orig_stride)
 
-    @property
-    def _sharded_local_tensor(self) -> torch.Tensor:
-        return _local(self.sharded_param)
-
     @torch.no_grad()
     def reset_sharded_param(self) -> None:
         """Re-point ``_sharded_param_data`` at the registered parameter's local tensor after someone replaced it
