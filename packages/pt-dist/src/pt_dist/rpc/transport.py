@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pt_dist._infra import wire
-from pt_dist.backends.shm.cma import CrossMemory
+from pt_dist._infra.cma import CrossMemory
 from pt_dist.rpc import cma_channel
 
 REQUEST, RESPONSE, ACK = 1, 2, 3  # ACK: the receiver copied the tensors a message lent by address
@@ -108,7 +108,6 @@ class Connection:
         self._lent: collections.deque = collections.deque()  # tensors lent by address, oldest first
         self._send_lock = threading.Lock()
         self._rbuf, self._rpos = bytearray(), 0
-        self.closed = False
         sock.settimeout(None)
         wire.tune(sock)
 
@@ -211,7 +210,6 @@ class Connection:
         return Message(kind, rid, meta, tensors, flags, ctx_id, ag_msg, [s[2] for s in specs])
 
     def close(self) -> None:
-        self.closed = True
         self._lent.clear()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
