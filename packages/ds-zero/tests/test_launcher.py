@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from ds_zero._compat.launcher import runner  # its run_torchrun is patched where main looks it up
 from ds_zero.launcher import hostfile as hf
-from ds_zero.launcher import runner
 
 ds_runner = pytest.importorskip("deepspeed.launcher.runner")
 

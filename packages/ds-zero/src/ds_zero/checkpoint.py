@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 
 import torch
 import torch.distributed as dist
 
+from ds_zero._infra.atomic_io import (
+    atomic_torch_save,
+    atomic_write_text,
+    existing_dir,
+    fresh_staging_dir,
+    replace_dir,
+    staging_dir,
+)
 from ds_zero.runtime.zero.partition_parameters import is_zero_param
 
 logger = logging.getLogger(__name__)
@@ -31,24 +38,6 @@ def model_file(mp_rank: int = 0) -> str:
 
 def optim_file(rank: int, mp_rank: int = 0) -> str:
     return f"zero_pp_rank_{rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
-
-
-def atomic_torch_save(obj, path: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(text: str, path: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _model_states(engine, client_state: dict) -> dict:
@@ -78,11 +67,9 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest: 
         raise ValueError(f"checkpoint tag {tag!r} must be a non-empty name without '{os.sep}' or a leading '.'")
     save_dir = str(save_dir)
     rank = dist.get_rank()
-    staging = os.path.join(save_dir, f".{tag}.partial")
+    staging = staging_dir(save_dir, tag)
     if rank == 0:
-        os.makedirs(save_dir, exist_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)
-        os.makedirs(staging)
+        fresh_staging_dir(save_dir, tag)
     dist.barrier()
     groups = engine.groups
     if groups.dp_rank == 0:
@@ -93,12 +80,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest: 
     atomic_torch_save(sd, os.path.join(staging, optim_file(groups.dp_rank, groups.slice_rank)))
     dist.barrier()
     if rank == 0:
-        final, old = os.path.join(save_dir, tag), os.path.join(save_dir, f".{tag}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if os.path.exists(final):
-            os.replace(final, old)
-        os.replace(staging, final)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(staging, save_dir, tag)
         if save_latest:
             atomic_write_text(tag, os.path.join(save_dir, LATEST))
     dist.barrier()
@@ -113,13 +95,9 @@ def resolve_tag_dir(load_dir, tag=None) -> str | None:
             return None
         with open(latest) as f:
             tag = f.read().strip()
-    path = os.path.join(load_dir, str(tag))
-    if not os.path.isdir(path):
-        # A crash between moving the old copy aside and renaming the new one in leaves ``.TAG.old``.
-        old = os.path.join(load_dir, f".{tag}.old")
-        if os.path.isdir(old):
-            return old
-        raise FileNotFoundError(f"checkpoint tag directory {path!r} does not exist")
+    path = existing_dir(load_dir, str(tag))
+    if path is None:
+        raise FileNotFoundError(f"checkpoint tag directory {os.path.join(load_dir, str(tag))!r} does not exist")
     return path
 
 

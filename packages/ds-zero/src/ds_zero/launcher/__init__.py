@@ -1,10 +1,7 @@
-"""ds-zero's launcher, DeepSpeed's ``deepspeed`` command (``deepspeed/launcher/``) as ``ds-zero``.
+"""ds-zero's launcher, DeepSpeed's ``deepspeed`` command (``deepspeed/launcher/``) as ``ds-zero``; it lives in
+:mod:`ds_zero._compat.launcher`."""
 
-``hostfile`` reads the resource pool and its filters, ``runner`` is the command line,
-``launch`` one node's torchrun, ``local_rank`` the per-rank step that passes ``--local_rank``.
-"""
-
-from ds_zero.launcher.hostfile import (
+from ds_zero._compat.launcher.hostfile import (
     apply_num_nodes_and_gpus,
     fetch_hostfile,
     parse_hostfile,

@@ -1,5 +1,6 @@
 """``ds_zero.pipe``: pipeline parallelism as ``deepspeed.pipe`` (PipelineModule, LayerSpec, TiedLayerSpec, grid)."""
 
+from ds_zero._compat.engine import PipelineEngine
 from ds_zero.pipe.module import LayerSpec, PipelineError, PipelineModule, TiedLayerSpec
 from ds_zero.pipe.timeline import measured_timeline, render_svg, schedule_timeline
 from ds_zero.pipe.topology import (
@@ -8,15 +9,6 @@ from ds_zero.pipe.topology import (
     PipeModelDataParallelTopology,
     ProcessTopology,
 )
-
-
-def __getattr__(name):
-    if name == "PipelineEngine":  # imported lazily: the engine pulls in the whole runtime
-        from ds_zero.pipe.engine import PipelineEngine
-
-        return PipelineEngine
-    raise AttributeError(name)
-
 
 __all__ = ["LayerSpec", "PipelineError", "PipelineModule", "TiedLayerSpec", "PipeDataParallelTopology",
            "PipelineParallelGrid", "PipeModelDataParallelTopology", "ProcessTopology", "PipelineEngine",

@@ -19,36 +19,36 @@ import time
 import torch
 import torch.distributed as dist
 
-from ds_zero.config import DeepSpeedConfig, DeepSpeedConfigError
 from ds_zero.engine import DeepSpeedEngine
 from ds_zero.pipe import schedule
 from ds_zero.pipe.module import PipelineError, PipelineModule
 from ds_zero.pipe.p2p import P2P, _as_tuple
-from ds_zero.runtime.dataloader import RepeatingLoader
+from ds_zero.runtime.config import DeepSpeedConfig
+from ds_zero.runtime.config_utils import DeepSpeedConfigError
 
 logger = logging.getLogger(__name__)
 
 
 class PipelineEngine(DeepSpeedEngine):
-    def __init__(self, model: PipelineModule = None, config=None, **kwargs):
-        grid = model.mpu()
+    def __init__(self, model: PipelineModule, optimizer: torch.optim.Optimizer, config: DeepSpeedConfig,
+                 lr_scheduler=None):
+        """``config``'s batch triangle is solved for the grid's data-parallel size (``model.mpu()``)."""
         # Validate before the engine communicates (its model broadcast is the first collective).
-        cfg = DeepSpeedConfig.load(config, grid.get_data_parallel_world_size())
-        if cfg.zero.stage >= 2:
+        if config.zero.stage >= 2:
             raise DeepSpeedConfigError(
-                f"config key 'zero_optimization.stage' has invalid value {cfg.zero.stage} for "
+                f"config key 'zero_optimization.stage' has invalid value {config.zero.stage} for "
                 "pipeline parallelism; allowed: 0 or 1 (as in DeepSpeed)"
             )
-        if cfg.gradient_accumulation_steps < model.num_stages:
+        if config.gradient_accumulation_steps < model.num_stages:
             logger.warning(
                 "%d micro-batches for %d pipeline stages: each stage idles %.0f%% of the batch "
                 "(bubble (p-1)/(m+p-1)); use gradient_accumulation_steps >= stages",
-                cfg.gradient_accumulation_steps,
+                config.gradient_accumulation_steps,
                 model.num_stages,
-                100 * (model.num_stages - 1) / (cfg.gradient_accumulation_steps + model.num_stages - 1),
+                100 * (model.num_stages - 1) / (config.gradient_accumulation_steps + model.num_stages - 1),
             )
-        kwargs["mpu"] = grid
-        super().__init__(model=model, config_class=cfg, **kwargs)
+        grid = model.mpu()
+        super().__init__(model, optimizer, config, mpu=grid, lr_scheduler=lr_scheduler)
         self.grid = grid
         self.num_stages = grid.get_pipe_parallel_world_size()
         self.stage_id = grid.get_stage_id()
@@ -57,9 +57,8 @@ class PipelineEngine(DeepSpeedEngine):
         self.prev_rank = grid.stage_to_global(self.stage_id - 1) if not self.is_first_stage else None
         self.next_rank = grid.stage_to_global(self.stage_id + 1) if not self.is_last_stage else None
         self.p2p = P2P(self.device)
-        interval = cfg.pipeline["activation_checkpoint_interval"]
-        if interval:
-            self.module.activation_checkpoint_interval = interval  # DeepSpeed lets the config set it too
+        if config.pipeline_activation_checkpoint_interval:  # DeepSpeed lets the config set it too
+            self.module.activation_checkpoint_interval = config.pipeline_activation_checkpoint_interval
         # ds_zero's addition: the schedule train_batch runs (GPipeSchedule for comparison with 1F1B).
         self.train_schedule = schedule.TrainSchedule
         self.timeline: list[tuple] = []  # (kind, micro_batch, start, end) of the last batch
@@ -67,17 +66,6 @@ class PipelineEngine(DeepSpeedEngine):
         self.agg_train_loss = None
         self._data_iter = None
         self._progress_t0 = None
-
-    def _configure_dataloader(self, data, collate_fn):
-        """DeepSpeed's ``_build_data_iter``: this data-parallel rank's share of ``training_data`` in order (no
-        shuffling), micro-batch by micro-batch, repeated without end (``RepeatingLoader``)."""
-        if data is None:
-            return None
-        sampler = torch.utils.data.DistributedSampler(data, num_replicas=self.dp_world_size, rank=self.groups.dp_rank,
-                                                      shuffle=False)
-        loader = torch.utils.data.DataLoader(data, batch_size=self.train_micro_batch_size_per_gpu(), sampler=sampler,
-                                             collate_fn=collate_fn)
-        return RepeatingLoader(loader)
 
     # --- public API ---------------------------------------------------------------------------------------------
     def train_batch(self, data_iter=None) -> torch.Tensor:

@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from ds_zero.ops.op_builder import CPUAdamBuilder, OpBuildError
+from ds_zero._infra.op_builder import CPUAdamBuilder, OpBuildError
 
 logger = logging.getLogger(__name__)
 

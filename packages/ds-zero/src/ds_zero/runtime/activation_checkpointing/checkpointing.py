@@ -235,29 +235,16 @@ def checkpoint(function, *args, **kwargs):
 
 
 def configure(mpu_=None, deepspeed_config=None, partition_activations=None, contiguous_checkpointing=None,
-              num_checkpoints=None, checkpoint_in_cpu=None, synchronize=None, profile=None,
-              contiguous_memory_optimization=None, number_checkpoints=None) -> None:
-    """DeepSpeed's ``configure``; the config file's key names (``contiguous_memory_optimization``,
-    ``number_checkpoints``) are accepted as keywords too. Explicit arguments win over ``deepspeed_config``."""
+              num_checkpoints=None, checkpoint_in_cpu=None, synchronize=None, profile=None) -> None:
+    """DeepSpeed's ``configure``: ``deepspeed_config`` (a :class:`ds_zero.runtime.config.DeepSpeedConfig`) gives
+    the ``activation_checkpointing`` section; explicit arguments win over it."""
     st = _STATE
-    if deepspeed_config is not None:
-        ac = getattr(deepspeed_config, "activation_checkpointing", None)
-        if ac is None:  # a dict or a JSON path: only its activation_checkpointing section matters here
-            import json
-
-            from ds_zero.config import parse_activation_checkpointing
-
-            raw = deepspeed_config
-            if not isinstance(raw, dict):
-                with open(raw) as f:
-                    raw = json.load(f)
-            ac = parse_activation_checkpointing(raw.get("activation_checkpointing", {}))
+    ac = getattr(deepspeed_config, "activation_checkpointing", None)
+    if ac is not None:
         st.partition_activations, st.contiguous = ac.partition_activations, ac.contiguous_memory_optimization
         st.num_checkpoints, st.cpu_checkpoint = ac.number_checkpoints, ac.cpu_checkpointing
-    contiguous = contiguous_checkpointing if contiguous_checkpointing is not None else contiguous_memory_optimization
-    number = num_checkpoints if num_checkpoints is not None else number_checkpoints
-    for name, value in (("partition_activations", partition_activations), ("contiguous", contiguous),
-                        ("num_checkpoints", number), ("cpu_checkpoint", checkpoint_in_cpu)):
+    for name, value in (("partition_activations", partition_activations), ("contiguous", contiguous_checkpointing),
+                        ("num_checkpoints", num_checkpoints), ("cpu_checkpoint", checkpoint_in_cpu)):
         if value is not None:
             setattr(st, name, value)
     if st.contiguous and not st.num_checkpoints:

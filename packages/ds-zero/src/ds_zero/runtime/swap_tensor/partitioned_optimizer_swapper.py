@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from ds_zero.runtime.swap_tensor.aio import AsyncIOHandle, aligned_empty, round_up
+from ds_zero._infra.aio import AsyncIOHandle, aligned_empty, round_up
 
 
 class PartitionedOptimizerSwapper:

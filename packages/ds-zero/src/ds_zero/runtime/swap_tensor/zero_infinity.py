@@ -19,10 +19,33 @@ import shutil
 import torch
 import torch.distributed as dist
 
+from ds_zero._infra.aio import AsyncIOHandle, aligned_empty, round_up
 from ds_zero.ops.adam.cpu_adam import DeepSpeedCPUAdam
-from ds_zero.runtime.swap_tensor.aio import AsyncIOHandle, aligned_empty, round_up
+from ds_zero.runtime.config import check_nvme_path
 from ds_zero.runtime.swap_tensor.partitioned_optimizer_swapper import PartitionedOptimizerSwapper
 from ds_zero.runtime.swap_tensor.partitioned_param_swapper import AsyncPartitionedParameterSwapper
+
+
+def nvme_bytes_per_rank(cfg, model_parameters, dp_world_size: int) -> dict[str, int]:
+    """Bytes each rank swaps to ``nvme_path``: fp32 master + two Adam moments; low-precision params."""
+    # zero.Init-built params are empty; ds_numel is their real size.
+    numel = sum(getattr(p, "ds_numel", p.numel()) for p in model_parameters if p.requires_grad)
+    per_rank = -(-numel // dp_world_size)
+    param_bytes = 2 if (cfg.fp16.enabled or cfg.bf16_enabled) else 4
+    out = {}
+    if cfg.zero.offload_optimizer.device == "nvme":
+        out["offload_optimizer"] = 12 * per_rank
+    if cfg.zero.offload_param.device == "nvme":
+        out["offload_param"] = param_bytes * per_rank
+    return out
+
+
+def check_nvme_space(cfg, model_parameters, dp_world_size: int) -> None:
+    """Room on ``nvme_path`` for every local rank's swap files (with 10% for alignment), or a config error."""
+    for key, nbytes in nvme_bytes_per_rank(cfg, model_parameters, dp_world_size).items():
+        path = getattr(cfg.zero, key).nvme_path
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", dp_world_size))  # ranks on one machine share the disk
+        check_nvme_path(f"zero_optimization.{key}.nvme_path", path, int(nbytes * min(local, dp_world_size) * 1.1))
 
 
 def _folder(root: str, kind: str) -> str:

@@ -215,54 +215,17 @@ class Init:
 
     As in DeepSpeed, every ``nn.Module`` subclass's ``__init__`` is wrapped while the context is active
     (classes defined inside it too), and a module is partitioned once, after its most derived
-    ``__init__`` returns, so a subclass may still adjust what ``super().__init__`` created. A parent
-    module's ``self.apply(fn)`` (Hugging Face's ``post_init``) gathers each child's parameters, runs
-    ``fn`` on the full tensors, broadcasts the group's rank 0 result and re-partitions
-    (``apply_with_gather``). A module built on the meta device (``torch.nn.utils.skip_init``) is
-    partitioned after ``to_empty`` gives it real storage.
+    ``__init__`` returns (``_post_init``), so a subclass may still adjust what ``super().__init__`` created.
+    ``dtype``: what floating-point parameters are cast to before they are split (None: as built).
+    DeepSpeed's full signature is :class:`ds_zero.zero.Init`'s.
     """
 
-    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear: bool = True, remote_device=None,
-                 pin_memory: bool = False, config_dict_or_path=None, config=None, enabled: bool = True, dtype=None,
-                 mpu=None, zero_param_parallel_group=None, zero_quantized_weights: bool = False,
-                 zero_quantized_nontrainable_weights: bool = False, sequence_data_parallel_group=None,
-                 param_swapper=None):
-        """DeepSpeed's signature and order. ``config_dict_or_path`` (or ``config``) gives the dtype when ``dtype``
-        is not set (fp16 / bf16 sections). ``remote_device`` is where the partitions live: None, "none" or "cpu"
-        for parameters built on the CPU (CPU offload of CUDA partitions is the engine config's ``offload_param``).
-        ``mem_efficient_linear`` changes nothing here: autograd keeps the parameter, whose data is gathered again
-        for backward, never a gathered copy. ``pin_memory`` pins CPU partitions in DeepSpeed for copies to a GPU;
-        the partitions kept here are on the parameters' own device, so it is logged and has no effect."""
-        unsupported = {"zero_param_parallel_group": zero_param_parallel_group, "param_swapper": param_swapper,
-                       "sequence_data_parallel_group": sequence_data_parallel_group,
-                       "zero_quantized_weights": zero_quantized_weights or None,
-                       "zero_quantized_nontrainable_weights": zero_quantized_nontrainable_weights or None}
-        for name, value in unsupported.items():
-            if value is not None:
-                raise ValueError(f"ds_zero.zero.Init({name}={value!r}) is not supported by ds_zero")
-        if pin_memory:
-            logger.warning("ds_zero.zero.Init(pin_memory=True): partitions stay on the parameters' device; no effect")
-        if remote_device not in (None, "none", "cpu"):
-            raise ValueError(f"ds_zero.zero.Init(remote_device={remote_device!r}): allowed None, 'none', 'cpu' (NVMe "
-                             "partitions come from the engine config's zero_optimization.offload_param)")
-        if config_dict_or_path is not None and config is not None:
-            raise ValueError("pass the config as config_dict_or_path= or config=, not both")
-        cfg = config_dict_or_path if config_dict_or_path is not None else config
-        if dtype is None and cfg is not None:
-            from ds_zero.config import DeepSpeedConfig
-
-            cfg = cfg if isinstance(cfg, DeepSpeedConfig) else DeepSpeedConfig.load(cfg, _world(None)[0])
-            dtype = torch.float16 if cfg.fp16.enabled else torch.bfloat16 if cfg.bf16_enabled else None
-        elif dtype is None and enabled:
-            dtype = default_half_dtype()
+    def __init__(self, module=None, data_parallel_group=None, enabled: bool = True, dtype=None):
         if enabled and not dist.is_initialized():
             raise RuntimeError("ds_zero.zero.Init needs torch.distributed to be initialised first")
-        if data_parallel_group is None and mpu is not None:
-            data_parallel_group = mpu.get_data_parallel_group()
         self.group = data_parallel_group
         self.enabled = enabled
         self.dtype = dtype
-        self.remote_device = remote_device
         self._patched: list = []
         if module is not None and enabled:
             for m in module.modules():
@@ -274,10 +237,11 @@ class Init:
                 continue
             if self.dtype is not None and p.is_floating_point():
                 p.data = p.data.to(self.dtype)
-            if self.remote_device == "cpu" and p.device.type != "cpu":
-                raise ValueError(f"ds_zero.zero.Init(remote_device='cpu') got a parameter on {p.device}: use the "
-                                 "engine config's zero_optimization.offload_param for CPU partitions of it")
             partition_param(p, self.group)
+
+    def _post_init(self, module: torch.nn.Module) -> None:
+        """A module's most derived ``__init__`` returned (DeepSpeed's ``_post_init_method``)."""
+        self._partition_module(module)
 
     def _wrap(self, cls) -> None:
         if "__init__" not in cls.__dict__:
@@ -295,51 +259,11 @@ class Init:
             finally:
                 if outermost:
                     object.__delattr__(module, "_ds_init_entered")
-            if not outermost:
-                return
-            if any(p.is_meta for p in module.parameters(recurse=False)) or kwargs.get("device") == "meta":
-                ctx._partition_after_to_empty(module)
-            else:
-                ctx._partition_module(module)
+            if outermost:
+                ctx._post_init(module)
 
         cls.__init__ = wrapped
         self._patched.append((cls, "__init__", orig))
-
-    def _partition_after_to_empty(self, module: torch.nn.Module) -> None:
-        """skip_init builds on meta then calls ``to_empty``; partition once storage exists."""
-        ctx, orig = self, module.to_empty
-
-        def to_empty(*args, **kwargs):
-            out = orig(*args, **kwargs)
-            del module.to_empty
-            for m in out.modules():
-                ctx._partition_module(m)
-            return out
-
-        module.to_empty = to_empty
-
-    @staticmethod
-    def _apply_with_gather(orig_apply):
-        def wrap_fn(fn):
-            if getattr(fn, "_ds_gathered", False):
-                return fn
-
-            @functools.wraps(fn)
-            def gathered(module):
-                params = [p for p in module.parameters(recurse=False) if is_zero_param(p)]
-                if not params:
-                    return fn(module)
-                with GatheredParameters(params, modifier_rank=0):
-                    fn(module)
-
-            gathered._ds_gathered = True
-            return gathered
-
-        @functools.wraps(orig_apply)
-        def apply(module, fn):
-            return orig_apply(module, wrap_fn(fn))
-
-        return apply
 
     def __enter__(self):
         if not self.enabled:
@@ -355,9 +279,6 @@ class Init:
             ctx._wrap(cls)
 
         torch.nn.Module.__init_subclass__ = init_subclass
-        orig_apply = torch.nn.Module.apply
-        torch.nn.Module.apply = self._apply_with_gather(orig_apply)
-        self._patched.append((torch.nn.Module, "apply", orig_apply))
         return self
 
     def __exit__(self, *exc):

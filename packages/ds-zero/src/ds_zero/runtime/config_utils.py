@@ -23,22 +23,22 @@ def config_err(key: str, value: Any, allowed: str) -> DeepSpeedConfigError:
     return DeepSpeedConfigError(f"config key {key!r} has invalid value {value!r}; allowed: {allowed}")
 
 
-def split_keys(section: str, d: Any, allowed: set, ignored: set = frozenset(), strict: bool = False) -> dict:
-    """Check ``d`` is an object and return only its ``allowed`` keys. ``ignored`` keys (DeepSpeed options not
-    built here) are logged; other keys are logged, or with ``strict`` refused naming the key and the allowed ones."""
+def where(section: str) -> str:
+    return f"in {section!r}" if section else "at the top level"
+
+
+def split_keys(section: str, d: Any, allowed: set, strict: bool = False) -> dict:
+    """Check ``d`` is an object and return only its ``allowed`` keys; other keys are logged, or with ``strict``
+    refused naming the key and the allowed ones."""
     if not isinstance(d, dict):
         raise config_err(section or "config", d, "a JSON object")
-    where = f"in {section!r}" if section else "at the top level"
-    unknown = sorted(set(d) - allowed - ignored)
+    unknown = sorted(set(d) - allowed)
     if strict and unknown:
         raise DeepSpeedConfigError(
-            f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} {where}; allowed: "
-            f"{sorted(allowed | ignored)}")
-    for key in sorted(set(d) - allowed):
-        if key in ignored:
-            logger.warning("config key %r %s is a DeepSpeed option ds_zero does not implement; ignored", key, where)
-        else:
-            logger.warning("unknown config key %r %s ignored; known keys: %s", key, where, sorted(allowed))
+            f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} {where(section)}; "
+            f"allowed: {sorted(allowed)}")
+    for key in unknown:
+        logger.warning("unknown config key %r %s ignored; known keys: %s", key, where(section), sorted(allowed))
     return {k: v for k, v in d.items() if k in allowed}
 
 

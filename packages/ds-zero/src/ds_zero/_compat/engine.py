@@ -1,0 +1,87 @@
+"""What DeepSpeed's engines offer beyond the training step (``deepspeed/runtime/engine.py``), over the core's
+:class:`ds_zero.engine.DeepSpeedEngine` and :class:`ds_zero.pipe.engine.PipelineEngine`: the attributes DeepSpeed's
+tests and users read, the wrapped module's attributes through the engine, and torch-style ``output.backward(grad)``
+on the engine's outputs."""
+
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+from ds_zero import engine
+from ds_zero.pipe import engine as pipe_engine
+
+
+class DeepSpeedEngineAPI:
+    """DeepSpeed's engine attributes that the training step itself does not need; both engines have them."""
+
+    def fp16_enabled(self) -> bool:
+        return self._config.fp16.enabled
+
+    def bfloat16_enabled(self) -> bool:
+        return self._config.bf16_enabled
+
+    def loss_scale(self) -> float:
+        """The configured ``fp16.loss_scale`` (0 = dynamic), as DeepSpeed's; the current scale is
+        ``engine.optimizer.loss_scale`` (or ``cur_scale``)."""
+        return self._config.fp16.loss_scale
+
+    @property
+    def _global_grad_norm(self):
+        return self.get_global_grad_norm()
+
+    def __getattr__(self, name):
+        """Attributes the engine does not have come from the wrapped module (DeepSpeed's ``__getattr__``)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules", {})
+            if "module" in modules:
+                try:
+                    return getattr(modules["module"], name)
+                except AttributeError:
+                    pass
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'") from None
+
+
+class DeepSpeedEngine(DeepSpeedEngineAPI, engine.DeepSpeedEngine):
+    """``output.backward(grad)`` without ``engine.backward``: hooks on the outputs scale the gradient as
+    ``engine.backward`` scales the loss, and finish the micro-step after autograd is done."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._in_engine_backward = False
+        self._torch_style_backward = False
+
+    def forward(self, *inputs, **kwargs):
+        out = super().forward(*inputs, **kwargs)
+        if torch.is_grad_enabled():
+            for leaf in pytree.tree_leaves(out):
+                if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                    leaf.register_hook(self._output_grad_hook)
+        return out
+
+    def _output_grad_hook(self, grad):
+        if self._in_engine_backward:
+            return None
+        if not self._torch_style_backward:
+            self._torch_style_backward = True
+            self.optimizer.backward_prologue(self.is_gradient_accumulation_boundary())
+
+            def done():
+                self._torch_style_backward = False
+                self.optimizer.post_backward(self.is_gradient_accumulation_boundary())
+
+            torch.autograd.Variable._execution_engine.queue_callback(done)
+        return grad * (self.loss_scaler.loss_scale / self.gradient_accumulation_steps())
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
+        self._in_engine_backward = True
+        try:
+            return super().backward(loss, retain_graph, scale_wrt_gas)
+        finally:
+            self._in_engine_backward = False
+
+
+class PipelineEngine(DeepSpeedEngineAPI, pipe_engine.PipelineEngine):
+    pass
