@@ -1,6 +1,9 @@
 """hf_lite: the core of Hugging Face Transformers rebuilt small (configs, models, Auto classes, safetensors I/O,
-tokenizers and generation), interoperable with the real library through the checkpoint directory format."""
+byte-level BPE, generation and the Trainer's loop), interoperable with the real library through the checkpoint
+directory format. The names transformers' users import; the tokenizer interface, the Trainer's surface and the other
+compatibility pieces are in ``_compat/``."""
 
+from ._compat.torch_ddp import TorchDDPPlugin
 from .cache_utils import DynamicCache
 from .checkpoint_utils import CheckpointError
 from .configuration_utils import PreTrainedConfig, PretrainedConfig
@@ -45,7 +48,7 @@ from .trainer_callback import (
     TrainerControl,
     TrainerState,
 )
-from .trainer_distributed import DataParallelPlugin, TorchDDPPlugin
+from .trainer_distributed import DataParallelPlugin
 from .trainer_utils import EvalPrediction, IntervalStrategy, SchedulerType, get_last_checkpoint, set_seed
 from .training_args import ParallelMode, TrainingArguments
 from .utils import is_torch_xla_available

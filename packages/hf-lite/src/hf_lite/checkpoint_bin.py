@@ -13,8 +13,8 @@ import zipfile
 
 import torch
 
+from ._infra.atomic_io import atomic_write_bytes, atomic_write_text
 from .checkpoint_utils import CheckpointError, read_weight_index, split_state_dict_into_shards
-from .utils import atomic_write_bytes, atomic_write_text
 
 WEIGHTS_NAME = "pytorch_model.bin"
 WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"

@@ -2,7 +2,8 @@
 
 Mirrors transformers' ``save_pretrained(max_shard_size=...)`` layout (``model.safetensors`` or
 ``model-0000X-of-0000N.safetensors`` + ``model.safetensors.index.json``). Reading validates each file's header against
-its size before any tensor is copied, so a truncated or corrupted file fails with the file and tensor named.
+its size before any tensor is copied (``_infra/safetensors_header.py``), so a truncated or corrupted file fails with
+the file and tensor named.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_save
 
-from .utils import atomic_write_bytes, atomic_write_text
+from ._infra.atomic_io import atomic_write_bytes, atomic_write_text
+from ._infra.safetensors_header import CheckpointError, read_safetensors_header
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -43,29 +44,6 @@ def is_weight_file(name: str, variant: str | None) -> bool:
         name in (add_variant(SAFE_WEIGHTS_NAME, variant), add_variant(SAFE_WEIGHTS_INDEX_NAME, variant))
         or _shard_pattern(variant).match(name) is not None
     )
-
-
-_DTYPE_BYTES = {
-    "F64": 8,
-    "F32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I64": 8,
-    "I32": 4,
-    "I16": 2,
-    "I8": 1,
-    "U8": 1,
-    "BOOL": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "U16": 2,
-    "U32": 4,
-    "U64": 8,
-}
-
-
-class CheckpointError(OSError):
-    """A checkpoint file is missing, truncated, corrupted or does not match the model."""
 
 
 def convert_file_size_to_int(size: int | str) -> int:
@@ -170,43 +148,6 @@ def resolve_weight_files(directory: str, variant: str | None = None) -> dict[str
     others = sorted(e for e in os.listdir(directory) if e.endswith(".safetensors")) if os.path.isdir(directory) else []
     hint = f"; it has {others} (pass the matching variant=)" if others else " (hf-lite reads safetensors only)"
     raise CheckpointError(f"no {names} in {directory!r}{hint}")
-
-
-def read_safetensors_header(file: str) -> dict[str, dict]:
-    """Parse and check a safetensors header: every tensor's byte range must fit its dtype*shape and the file size."""
-    size = os.path.getsize(file)
-    with open(file, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError(f"{file} is truncated: {size} bytes, not even a safetensors header length")
-        (header_len,) = struct.unpack("<Q", prefix)
-        if 8 + header_len > size:
-            raise CheckpointError(
-                f"{file} is truncated or corrupted: header claims {header_len} bytes, file has {size}"
-            )
-        try:
-            header = json.loads(f.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{file} has a corrupted safetensors header: {err}") from err
-    header.pop("__metadata__", None)
-    data_size = size - 8 - header_len
-    for name, info in header.items():
-        try:
-            start, end = info["data_offsets"]
-            n = 1
-            for dim in info["shape"]:
-                n *= dim
-            itemsize = _DTYPE_BYTES.get(info["dtype"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(f"{file}: tensor {name!r} has a corrupted header entry {info!r}") from err
-        if end > data_size:
-            raise CheckpointError(
-                f"{file} is truncated: tensor {name!r} needs bytes [{start}, {end}) "
-                f"but the data section has {data_size}"
-            )
-        if itemsize is not None and end - start != n * itemsize:
-            raise CheckpointError(f"{file}: tensor {name!r} spans {end - start} bytes, its shape needs {n * itemsize}")
-    return header
 
 
 def load_safetensors_file(file: str, keys: list[str] | None = None) -> dict[str, torch.Tensor]:

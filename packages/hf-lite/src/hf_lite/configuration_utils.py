@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
+from ._infra.atomic_io import atomic_write_text
 from .hub_utils import check_remote_code, pop_hub_kwargs
-from .utils import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

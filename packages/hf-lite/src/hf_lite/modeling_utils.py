@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ._infra.atomic_io import atomic_save_directory
 from .checkpoint_bin import is_bin_weight_file, save_bin_state_dict
 from .checkpoint_utils import is_weight_file, save_state_dict
 from .configuration_utils import CONFIG_NAME, PretrainedConfig, to_torch_dtype
@@ -26,7 +27,6 @@ from .hub_utils import pop_hub_kwargs
 from .initialization import default_dtype, init_weights_enabled, no_init_weights
 from .loss_utils import LOSS_MAPPING
 from .modeling_layers import GradientCheckpointingLayer
-from .utils import atomic_save_directory
 
 logger = logging.getLogger(__name__)
 

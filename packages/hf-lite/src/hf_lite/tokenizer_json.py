@@ -1,4 +1,4 @@
-"""The byte-level BPE part of the ``tokenizers`` library's tokenizer.json, read into ``GPT2Tokenizer`` arguments and
+"""The byte-level BPE part of the ``tokenizers`` library's tokenizer.json, read into ``ByteLevelBPE`` arguments and
 written back (transformers' ``convert_slow_tokenizer`` goes the same way for GPT-2).
 
 Two pre-tokenizers are byte-level BPE: GPT-2's (``ByteLevel`` with its built-in regex) and the Llama 3 / GPT-4 kind
@@ -7,7 +7,7 @@ Two pre-tokenizers are byte-level BPE: GPT-2's (``ByteLevel`` with its built-in 
 
 from __future__ import annotations
 
-GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+from .byte_level_bpe import GPT2_SPLIT_PATTERN
 
 
 def _split_pattern(pre: dict, path: str) -> tuple[str, bool]:

@@ -1,56 +1,284 @@
-"""``Trainer.train``: epochs of accumulated optimizer steps with the callbacks' events around them (the training
-loop of transformers' ``trainer.py``: ``_inner_training_loop``, ``_run_epoch``, ``_maybe_log_save_evaluate``).
+"""The Trainer's loop (transformers' ``trainer.py``), top to bottom: ``train`` -> ``_inner_training_loop`` -> one epoch
+of optimizer steps -> ``training_step`` -> ``compute_loss``, then ``_maybe_log_save_evaluate``, ``evaluate`` and the
+checkpoints a run saves and resumes from.
 
-Resuming restores model, optimizer, scheduler, scaler and trainer state, then skips the batches the checkpoint had
-already trained on in its epoch at the sampler level (no data is loaded for them); the data order is a function of
-(seed, epoch), so the resumed run sees exactly the batches the uninterrupted run saw."""
+One optimizer step takes ``gradient_accumulation_steps`` micro-batches, fetched together first so the loss can be
+normalised by the number of label tokens of the whole accumulated batch (on all ranks), as transformers 5 does: the
+model sums its token losses and divides by that count, so 4 micro-batches of 1 give the gradient of 1 batch of 4.
+
+What happens on several ranks goes through ``self.parallelism`` (``trainer_distributed.DataParallelPlugin``): wrapping,
+backward, clipping, the optimizer step, and the collectives that keep ranks in agreement. When to log, evaluate, save
+and stop is decided by the callbacks (``trainer_events.py``; ``DefaultFlowCallback`` reads the strategies). ``args``
+holds the fields of ``TrainingArguments`` (``_compat/training_args.py``). The public ``hf_lite.Trainer``
+(``_compat/trainer.py``) is this class with transformers' defaults (torchrun and DDP, the default collator, progress
+bars, ``report_to``) and the methods scripts call after training (``log_metrics``, ``save_metrics``, ...).
+
+A checkpoint ``checkpoint-N/`` holds the model as a Hugging Face directory, optimizer, scheduler, grad scaler, per-rank
+RNG states and trainer_state.json. It is assembled under a hidden name (``.checkpoint-N.saving``) that
+``get_last_checkpoint`` never matches and renamed into place, so a save that fails leaves the previous checkpoints as
+they were. Resuming restores all of it, then skips the batches already trained on in that epoch at the sampler level:
+the data order is a function of (seed, epoch), so the resumed run sees exactly the batches the uninterrupted run saw.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import os
+import random
 import shutil
 import sys
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, default_collate
 
-from .trainer_callback import ExportableState, TrainerState
-from .trainer_pt_utils import SkipBatchSampler
-from .trainer_utils import SaveStrategy, TrainOutput, get_last_checkpoint, has_length, sort_checkpoints, speed_metrics
+from ._infra.atomic_io import atomic_write_text, replace_directory, torch_save_synced
+from .checkpoint_utils import resolve_weight_files
+from .core_model_loading import load_checkpoint
+from .loss_utils import ForCausalLMLoss
+from .modeling_utils import PreTrainedModel
+from .optimization import get_decay_parameter_names, get_scheduler
+from .trainer_distributed import DataParallelPlugin
+from .trainer_events import CallbackHandler, DefaultFlowCallback, ExportableState, TrainerControl, TrainerState
+from .trainer_pt_utils import (
+    IterableDatasetShard,
+    SkipBatchSampler,
+    find_batch_size,
+    nested_concat,
+    nested_cpu,
+    nested_detach,
+    nested_numpify,
+)
+from .trainer_utils import (
+    OPTIMIZER_NAME,
+    PREFIX_CHECKPOINT_DIR,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    TRAINER_STATE_NAME,
+    TRAINING_ARGS_NAME,
+    EvalLoopOutput,
+    EvalPrediction,
+    OptimizerNames,
+    PredictionOutput,
+    SaveStrategy,
+    TrainOutput,
+    detensorize,
+    get_last_checkpoint,
+    has_length,
+    rotate_checkpoints,
+    seed_worker,
+    set_seed,
+    sort_checkpoints,
+    speed_metrics,
+)
 
 logger = logging.getLogger(__name__)
 
 
-class TrainerLoopMixin:
-    """The training loop; mixed into ``Trainer``."""
+class Trainer:
+    """Train, evaluate and save ``model`` with the fields of ``args``; ``parallelism`` is a ``DataParallelPlugin``
+    (one process, no wrapping, when None)."""
 
+    def __init__(self, model, args, data_collator=None, train_dataset=None, eval_dataset=None, processing_class=None,
+                 compute_loss_func=None, compute_metrics=None, callbacks=None, optimizers=(None, None),
+                 preprocess_logits_for_metrics=None, parallelism=None):
+        self.args = args
+        set_seed(args.seed)
+        self.parallelism = parallelism if parallelism is not None else DataParallelPlugin()
+        model.to(args.device)
+        self.model = self.model_wrapped = model
+        forward = inspect.signature(model.forward).parameters
+        self.model_accepts_loss_kwargs = getattr(model, "accepts_loss_kwargs", None)
+        if self.model_accepts_loss_kwargs is None:
+            self.model_accepts_loss_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in forward.values())
+        self.label_names = args.label_names if args.label_names is not None else [n for n in forward if "label" in n]
+        # Causal-LM losses predict token t+1 at t: position 0 of each row is never a target (transformers 5).
+        self._loss_shifts_labels = isinstance(model, PreTrainedModel) and model.loss_function is ForCausalLMLoss
+        self.data_collator = data_collator if data_collator is not None else default_collate
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.processing_class = processing_class
+        self.compute_loss_func, self.compute_metrics = compute_loss_func, compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.optimizer, self.lr_scheduler = optimizers
+        if self.optimizer is not None and not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizers[0] must be a torch.optim.Optimizer, got {type(self.optimizer).__name__}")
+        self._created_lr_scheduler = False
+        self.scaler = None
+        self._validate_args()
+        self.callback_handler = CallbackHandler(
+            [DefaultFlowCallback, *(callbacks or [])], model, processing_class, self.optimizer, self.lr_scheduler
+        )
+        if args.should_save:
+            os.makedirs(args.output_dir, exist_ok=True)
+        self.control = TrainerControl()
+        self.state = TrainerState(
+            is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero()
+        )
+        self.is_in_train = False
+        self.current_flos = 0
+        self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+        if getattr(model, "config", None) is not None:
+            model.config.use_cache = args.use_cache
+
+    def _validate_args(self) -> None:
+        args = self.args
+        if args.eval_strategy != "no" and self.eval_dataset is None:
+            raise ValueError(
+                f"eval_strategy={args.eval_strategy.value!r} but no eval_dataset was passed to the "
+                "Trainer: pass one or set eval_strategy='no'"
+            )
+        if args.load_best_model_at_end and self.eval_dataset is None:
+            raise ValueError("load_best_model_at_end=True needs an eval_dataset")
+        if self.train_dataset is not None and not has_length(self.train_dataset) and args.max_steps <= 0:
+            raise ValueError("The train_dataset has no length (an IterableDataset): set max_steps to a positive value")
+        if args.fp16 and args.device.type == "cpu" and not hasattr(torch.amp, "GradScaler"):
+            raise ValueError("fp16=True on CPU needs torch.amp.GradScaler (torch >= 2.3)")
+
+    def add_callback(self, callback) -> None:
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback):
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback) -> None:
+        self.callback_handler.remove_callback(callback)
+
+    def is_local_process_zero(self) -> bool:
+        return self.args.local_process_index == 0
+
+    def is_world_process_zero(self) -> bool:
+        return self.args.process_index == 0
+
+    # ------------------------------------------------------------------ data
+    def _collator(self):
+        if not self.args.remove_unused_columns:
+            return self.data_collator
+        params = inspect.signature(self.parallelism.unwrap_model(self.model).forward).parameters
+        keep, collator = set(params) | set(self.label_names) | {"label", "label_ids"}, self.data_collator
+
+        def remove_columns_collator(features):  # transformers' RemoveColumnsCollator
+            if features and isinstance(features[0], dict):
+                features = [{k: v for k, v in f.items() if k in keep} for f in features]
+            return collator(features)
+
+        return remove_columns_collator
+
+    def _loader_kwargs(self) -> dict:
+        args = self.args
+        kwargs = {"collate_fn": self._collator(), "num_workers": args.dataloader_num_workers,
+                  "pin_memory": args.dataloader_pin_memory and args.device.type == "cuda"}
+        if args.dataloader_num_workers > 0:
+            kwargs.update(persistent_workers=args.dataloader_persistent_workers,
+                          prefetch_factor=args.dataloader_prefetch_factor)
+        return kwargs
+
+    def get_train_dataloader(self) -> DataLoader:
+        """Map-style data: a ``DistributedSampler`` shuffling with ``data_seed`` (or ``seed``) + epoch on every world
+        size, which on one process is the order transformers' seeded sampler gives; iterable data: sharded by rank."""
+        args, dataset = self.args, self.train_dataset
+        if dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        world, rank = self.parallelism.world_size, self.parallelism.process_index
+        kwargs = self._loader_kwargs()
+        if isinstance(dataset, IterableDataset):
+            if world > 1:
+                dataset = IterableDatasetShard(dataset, args.train_batch_size, args.dataloader_drop_last, world, rank)
+            return DataLoader(dataset, batch_size=args.train_batch_size, **kwargs)
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+        batches = SkipBatchSampler(sampler, args.train_batch_size, args.dataloader_drop_last)
+        worker_init_fn = partial(seed_worker, num_workers=args.dataloader_num_workers, rank=rank)
+        return DataLoader(dataset, batch_sampler=batches, worker_init_fn=worker_init_fn, **kwargs)
+
+    def get_eval_dataloader(self, eval_dataset=None) -> tuple[DataLoader, int]:
+        """The rank's batches, and how many batches were repeated so every rank makes the same number of steps: each
+        batch goes to one rank in turn (rank r takes batches r, r+N, ...), the last round completed with repeats of
+        the first batches, which count no tokens and are dropped after gathering."""
+        if eval_dataset is None and self.eval_dataset is None:
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        if isinstance(eval_dataset, str):
+            eval_dataset = self.eval_dataset[eval_dataset]
+        return self._eval_loader(eval_dataset if eval_dataset is not None else self.eval_dataset)
+
+    def get_test_dataloader(self, test_dataset) -> tuple[DataLoader, int]:
+        return self._eval_loader(test_dataset)
+
+    def _eval_loader(self, dataset) -> tuple[DataLoader, int]:
+        args, world, rank = self.args, self.parallelism.world_size, self.parallelism.process_index
+        kwargs = self._loader_kwargs()
+        if isinstance(dataset, IterableDataset):
+            if world > 1:
+                dataset = IterableDatasetShard(dataset, args.eval_batch_size, False, world, rank)
+            return DataLoader(dataset, batch_size=args.eval_batch_size, **kwargs), 0
+        indices = list(range(len(dataset)))
+        batches = [indices[i : i + args.eval_batch_size] for i in range(0, len(indices), args.eval_batch_size)]
+        if args.dataloader_drop_last and len(batches) > 1 and len(batches[-1]) < args.eval_batch_size:
+            batches.pop()  # transformers drops the short last batch of evaluation loaders too
+        padded = (-len(batches)) % world
+        batches += [batches[i % len(batches)] for i in range(padded)]
+        return DataLoader(dataset, batch_sampler=batches[rank::world], **kwargs), padded
+
+    # ------------------------------------------------------------------ optimizer and schedule
+    def get_decay_parameter_names(self, model) -> list[str]:
+        return get_decay_parameter_names(model)
+
+    def create_optimizer(self):
+        """AdamW over two groups: weight decay on the decay parameters, none on biases and norms."""
+        if self.optimizer is None:
+            model, args = self.model, self.args
+            decay = set(self.get_decay_parameter_names(model))
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            groups = [{"params": [p for n, p in named if n in decay], "weight_decay": args.weight_decay},
+                      {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+            kwargs = {"lr": args.learning_rate, "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
+            if args.optim == OptimizerNames.ADAMW_TORCH_FUSED:
+                kwargs["fused"] = True
+            self.optimizer = torch.optim.AdamW(groups, **kwargs)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.lr_scheduler is None:
+            args = self.args
+            self.lr_scheduler = get_scheduler(
+                args.lr_scheduler_type,
+                optimizer or self.optimizer,
+                num_warmup_steps=args.get_warmup_steps(num_training_steps),
+                num_training_steps=num_training_steps,
+                scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+            )
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    def _get_learning_rate(self) -> float:
+        lr = self.lr_scheduler.get_last_lr()[0]
+        return lr.item() if torch.is_tensor(lr) else lr
+
+    # ------------------------------------------------------------------ train
     def train(self, resume_from_checkpoint: str | bool | None = None, ignore_keys_for_eval=None) -> TrainOutput:
         """Train; ``resume_from_checkpoint`` is a checkpoint directory, or True for the newest complete one in
         ``output_dir``. None falls back to ``args.resume_from_checkpoint`` (transformers leaves that to scripts)."""
         args = self.args
-        if resume_from_checkpoint is None:
-            resume_from_checkpoint = args.resume_from_checkpoint
-        if resume_from_checkpoint is False:
-            resume_from_checkpoint = None
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(args.output_dir)
-            if resume_from_checkpoint is None:
+        resume = args.resume_from_checkpoint if resume_from_checkpoint is None else resume_from_checkpoint
+        resume = None if resume is False else resume
+        if resume is True:
+            resume = get_last_checkpoint(args.output_dir)
+            if resume is None:
                 raise ValueError(f"No valid checkpoint found in output directory ({args.output_dir})")
-        if resume_from_checkpoint is not None and not os.path.isdir(resume_from_checkpoint):
-            raise ValueError(f"resume_from_checkpoint={resume_from_checkpoint!r} is not a directory")
+        if resume is not None and not os.path.isdir(resume):
+            raise ValueError(f"resume_from_checkpoint={resume!r} is not a directory")
         self.is_in_train = True
         try:
             if args.gradient_checkpointing:
-                self.model.gradient_checkpointing_enable(
-                    gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs
-                )
-            if resume_from_checkpoint is not None:
-                self._load_from_checkpoint(resume_from_checkpoint)
-            return self._inner_training_loop(resume_from_checkpoint, ignore_keys_for_eval)
+                kwargs = args.gradient_checkpointing_kwargs
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            if resume is not None:
+                self._load_from_checkpoint(resume)
+            return self._inner_training_loop(resume, ignore_keys_for_eval)
         finally:
             self.is_in_train = False
 
@@ -59,27 +287,22 @@ class TrainerLoopMixin:
         train_dataloader = self.get_train_dataloader()
         gas = args.gradient_accumulation_steps
         if has_length(train_dataloader):
-            len_dl = len(train_dataloader)
-            updates_per_epoch = max(math.ceil(len_dl / gas), 1)
-            max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * updates_per_epoch)
-            num_epochs = (
-                math.ceil(max_steps / updates_per_epoch) if args.max_steps > 0 else math.ceil(args.num_train_epochs)
-            )
-            steps_in_epoch = len_dl
-            total_batch = args.train_batch_size * gas * plugin.world_size
-            # As transformers: the schedule's samples when step-bound, the dataset's when epoch-bound.
-            num_train_samples = (
-                max_steps * total_batch
-                if args.max_steps > 0
-                else int(len(train_dataloader.dataset) * args.num_train_epochs)
-            )
+            steps_in_epoch = len(train_dataloader)
+            updates_per_epoch = max(math.ceil(steps_in_epoch / gas), 1)
+            if args.max_steps > 0:
+                max_steps, num_epochs = args.max_steps, math.ceil(args.max_steps / updates_per_epoch)
+                # As transformers: the schedule's samples when step-bound, the dataset's when epoch-bound.
+                num_train_samples = max_steps * args.train_batch_size * gas * plugin.world_size
+            else:
+                max_steps = math.ceil(args.num_train_epochs * updates_per_epoch)
+                num_epochs = math.ceil(args.num_train_epochs)
+                num_train_samples = int(len(train_dataloader.dataset) * args.num_train_epochs)
         else:  # an iterable dataset: epochs until max_steps (each epoch re-iterates it)
             max_steps, num_epochs, updates_per_epoch = args.max_steps, sys.maxsize, args.max_steps
             steps_in_epoch = max_steps * gas
             num_train_samples = max_steps * args.train_batch_size * gas * plugin.world_size
 
-        stateful = [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
-        self.state = TrainerState(stateful_callbacks=stateful, train_batch_size=args.train_batch_size)
+        self.state = TrainerState(stateful_callbacks=self._stateful_callbacks(), train_batch_size=args.train_batch_size)
         self.state.compute_steps(args, max_steps)
         epochs_trained, steps_trained_in_epoch = 0, 0
         if resume is not None:
@@ -106,13 +329,8 @@ class TrainerLoopMixin:
         self.callback_handler.train_dataloader = train_dataloader
         model = self.model_wrapped
 
-        logger.info(
-            "***** Running training *****  steps = %d, batch size per device = %d, accumulation = %d, world size = %d",
-            max_steps,
-            args.train_batch_size,
-            gas,
-            plugin.world_size,
-        )
+        logger.info("***** Running training *****  steps = %d, batch size per device = %d, accumulation = %d, "
+                    "world size = %d", max_steps, args.train_batch_size, gas, plugin.world_size)
         start_time = time.time()
         self._initial_num_input_tokens_seen = self.state.num_input_tokens_seen
         self._initial_global_step = self.state.global_step
@@ -122,39 +340,20 @@ class TrainerLoopMixin:
         plugin.zero_grad(model, self.optimizer)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start:
-            self._evaluate(ignore_keys_for_eval)
+            self.evaluate(ignore_keys=ignore_keys_for_eval)
         # A checkpoint already at max_steps has nothing left to train (transformers would still run one step).
         first_epoch = num_epochs if self.state.global_step >= max_steps else epochs_trained
         for epoch in range(first_epoch, num_epochs):
             self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             skip = steps_trained_in_epoch if (resume is not None and epoch == epochs_trained) else 0
-            self._run_epoch(
-                model,
-                epoch,
-                train_dataloader,
-                steps_in_epoch,
-                updates_per_epoch,
-                ignore_keys_for_eval,
-                start_time,
-                resume if epoch == epochs_trained else None,
-                skip,
-            )
+            self._run_epoch(model, epoch, train_dataloader, steps_in_epoch, updates_per_epoch, ignore_keys_for_eval,
+                            start_time, resume if epoch == epochs_trained else None, skip)
             if self.control.should_training_stop:
                 break
         return self._finalize_training(num_train_samples, start_time)
 
-    def _run_epoch(
-        self,
-        model,
-        epoch,
-        dataloader,
-        steps_in_epoch,
-        updates_per_epoch,
-        ignore_keys_for_eval,
-        start_time,
-        resume,
-        skip,
-    ) -> None:
+    def _run_epoch(self, model, epoch, dataloader, steps_in_epoch, updates_per_epoch, ignore_keys_for_eval,
+                   start_time, resume, skip) -> None:
         args, plugin, gas = self.args, self.parallelism, self.args.gradient_accumulation_steps
         step, grad_norm, learning_rate = skip - 1, None, None
         batch_sampler = dataloader.batch_sampler
@@ -199,19 +398,96 @@ class TrainerLoopMixin:
                 self.state.global_step += 1
                 self.state.epoch = epoch + (step + 1) / steps_in_epoch
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-                self._maybe_log_save_evaluate(
-                    self._tr_loss, grad_norm, model, ignore_keys_for_eval, start_time, learning_rate
-                )
+                self._maybe_log_save_evaluate(self._tr_loss, grad_norm, model, ignore_keys_for_eval, start_time,
+                                              learning_rate)
             if self.control.should_epoch_stop or self.control.should_training_stop:
                 break
         if step < 0:
-            logger.warning(
-                "The epoch iterator yielded no sample (an empty dataset?): stopping training at step %d",
-                self.state.global_step,
-            )
+            logger.warning("The epoch iterator yielded no sample (an empty dataset?): stopping training at step %d",
+                           self.state.global_step)
             self.control.should_training_stop = True
         self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
         self._maybe_log_save_evaluate(self._tr_loss, grad_norm, model, ignore_keys_for_eval, start_time, learning_rate)
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int):
+        """Up to ``num_batches`` batches, and the number of label tokens they hold on all ranks together."""
+        batches = []
+        for _ in range(num_batches):
+            try:
+                batches.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        return batches, self._get_num_items_in_batch(batches)
+
+    def _get_num_items_in_batch(self, batches, distributed: bool = True):
+        if not batches or "labels" not in batches[0]:
+            return None
+        if not (self.model_accepts_loss_kwargs or self.compute_loss_func is not None):
+            return None
+
+        def targets(b):
+            if "shift_labels" in b:
+                return b["shift_labels"]
+            return b["labels"][..., 1:] if self._loss_shifts_labels else b["labels"]
+
+        count = sum(targets(b).ne(-100).sum() for b in batches).to(self.args.device)
+        if distributed and self.args.average_tokens_across_devices and self.parallelism.world_size > 1:
+            self.parallelism.all_reduce(count)
+        return count
+
+    def _prepare_inputs(self, inputs):
+        def move(data):
+            if isinstance(data, dict):
+                return type(data)({k: move(v) for k, v in data.items()})
+            if isinstance(data, (list, tuple)):
+                return type(data)(move(v) for v in data)
+            return data.to(self.args.device) if torch.is_tensor(data) else data
+
+        if len(inputs) == 0:
+            raise ValueError("The batch received was empty: does the dataset hold keys model.forward accepts?")
+        return move(inputs)
+
+    def compute_loss_context_manager(self):
+        if self.args.bf16 or self.args.fp16:
+            dtype = torch.bfloat16 if self.args.bf16 else torch.float16
+            return torch.autocast(device_type=self.args.device.type, dtype=dtype)
+        return contextlib.nullcontext()
+
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        if not model.training:  # train() walks every module; only after an evaluation is it needed
+            model.train()
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        scaled_for_accumulation = (
+            self.model_accepts_loss_kwargs and num_items_in_batch is not None
+        ) or self.compute_loss_func is not None
+        if not scaled_for_accumulation:  # a per-batch mean: average the accumulated micro-batches
+            loss = loss / self.current_gradient_accumulation_steps
+        self.parallelism.backward(self.scaler.scale(loss) if self.scaler is not None else loss, model)
+        return loss.detach()
+
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        labels = inputs.pop("labels") if self.compute_loss_func is not None and "labels" in inputs else None
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
+        outputs = model(**inputs)
+        if self.compute_loss_func is not None:
+            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+        else:
+            if isinstance(outputs, dict) and "loss" not in outputs:
+                raise ValueError(f"The model did not return a loss from the inputs, only {list(outputs)}; the "
+                                 f"inputs were {list(inputs)} (no labels?)")
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs[0]
+        if (
+            model.training  # evaluation normalises per batch and combines the ranks itself
+            and self.args.average_tokens_across_devices
+            and num_items_in_batch is not None
+            and self.parallelism.world_size > 1
+            and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
+        ):
+            loss = loss * self.parallelism.world_size  # the count covers all ranks; the reduction averages them
+        return (loss, outputs) if return_outputs else loss
 
     def _optimizer_step(self, model):
         """Unscale (fp16), clip, step, schedule, zero the gradients; returns (pre-clip grad norm, lr used)."""
@@ -236,6 +512,22 @@ class TrainerLoopMixin:
         plugin.zero_grad(model, optimizer)
         return grad_norm, learning_rate
 
+    def floating_point_ops(self, inputs) -> int:
+        """6 x tokens x non-embedding parameters when the model can count its parameters (``num_parameters``), else
+        0: a plain ``nn.Module`` counts no FLOPs (transformers 5.24's ``Trainer.floating_point_ops``)."""
+        model = self.parallelism.unwrap_model(self.model)
+        main_input = getattr(model, "main_input_name", "input_ids")
+        if main_input not in inputs or not hasattr(model, "num_parameters"):
+            return 0
+        if getattr(self, "_flops_model", None) is not model:  # the parameter count walks every module: once
+            self._flops_model, self._flops_params = model, model.num_parameters(exclude_embeddings=True)
+        return 6 * inputs[main_input].numel() * self._flops_params
+
+    def store_flos(self) -> None:
+        flos = torch.tensor(float(self.current_flos), dtype=torch.float64, device=self.args.device)
+        self.state.total_flos += self.parallelism.all_reduce(flos).item()
+        self.current_flos = 0
+
     def _track_num_input_tokens(self, inputs) -> None:
         mode = self.args.include_num_input_tokens_seen
         if mode == "no":
@@ -256,12 +548,11 @@ class TrainerLoopMixin:
         together (the collectives inside each need every rank)."""
         if self.parallelism.world_size <= 1:
             return
-        c = self.control
         names = ["should_log", "should_evaluate", "should_save", "should_training_stop", "should_epoch_stop"]
-        flags = torch.tensor([getattr(c, n) for n in names], dtype=torch.int32, device=self.args.device)
+        flags = torch.tensor([getattr(self.control, n) for n in names], dtype=torch.int32, device=self.args.device)
         self.parallelism.all_reduce(flags, op=dist.ReduceOp.MAX)
         for name, flag in zip(names, flags.tolist()):
-            setattr(c, name, bool(flag))
+            setattr(self.control, name, bool(flag))
 
     def _maybe_log_save_evaluate(self, tr_loss, grad_norm, model, ignore_keys_for_eval, start_time, learning_rate):
         self._agree_on_control()
@@ -279,7 +570,7 @@ class TrainerLoopMixin:
             self.log(logs, start_time)
         if self.control.should_evaluate:
             # The main process's metrics decide the best model everywhere (callbacks may have edited them per rank).
-            metrics = self.parallelism.broadcast_object(self._evaluate(ignore_keys_for_eval))
+            metrics = self.parallelism.broadcast_object(self.evaluate(ignore_keys=ignore_keys_for_eval))
             is_new_best = self._determine_best_metric(metrics)
             if self.args.save_strategy == SaveStrategy.BEST:
                 self.control.should_save = is_new_best
@@ -288,19 +579,14 @@ class TrainerLoopMixin:
             self._save_checkpoint(model)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
-    def _evaluate(self, ignore_keys_for_eval=None) -> dict:
-        return self.evaluate(ignore_keys=ignore_keys_for_eval)
-
     def _determine_best_metric(self, metrics: dict) -> bool:
         if self.args.metric_for_best_model is None:
             return False
         key = self.args.metric_for_best_model
         key = key if key.startswith("eval_") else f"eval_{key}"
         if key not in metrics:
-            raise KeyError(
-                f"metric_for_best_model={self.args.metric_for_best_model!r}: {key!r} is not among the "
-                f"evaluation metrics {sorted(metrics)}"
-            )
+            raise KeyError(f"metric_for_best_model={self.args.metric_for_best_model!r}: {key!r} is not among the "
+                           f"evaluation metrics {sorted(metrics)}")
         value, best = metrics[key], self.state.best_metric
         if best is None or (value > best if self.args.greater_is_better else value < best):
             self.state.best_metric = value
@@ -309,14 +595,24 @@ class TrainerLoopMixin:
             return True
         return False
 
+    def log(self, logs: dict, start_time: float | None = None) -> None:
+        if self.state.epoch is not None:
+            logs["epoch"] = self.state.epoch
+        if self.args.include_num_input_tokens_seen != "no":
+            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
+            if start_time is not None:
+                seen = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
+                logs.update(speed_metrics("train", start_time, num_tokens=seen))
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
+
     def _finalize_training(self, num_train_samples: int, start_time: float) -> TrainOutput:
         world = self.parallelism.world_size
         self._total_loss_scalar += self.parallelism.all_reduce(self._tr_loss.detach().clone()).item() / world
         steps = self.state.global_step - self._initial_global_step
         train_loss = self._total_loss_scalar / max(steps, 0.001)
-        metrics = speed_metrics(
-            "train", start_time, num_samples=num_train_samples * steps / max(self.state.max_steps, 1), num_steps=steps
-        )
+        samples = num_train_samples * steps / max(self.state.max_steps, 1)
+        metrics = speed_metrics("train", start_time, num_samples=samples, num_steps=steps)
         self.store_flos()
         metrics["total_flos"] = self.state.total_flos
         metrics["train_loss"] = train_loss
@@ -331,3 +627,310 @@ class TrainerLoopMixin:
                     shutil.rmtree(checkpoint, ignore_errors=True)
         self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
         return TrainOutput(self.state.global_step, train_loss, metrics)
+
+    # ------------------------------------------------------------------ evaluate
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Loss (and ``compute_metrics``) on ``eval_dataset`` (a dataset, a name in a dict of eval datasets, or the
+        Trainer's); logs the metrics and calls ``on_evaluate``."""
+        eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(eval_dataset, dict):
+            metrics = {}
+            for name, dataset in eval_dataset.items():
+                metrics.update(self.evaluate(dataset, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
+        metrics = self._run_evaluation(self.get_eval_dataloader(eval_dataset), "Evaluation", ignore_keys,
+                                       metric_key_prefix, True if self.compute_metrics is None else None).metrics
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
+        return metrics
+
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
+        """Predictions (numpy logits, right-padded with -100 to one length), labels if present, and metrics."""
+        output = self._run_evaluation(self.get_test_dataloader(test_dataset), "Prediction", ignore_keys,
+                                      metric_key_prefix)
+        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=output.metrics)
+        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
+
+    def _run_evaluation(self, loader_and_padding, description, ignore_keys, metric_key_prefix,
+                        prediction_loss_only=None) -> EvalLoopOutput:
+        """``evaluation_loop`` with speed metrics; the main process's metrics for everyone (timings differ by rank,
+        decisions must not)."""
+        start = time.time()
+        output = self.evaluation_loop(*loader_and_padding, description, prediction_loss_only, ignore_keys,
+                                      metric_key_prefix)
+        num_steps = math.ceil(output.num_samples / (self.args.eval_batch_size * self.args.world_size))
+        output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
+                                            num_steps=num_steps))
+        return output._replace(metrics=self.parallelism.broadcast_object(output.metrics))
+
+    def evaluation_loop(self, dataloader, padded_batches: int, description: str, prediction_loss_only=None,
+                        ignore_keys=None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
+        """A no-grad pass over the rank's batches; each step's losses and logits gathered from every rank, in
+        dataset order; predictions and labels reach ``compute_metrics`` as numpy arrays, as in transformers."""
+        args = self.args
+        prediction_loss_only = args.prediction_loss_only if prediction_loss_only is None else prediction_loss_only
+        model = self.model_wrapped if self.is_in_train else self.model
+        model.eval()
+        self.callback_handler.eval_dataloader = dataloader
+        logger.info("***** Running %s *****  batch size = %d", description, args.eval_batch_size)
+        results, observed, losses = [], 0, []  # results: one entry per rank per step, in dataset order
+        world, rank = self.parallelism.world_size, self.parallelism.process_index
+        first_padding = len(dataloader) * world - padded_batches if padded_batches else None
+        for step, inputs in enumerate(dataloader):
+            batch_size = find_batch_size(inputs) or args.eval_batch_size
+            padding = first_padding is not None and step * world + rank >= first_padding
+            if padding and "labels" in inputs:  # a repeat that only keeps the ranks in step: no tokens of its own
+                inputs = {**inputs, "labels": torch.full_like(inputs["labels"], -100)}
+            observed += 0 if padding else batch_size
+            count = self._get_num_items_in_batch([inputs], distributed=False) if "labels" in inputs else None
+            loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+            if logits is not None and self.preprocess_logits_for_metrics is not None:
+                logits = self.preprocess_logits_for_metrics(logits, labels)
+            total = None if loss is None else loss * count if count is not None else loss * batch_size
+            real = [g for g in self.parallelism.all_gather_object(
+                nested_cpu((padding, batch_size, total, count, logits, labels))) if not g[0]]
+            if loss is not None and real:
+                # Every example gets its step's loss: the token mean over the ranks' batches of that step (one
+                # process: its batch's mean, as transformers' per-example eval losses), so N ranks of batch b
+                # evaluate as one process of batch N x b.
+                if all(g[3] is not None for g in real):
+                    step_loss = sum(g[2] for g in real) / max(sum(g[3] for g in real), 1)
+                else:
+                    step_loss = sum(g[2] for g in real) / sum(g[1] for g in real)
+                losses.append(torch.as_tensor(step_loss).float().repeat(sum(g[1] for g in real)))
+            results.extend((g[4], g[5]) for g in real)
+            self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
+        all_preds = all_labels = None
+        for logits, labels in results:
+            all_preds = nested_concat(all_preds, logits) if logits is not None else all_preds
+            all_labels = nested_concat(all_labels, labels) if labels is not None else all_labels
+        all_preds, all_labels = nested_numpify(all_preds), nested_numpify(all_labels)
+        dataset = getattr(dataloader, "dataset", None)
+        num_samples = len(dataset) if has_length(dataset) else observed * world
+        metrics = {}
+        if self.compute_metrics is not None and all_preds is not None and all_labels is not None:
+            metrics = detensorize(self.compute_metrics(EvalPrediction(predictions=all_preds, label_ids=all_labels)))
+        if losses:
+            all_losses = torch.cat(losses)
+            finite = torch.isfinite(all_losses)
+            metrics["loss"] = (all_losses[finite] if args.logging_nan_inf_filter and finite.any() else all_losses
+                               ).float().mean().item()
+        metrics = {k if k.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{k}": v
+                   for k, v in metrics.items()}
+        return EvalLoopOutput(predictions=all_preds, label_ids=all_labels, metrics=metrics, num_samples=num_samples)
+
+    def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None):
+        """(loss, logits, labels) of one batch without gradients; logits exclude the loss and ignored keys."""
+        has_labels = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
+        inputs = self._prepare_inputs(inputs)
+        if ignore_keys is None:
+            config = getattr(self.model, "config", None)
+            ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", [])) or ["past_key_values"]
+        labels = None
+        if has_labels:
+            labels = nested_detach(tuple(inputs.get(name) for name in self.label_names))
+            labels = labels[0] if len(labels) == 1 else labels
+        with torch.no_grad(), self.compute_loss_context_manager():
+            if has_labels:  # this batch's own token mean; evaluation_loop combines the ranks' batches
+                num_items = self._get_num_items_in_batch([inputs], distributed=False)
+                loss, outputs = self.compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items)
+                loss = loss.detach().mean()
+            else:
+                loss, outputs = None, model(**inputs)
+        if prediction_loss_only:
+            return loss, None, None
+        if isinstance(outputs, dict):
+            logits = tuple(v for k, v in outputs.items() if k not in ignore_keys + ["loss"])
+        else:
+            logits = outputs[1:] if has_labels else outputs
+        logits = nested_detach(logits)
+        return loss, logits[0] if len(logits) == 1 else logits, labels
+
+    # ------------------------------------------------------------------ save
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """A Hugging Face directory (config.json, model.safetensors, tokenizer files when a ``processing_class`` is
+        given) that ``from_pretrained`` of hf-lite and transformers loads; written by the main process.
+        ``_internal_call`` is transformers' signature: there it only decides hub pushes, which hf-lite has not."""
+        state_dict = self.parallelism.model_state_dict(self.model_wrapped)  # every rank: a plugin may gather
+        self._save(output_dir if output_dir is not None else self.args.output_dir, state_dict=state_dict)
+        self.parallelism.barrier()
+
+    def _save(self, output_dir: str, state_dict=None) -> None:
+        """The model as a Hugging Face directory (+ tokenizer files, + training_args.json), main process only."""
+        if not self.args.should_save:
+            return
+        model = self.parallelism.unwrap_model(self.model)
+        if state_dict is None:
+            state_dict = self.parallelism.model_state_dict(self.model_wrapped)
+        if isinstance(model, PreTrainedModel):
+            model.save_pretrained(output_dir, state_dict=state_dict)
+        else:
+            from safetensors.torch import save_file
+
+            logger.info("Trainer.model is not a PreTrainedModel: saving its state dict only")
+            os.makedirs(output_dir, exist_ok=True)
+            save_file({k: v.contiguous() for k, v in state_dict.items()}, os.path.join(output_dir, "model.safetensors"),
+                      metadata={"format": "pt"})
+        tokenizer = self.processing_class
+        if tokenizer is None:
+            tokenizer = getattr(self.data_collator, "tokenizer", None)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(output_dir)
+        atomic_write_text(os.path.join(output_dir, TRAINING_ARGS_NAME), self.args.to_json_string() + "\n")
+
+    def _save_checkpoint(self, model) -> None:
+        """``checkpoint-N``: every rank writes its files into the staging directory (a fixed name, so every rank finds
+        it without communicating; a stale one, from a crash, is cleared), then the main process renames it."""
+        args, plugin = self.args, self.parallelism
+        folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        final, stage = os.path.join(args.output_dir, folder), os.path.join(args.output_dir, f".{folder}.saving")
+        self.store_flos()
+        try:
+            if args.should_save:
+                shutil.rmtree(stage, ignore_errors=True)
+            self._save(stage, state_dict=plugin.model_state_dict(model))
+            if args.should_save:
+                os.makedirs(stage, exist_ok=True)
+            plugin.barrier()  # the staging directory exists before other ranks write into it
+            if not args.save_only_model:
+                self._save_optimizer_and_scheduler(stage)
+                torch_save_synced(_rng_states(), os.path.join(stage, _rng_file(args)))
+            self._track_best_checkpoint(final)
+            if args.should_save:
+                for cb in self._stateful_callbacks():
+                    name, cb_state = type(cb).__name__, cb.state()
+                    if isinstance(self.state.stateful_callbacks.get(name), list):
+                        self.state.stateful_callbacks[name].append(cb_state)
+                    else:
+                        self.state.stateful_callbacks[name] = cb_state
+                self.state.save_to_json(os.path.join(stage, TRAINER_STATE_NAME))
+            plugin.barrier()  # every rank's files are in the staging directory
+            if args.should_save:
+                replace_directory(stage, final)
+        except BaseException:
+            if args.should_save:
+                shutil.rmtree(stage, ignore_errors=True)
+            raise
+        if args.should_save:
+            rotate_checkpoints(args.output_dir, args.save_total_limit, self.state.best_model_checkpoint)
+        plugin.barrier()
+
+    def _stateful_callbacks(self) -> list:
+        """Callbacks (and the control) whose ``state()`` trainer_state.json keeps."""
+        return [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
+
+    def _track_best_checkpoint(self, final: str) -> None:
+        strategies = (SaveStrategy.STEPS, SaveStrategy.EPOCH, SaveStrategy.BEST)
+        if self.args.save_strategy in strategies and self.state.best_global_step:
+            best = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}")
+            if best == final or os.path.isdir(best):
+                self.state.best_model_checkpoint = best
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        plugin, args = self.parallelism, self.args
+        sharded = plugin.sharded_optimizer_state
+        if sharded or args.should_save:
+            path = os.path.join(output_dir, _optimizer_file(args, sharded))
+            torch_save_synced(plugin.optimizer_state_dict(self.optimizer), path)
+        if args.should_save:
+            torch_save_synced(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
+            if self.scaler is not None:
+                torch_save_synced(self.scaler.state_dict(), os.path.join(output_dir, SCALER_NAME))
+
+    # ------------------------------------------------------------------ resume
+    def _load_from_checkpoint(self, checkpoint: str) -> None:
+        """Weights into ``self.model`` (every rank reads them, before wrapping)."""
+        model, files = self.model, resolve_weight_files(checkpoint)
+        if isinstance(model, PreTrainedModel):
+            info = load_checkpoint(model, files, ignore_mismatched_sizes=False)
+            model.tie_weights()
+            bad = {k: v for k, v in info.items() if k != "error_msgs" and v}
+            if bad:
+                raise ValueError(f"checkpoint {checkpoint!r} does not fit {type(model).__name__}: {bad}")
+        else:
+            from safetensors.torch import load_file
+
+            model.load_state_dict({k: v for file in files for k, v in load_file(file).items()})
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str) -> None:
+        plugin, args = self.parallelism, self.args
+        path = os.path.join(checkpoint, _optimizer_file(args, plugin.sharded_optimizer_state))
+        if not os.path.isfile(path):
+            raise ValueError(f"{checkpoint!r} has no {os.path.basename(path)}: it was saved with save_only_model=True "
+                             f"or another world size ({args.world_size} now); it cannot be resumed from")
+        plugin.load_optimizer_state_dict(self.optimizer, torch.load(path, map_location=args.device, weights_only=True))
+        self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, SCHEDULER_NAME), weights_only=True))
+        scaler_path = os.path.join(checkpoint, SCALER_NAME)
+        if self.scaler is not None and os.path.isfile(scaler_path):
+            self.scaler.load_state_dict(torch.load(scaler_path, weights_only=True))
+
+    def _load_rng_state(self, checkpoint: str) -> None:
+        path = os.path.join(checkpoint, _rng_file(self.args))
+        if not os.path.isfile(path):
+            logger.warning("No %s in %s: the random state is not restored (resuming with another world size?)",
+                           os.path.basename(path), checkpoint)
+            return
+        states = torch.load(path, weights_only=False)  # python's RNG state is a tuple; written by this Trainer
+        random.setstate(states["python"])
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and "numpy" in states:
+            numpy.random.set_state(states["numpy"])
+        torch.random.set_rng_state(states["cpu"])
+        if torch.cuda.is_available() and "cuda" in states:
+            torch.cuda.random.set_rng_state_all(states["cuda"])
+
+    def _load_trainer_state(self, checkpoint: str) -> TrainerState:
+        path = os.path.join(checkpoint, TRAINER_STATE_NAME)
+        if not os.path.isfile(path):
+            raise ValueError(f"resume_from_checkpoint={checkpoint!r} has no {TRAINER_STATE_NAME}: not a Trainer "
+                             "checkpoint (or an incomplete one)")
+        state = TrainerState.load_from_json(path)
+        if state.best_model_checkpoint is not None and not os.path.isdir(state.best_model_checkpoint):
+            logger.warning("The best checkpoint %s recorded in %s no longer exists; ignoring it",
+                           state.best_model_checkpoint, path)
+            state.best_model_checkpoint = None
+        return state
+
+    def _load_callback_state(self) -> None:
+        """Restore ExportableState callbacks (EarlyStoppingCallback's counter, TrainerControl) from the state, when
+        ``restore_callback_states_from_checkpoint`` (off by default, as in transformers)."""
+        if not self.args.restore_callback_states_from_checkpoint:
+            return
+        for cb in self._stateful_callbacks():
+            saved = self.state.stateful_callbacks.get(type(cb).__name__)
+            if saved is None:
+                continue
+            saved = saved[-1] if isinstance(saved, list) else saved
+            for key, value in {**saved.get("args", {}), **saved.get("attributes", {})}.items():
+                setattr(cb, key, value)
+
+    def _load_best_model(self) -> None:
+        best = self.state.best_model_checkpoint
+        logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
+        model = self.parallelism.unwrap_model(self.model_wrapped)
+        if isinstance(model, PreTrainedModel):
+            info = load_checkpoint(model, resolve_weight_files(best), ignore_mismatched_sizes=False)
+            model.tie_weights()
+            if info["missing_keys"] or info["unexpected_keys"]:
+                raise ValueError(f"best checkpoint {best!r} does not fit the model: {info}")
+        else:
+            self.model = self.model_wrapped = model
+            self._load_from_checkpoint(best)
+
+
+def _optimizer_file(args, sharded: bool) -> str:
+    return f"rank{args.process_index}-of-{args.world_size}-{OPTIMIZER_NAME}" if sharded else OPTIMIZER_NAME
+
+
+def _rng_file(args) -> str:
+    return "rng_state.pth" if args.world_size <= 1 else f"rng_state_{args.process_index}.pth"
+
+
+def _rng_states() -> dict:
+    states = {"python": random.getstate(), "cpu": torch.random.get_rng_state()}
+    numpy = sys.modules.get("numpy")  # numpy's RNG matters only if something loaded numpy
+    if numpy is not None:
+        states["numpy"] = numpy.random.get_state()
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.random.get_rng_state_all()
+    return states

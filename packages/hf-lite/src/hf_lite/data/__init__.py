@@ -1,9 +1,8 @@
-from .data_collator import (
-    DataCollatorForLanguageModeling,
-    DataCollatorWithPadding,
-    default_data_collator,
-)
-from .language_modeling import GroupedTextsDataset, IterableGroupedTextsDataset, group_texts
+"""``hf_lite.data`` (transformers' ``data`` package): collators (``_compat/data_collator.py``) and run_clm.py's
+``group_texts`` as datasets (``_compat/language_modeling.py``)."""
+
+from .._compat.language_modeling import GroupedTextsDataset, IterableGroupedTextsDataset, group_texts
+from .data_collator import DataCollatorForLanguageModeling, DataCollatorWithPadding, default_data_collator
 
 __all__ = [
     "DataCollatorForLanguageModeling",

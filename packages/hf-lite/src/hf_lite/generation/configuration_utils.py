@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any
 
-from ..utils import atomic_write_text
+from .._infra.atomic_io import atomic_write_text
 
 GENERATION_CONFIG_NAME = "generation_config.json"
 

@@ -1,5 +1,8 @@
 """Atomic writes: one file (temporary name, fsync, rename) or a whole checkpoint directory (staged beside it, fsync,
-swapped in), so a crash mid-save leaves the old checkpoint or the new one, never new shards under an old index."""
+swapped in), so a crash mid-save leaves the old checkpoint or the new one, never new shards under an old index.
+
+``save_pretrained`` stages its directory through ``atomic_save_directory``; the Trainer, whose ranks all write into
+one checkpoint, stages it under a name every rank knows and puts it in place with ``replace_directory``."""
 
 from __future__ import annotations
 
@@ -13,10 +16,12 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -41,11 +46,19 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    _fsync_directory(directory)
+    fsync_directory(directory)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def torch_save_synced(obj, path: str) -> None:
+    """``torch.save`` into ``path`` and fsync it (a file inside a staged directory: the directory is renamed later)."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _exchange(a: str, b: str) -> bool:
@@ -83,7 +96,7 @@ def atomic_save_directory(save_directory: str | os.PathLike, owned: Callable[[st
     os.mkdir(stage, 0o777)  # the umask decides the mode, as for os.makedirs
     try:
         yield stage
-        _fsync_directory(stage)
+        fsync_directory(stage)
         old = _swap_in(stage, target, owned)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -98,7 +111,7 @@ def _swap_in(stage: str, target: str, owned: Callable[[str], bool]) -> str | Non
     """Put ``stage`` at ``target``; return where the previous directory went (None if there was none)."""
     if not os.path.isdir(target):
         os.rename(stage, target)
-        _fsync_directory(os.path.dirname(target))
+        fsync_directory(os.path.dirname(target))
         return None
     written = set(os.listdir(stage))
     moved = []
@@ -122,7 +135,7 @@ def _swap_in(stage: str, target: str, owned: Callable[[str], bool]) -> str | Non
         for entry in moved:
             os.rename(os.path.join(stage, entry), os.path.join(target, entry))
         raise
-    _fsync_directory(os.path.dirname(target))
+    fsync_directory(os.path.dirname(target))
     return old
 
 
@@ -136,3 +149,19 @@ def _drop_old(old: str, target: str, owned: Callable[[str], bool]) -> None:
         logger.warning("Could not move %s into %s after saving: %s; left in place", old, target, err)
         return
     shutil.rmtree(old, ignore_errors=True)
+
+
+def replace_directory(stage: str, final: str) -> None:
+    """Put the finished ``stage`` at ``final``; an older ``final`` (a re-save of the same step) is swapped out in one
+    step where the system can, else moved aside first (``final`` then briefly absent, never half-written)."""
+    fsync_directory(stage)
+    if not os.path.exists(final):
+        os.rename(stage, final)
+    elif _exchange(stage, final):
+        shutil.rmtree(stage, ignore_errors=True)
+    else:
+        old = f"{stage}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(final, old)
+        os.rename(stage, final)
+        shutil.rmtree(old, ignore_errors=True)
+    fsync_directory(os.path.dirname(final))

@@ -1,6 +1,9 @@
-"""What scripts call after ``train()`` / ``evaluate()`` (transformers' ``trainer_pt_utils.log_metrics`` /
-``save_metrics`` / ``save_state`` and ``Trainer.create_model_card``): a metrics table in the log,
-``{split}_results.json`` + ``all_results.json``, ``trainer_state.json``, and a local README.md model card."""
+"""transformers' ``Trainer`` as scripts use it: the core loop (``trainer_loop.py``) with transformers' defaults around
+it, set up once in ``__init__`` (``TrainingArguments()`` when none is given; torch.distributed from torchrun's
+environment and torch's DDP, ``_compat/torch_ddp.py``; the default collator; the ``report_to`` integrations; progress
+bars or printed logs; the process's log level), and the methods scripts call after training: ``log_metrics``,
+``save_metrics``, ``save_state``, ``create_model_card`` (transformers' ``trainer_pt_utils`` / ``modelcard``) and
+``end``. Every method writes from the main process only, as transformers does."""
 
 from __future__ import annotations
 
@@ -8,8 +11,14 @@ import json
 import logging
 import os
 
-from .trainer_utils import TRAINER_STATE_NAME
-from .utils import atomic_write_text
+from .._infra.atomic_io import atomic_write_text
+from ..trainer_loop import Trainer as TrainerLoop
+from ..trainer_utils import TRAINER_STATE_NAME
+from .data_collator import DataCollatorWithPadding, default_data_collator
+from .integrations import get_reporting_integration_callbacks
+from .torch_ddp import TorchDDPPlugin, destroy_distributed, init_distributed
+from .trainer_callbacks import PrinterCallback, ProgressCallback
+from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -22,8 +31,41 @@ def _format(key: str, value):
     return f"{value:.4g}" if isinstance(value, float) else value
 
 
-class TrainerMetricsMixin:
-    """Mixed into ``Trainer``; every method writes from the main process only, as transformers does."""
+class Trainer(TrainerLoop):
+    """Train, evaluate and save a model with the arguments of ``TrainingArguments``.
+
+    ``parallelism`` (hf-lite's addition) is a ``DataParallelPlugin``: how the model and optimizer are wrapped and
+    stepped on several ranks. The default is torch's DDP over the default process group."""
+
+    def __init__(self, model=None, args: TrainingArguments | None = None, data_collator=None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, compute_loss_func=None, compute_metrics=None,
+                 callbacks=None, optimizers=(None, None), preprocess_logits_for_metrics=None, parallelism=None):
+        if args is None:
+            args = TrainingArguments(output_dir="tmp_trainer")
+        if not isinstance(args, TrainingArguments):
+            raise TypeError(f"args must be a TrainingArguments, got {type(args).__name__}")
+        if model is None:
+            raise ValueError("Trainer requires a `model`")
+        self._owns_process_group = init_distributed(args)
+        if args.get_process_log_level() >= 0:
+            logging.getLogger("hf_lite").setLevel(args.get_process_log_level())
+        if data_collator is None:
+            pad = hasattr(processing_class, "pad")
+            data_collator = DataCollatorWithPadding(processing_class) if pad else default_data_collator
+        progress = PrinterCallback if args.disable_tqdm else ProgressCallback
+        callbacks = [*get_reporting_integration_callbacks(args.report_to), *(callbacks or []), progress]
+        super().__init__(
+            model, args, data_collator, train_dataset, eval_dataset, processing_class, compute_loss_func,
+            compute_metrics, callbacks, optimizers, preprocess_logits_for_metrics,
+            parallelism if parallelism is not None else TorchDDPPlugin(),
+        )
+
+    def end(self) -> None:
+        """Call once at the very end of a script: destroys the process group the Trainer created under torchrun
+        (after a barrier); train/evaluate/predict/save_model communicate and fail after it (transformers 5.24)."""
+        if self._owns_process_group:
+            destroy_distributed()
+            self._owns_process_group = False
 
     def log_metrics(self, split: str, metrics: dict) -> None:
         if not self.is_world_process_zero():

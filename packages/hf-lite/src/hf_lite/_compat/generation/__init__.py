@@ -1,0 +1,1 @@
+"""transformers' ``generation`` surface beyond the decoding loop (streamers)."""

@@ -1,0 +1,1 @@
+"""transformers' ``utils`` package: logging, version checks, availability checks."""
