@@ -253,14 +253,14 @@ def test_api_key_from_the_environment_any_scheme_case_and_digest_compare(checkpo
             assert r.status_code == status, value
     finally:
         s.close()
-    from paged_serve.entrypoints.openai import middleware
+    from paged_serve._infra import api_key
 
-    source = open(middleware.__file__).read()
+    source = open(api_key.__file__).read()
     assert "sha256" in source and "compare_digest" in source
     monkeypatch.setenv("PAGED_SERVE_API_KEY", "from-env")
     captured = {}
     monkeypatch.setattr(
-        "paged_serve.entrypoints.openai.api_server.run_server", lambda app, *a, **k: captured.update(app=app)
+        "paged_serve._compat.openai.api_server.run_server", lambda app, *a, **k: captured.update(app=app)
     )
     cli_main(["serve", path, "--port", "0", "--num-gpu-blocks", "32", "--max-model-len", "64"])
     from fastapi.testclient import TestClient

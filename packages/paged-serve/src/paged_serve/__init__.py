@@ -1,8 +1,8 @@
 """paged_serve: vLLM rebuilt small. ``from paged_serve import LLM, SamplingParams`` works like vLLM's import."""
 
-from paged_serve.engine.arg_utils import EngineArgs
+from paged_serve._compat.arg_utils import EngineArgs
+from paged_serve._compat.llm import LLM
 from paged_serve.engine.llm_engine import LLMEngine
-from paged_serve.entrypoints.llm import LLM
 from paged_serve.inputs import PromptType, TextPrompt, TokensPrompt
 from paged_serve.outputs import CompletionOutput, RequestOutput
 from paged_serve.sampling_params import RequestOutputKind, SamplingParams

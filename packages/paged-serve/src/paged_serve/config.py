@@ -1,7 +1,7 @@
-"""Engine configuration objects (vLLM ``vllm/config.py``): what the scheduler, the KV cache and the model need.
+"""Engine configuration objects (vLLM ``vllm/config.py``): what the model, the KV cache and the scheduler need.
 
-``EngineArgs`` (``engine/arg_utils.py``) turns user arguments into these; each validates itself and names the
-offending value, so a bad argument fails at construction, before any model is loaded.
+``LLMEngine`` takes one ``VllmConfig``; vLLM's ``EngineArgs`` (``_compat/arg_utils.py``) builds it from user
+arguments. Each config validates itself and names the offending value, so a bad one fails before any weight is read.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class SchedulerConfig:
 
 @dataclass
 class CacheConfig:
-    """KV cache geometry (vLLM ``CacheConfig``): block size, block counts once known, prefix caching."""
+    """KV cache geometry (vLLM ``CacheConfig``): block size, how to size the pools, their block counts once known."""
 
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -58,6 +58,9 @@ class CacheConfig:
     watermark: float = 0.01
     num_gpu_blocks: int | None = None
     num_cpu_blocks: int | None = None
+    num_gpu_blocks_override: int | None = None  # an explicit device pool size instead of a memory budget
+    num_cpu_blocks_override: int | None = None  # an explicit swap pool size instead of swap_space
+    kv_cache_memory_bytes: int | None = None  # a byte budget for the device pool
 
     def __post_init__(self):
         if self.block_size < 1:
@@ -70,3 +73,25 @@ class CacheConfig:
             raise ValueError(f"cache_dtype {self.cache_dtype!r} not supported: only 'auto' (the model's dtype)")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+
+
+@dataclass
+class ModelConfig:
+    """The checkpoint and how to run it (vLLM ``ModelConfig`` and ``DeviceConfig``)."""
+
+    model: str  # a Hugging Face checkpoint directory
+    tokenizer: str | None = None  # the model's directory unless given
+    dtype: str = "auto"
+    seed: int = 0
+    device: str = "auto"  # CUDA if available, else CPU
+    max_logprobs: int = 20
+    skip_tokenizer_init: bool = False
+
+
+@dataclass
+class VllmConfig:
+    """Everything ``LLMEngine`` is built from (vLLM ``VllmConfig``)."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig

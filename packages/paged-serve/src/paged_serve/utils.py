@@ -1,20 +1,5 @@
-"""``FlexibleArgumentParser`` (vLLM ``vllm/utils``): argparse that also takes ``--flag_name`` for ``--flag-name``."""
+"""vLLM's ``vllm.utils`` names the scripts use: ``FlexibleArgumentParser`` (argparse taking ``--flag_name`` too)."""
 
-from __future__ import annotations
+from paged_serve._compat.arg_utils import FlexibleArgumentParser
 
-import argparse
-import sys
-
-
-class FlexibleArgumentParser(argparse.ArgumentParser):
-    """vLLM's scripts build their command lines with it; underscores in a long option become dashes."""
-
-    def parse_args(self, args=None, namespace=None):
-        args = list(sys.argv[1:] if args is None else args)
-        fixed = []
-        for arg in args:
-            if arg.startswith("--") and "_" in arg:
-                name, eq, value = arg.partition("=")
-                arg = name.replace("_", "-") + eq + value
-            fixed.append(arg)
-        return super().parse_args(fixed, namespace)
+__all__ = ["FlexibleArgumentParser"]

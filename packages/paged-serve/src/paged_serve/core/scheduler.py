@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from paged_serve.config import CacheConfig, SchedulerConfig
 from paged_serve.core.block_manager import AllocStatus, BlockSpaceManager
 from paged_serve.core.scheduling_budget import SchedulingBudget
-from paged_serve.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from paged_serve.core.sequence import Sequence, SequenceGroup, SequenceGroupMetadata, SequenceStatus
 
 logger = logging.getLogger(__name__)
 
@@ -31,20 +31,6 @@ logger = logging.getLogger(__name__)
 class ScheduledSequenceGroup:
     seq_group: SequenceGroup
     token_chunk_size: int  # tokens computed this step per sequence (decode: 1)
-
-
-@dataclass
-class SequenceGroupMetadata:
-    """What the model runner needs of one scheduled group (vLLM ``SequenceGroupMetadata``)."""
-
-    request_id: str
-    is_prompt: bool
-    seq_data: dict[int, Sequence]
-    sampling_params: object
-    block_tables: dict[int, list[int]]
-    token_chunk_size: int
-    do_sample: bool = True
-    computed_block_nums: list[int] = field(default_factory=list)
 
 
 @dataclass

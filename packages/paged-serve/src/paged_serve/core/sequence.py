@@ -251,3 +251,17 @@ class SequenceGroup:
 
     def __repr__(self) -> str:
         return f"SequenceGroup(request_id={self.request_id!r}, num_seqs={len(self.seqs_dict)})"
+
+
+@dataclass
+class SequenceGroupMetadata:
+    """What the model runner needs of one scheduled group (vLLM ``SequenceGroupMetadata``)."""
+
+    request_id: str
+    is_prompt: bool
+    seq_data: dict[int, Sequence]
+    sampling_params: object
+    block_tables: dict[int, list[int]]
+    token_chunk_size: int
+    do_sample: bool = True
+    computed_block_nums: list[int] = field(default_factory=list)

@@ -1,7 +1,7 @@
 """Engine statistics (vLLM ``engine/metrics.py``): queue sizes, KV cache use, prefix-cache hits, preemptions, speed.
 
-``Stats`` is a snapshot taken after a step; ``LLM.get_stats()`` returns it and the server's ``/metrics`` renders it
-in Prometheus' text format. Throughputs are over the last ``window`` seconds of steps.
+``Stats`` is a snapshot taken after a step (``StatLogger.snapshot``); ``LLM.get_stats()`` returns it and the server's
+``/metrics`` renders it in Prometheus' text format. Throughputs are over the last ``window`` seconds of steps.
 """
 
 from __future__ import annotations
@@ -32,31 +32,6 @@ class Stats:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    def to_prometheus(self, model_name: str) -> str:
-        """Prometheus text exposition, with vLLM's metric names where vLLM has them."""
-        label = f'{{model_name="{model_name}"}}'
-        rows = [
-            ("vllm:num_requests_running", "gauge", self.num_running),
-            ("vllm:num_requests_waiting", "gauge", self.num_waiting),
-            ("vllm:num_requests_swapped", "gauge", self.num_swapped),
-            ("vllm:gpu_cache_usage_perc", "gauge", self.gpu_cache_usage),
-            ("vllm:cpu_cache_usage_perc", "gauge", self.cpu_cache_usage),
-            ("paged_serve:kv_utilization", "gauge", self.kv_utilization),
-            ("vllm:gpu_prefix_cache_hit_rate", "gauge", self.prefix_cache_hit_rate),
-            ("vllm:num_preemptions_total", "counter", self.num_preemptions_recompute + self.num_preemptions_swap),
-            ("paged_serve:num_preemptions_recompute_total", "counter", self.num_preemptions_recompute),
-            ("paged_serve:num_preemptions_swap_total", "counter", self.num_preemptions_swap),
-            ("vllm:prompt_tokens_total", "counter", self.prompt_tokens_total),
-            ("vllm:generation_tokens_total", "counter", self.generation_tokens_total),
-            ("vllm:avg_prompt_throughput_toks_per_s", "gauge", self.prompt_throughput),
-            ("vllm:avg_generation_throughput_toks_per_s", "gauge", self.generation_throughput),
-            ("vllm:request_success_total", "counter", self.num_requests_finished),
-        ]
-        lines = []
-        for name, kind, value in rows:
-            lines += [f"# TYPE {name} {kind}", f"{name}{label} {float(value)}"]
-        return "\n".join(lines) + "\n"
-
 
 class StatLogger:
     """Accumulates per-step token counts; ``snapshot`` combines them with the scheduler's current state."""
@@ -83,3 +58,19 @@ class StatLogger:
         prompt = sum(p for _, p, _ in list(self._steps)[1:])
         gen = sum(g for _, _, g in list(self._steps)[1:])
         return prompt / span, gen / span
+
+    def snapshot(self, scheduler, cache_config) -> Stats:
+        """The totals so far with the scheduler's queues, its block manager's pools and its preemption counts."""
+        manager = scheduler.block_manager
+        stats = Stats(**self.totals.as_dict())
+        stats.num_running, stats.num_waiting = len(scheduler.running), len(scheduler.waiting)
+        stats.num_swapped = len(scheduler.swapped)
+        total_gpu, total_cpu = cache_config.num_gpu_blocks, cache_config.num_cpu_blocks
+        stats.gpu_cache_usage = 1.0 - manager.get_num_free_gpu_blocks() / total_gpu if total_gpu else 0.0
+        stats.cpu_cache_usage = 1.0 - manager.get_num_free_cpu_blocks() / total_cpu if total_cpu else 0.0
+        stats.kv_utilization = manager.get_kv_utilization()
+        stats.prefix_cache_hit_rate = manager.get_prefix_cache_hit_rate()
+        stats.num_preemptions_recompute = scheduler.num_preemptions["recompute"]
+        stats.num_preemptions_swap = scheduler.num_preemptions["swap"]
+        stats.prompt_throughput, stats.generation_throughput = self.throughputs()
+        return stats

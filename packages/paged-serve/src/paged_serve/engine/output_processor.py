@@ -1,8 +1,9 @@
-"""Sampled tokens -> sequences (vLLM ``engine/output_processor/single_step.py``) and -> ``RequestOutput`` s.
+"""Sampled tokens -> sequences (vLLM ``engine/output_processor/single_step.py``).
 
 A request's first sample draws ``best_of`` tokens: the parent sequence keeps the first and is forked (sharing
 every KV block, copy-on-write) for the others. Each appended token is checked for a stop; a finished sequence's
-blocks are freed at once. Beam-search groups go to ``BeamSearchProcessor`` instead.
+blocks are freed at once. Beam-search groups go to ``BeamSearchProcessor`` instead. What a request reports
+(``RequestOutput``: text, deltas, the best ``n`` of ``best_of``) is made from its state in ``outputs.py``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from dataclasses import dataclass, field
 import torch
 
 from paged_serve.core.scheduler import Scheduler
-from paged_serve.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from paged_serve.core.sequence import Sequence, SequenceGroup
+from paged_serve.engine.beam_search import BeamSearchProcessor
 from paged_serve.engine.stop_checker import StopChecker
-from paged_serve.model_executor.layers.sampler import SampleResult
-from paged_serve.outputs import CompletionOutput, RequestOutput
-from paged_serve.sampling_params import RequestOutputKind, SamplingParams
+from paged_serve.model_executor.layers.sampler import Sampler, SampleResult, SampleRow
+from paged_serve.outputs import RequestOutput, make_request_output
+from paged_serve.sampling_params import SamplingParams
 from paged_serve.transformers_utils.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -43,13 +45,28 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.stop_checker = stop_checker
         self.seq_counter: itertools.count = seq_counter
+        self.beam_search = BeamSearchProcessor(self)
 
-    def detokenizer(self, state: RequestState, seq: Sequence) -> IncrementalDetokenizer:
-        if seq.seq_id not in state.detokenizers:
-            state.detokenizers[seq.seq_id] = IncrementalDetokenizer(
-                self.tokenizer, seq.prompt_token_ids, state.params.skip_special_tokens
-            )
-        return state.detokenizers[seq.seq_id]
+    def process_outputs(self, requests: dict[str, RequestState], sampled_seqs, logits: torch.Tensor,
+                        sampler: Sampler) -> None:  # fmt: skip
+        """Row ``i`` of ``logits`` is ``sampled_seqs[i]``'s next-token distribution: sample and append it."""
+        rows, plain, beams = [], [], {}
+        for i, (meta, seq) in enumerate(sampled_seqs):
+            state = requests[meta.request_id]
+            if state.params.use_beam_search:
+                beams.setdefault(meta.request_id, []).append((i, seq))
+                continue
+            first = seq.get_output_len() == 0 and state.group.num_seqs() == 1
+            num = state.params.best_of if first else 1
+            rows.append(SampleRow(state.params, seq.prompt_token_ids, seq.output_token_ids, state.generator, num))
+            plain.append((i, state, seq))
+        if plain:
+            index = torch.tensor([i for i, _, _ in plain], device=logits.device)
+            for (_, state, seq), result in zip(plain, sampler(logits[index], rows)):
+                self.process_sample(state, seq, result)
+        for request_id, members in beams.items():
+            index = torch.tensor([i for i, _ in members], device=logits.device)
+            self.beam_search.step(requests[request_id], [s for _, s in members], logits[index], sampler)
 
     def process_sample(self, state: RequestState, seq: Sequence, result: SampleResult) -> None:
         group = state.group
@@ -72,82 +89,12 @@ class OutputProcessor:
         if seq.is_finished():
             self.scheduler.free_seq(seq)
 
-    # -------------------------------------------------------------- outputs
-    def _final_text(self, state: RequestState, seq: Sequence) -> str:
-        if not state.params.detokenize or self.tokenizer is None:
-            return ""
-        if seq.is_finished() and isinstance(seq.stop_reason, str):
-            return seq.output_text  # cut at the stop string already
-        tokens = seq.output_token_ids
-        if seq.status == SequenceStatus.FINISHED_STOPPED and not state.params.include_stop_str_in_output:
-            # ended by a stop token (EOS or stop_token_ids): its text is left out, and so is a partial character
-            # in front of it (vLLM's incremental detokenizer never emits one)
-            return self.detokenizer(state, seq).text(tokens[:-1])
-        return self.detokenizer(state, seq).text(tokens, final=seq.is_finished())
-
-    @staticmethod
-    def _prompt_logprobs(state: RequestState):
-        """Complete prompt logprobs once the prefill is done; in DELTA mode only in the first output after it."""
-        recorded = state.group.prompt_logprobs
-        if recorded is None and state.params.prompt_logprobs is not None and len(state.group.prompt_token_ids) == 1:
-            recorded = [None]  # nothing scores a prompt's first token
-        if recorded is None or len(recorded) < len(state.group.prompt_token_ids):
-            return None
-        if state.params.output_kind == RequestOutputKind.DELTA:
-            if state.prompt_reported:
-                return None
-            state.prompt_reported = True
-        return recorded
+    def detokenizer(self, state: RequestState, seq: Sequence) -> IncrementalDetokenizer:
+        if seq.seq_id not in state.detokenizers:
+            state.detokenizers[seq.seq_id] = IncrementalDetokenizer(
+                self.tokenizer, seq.prompt_token_ids, state.params.skip_special_tokens
+            )
+        return state.detokenizers[seq.seq_id]
 
     def make_output(self, state: RequestState) -> RequestOutput | None:
-        group, params = state.group, state.params
-        finished = group.is_finished()
-        kind = params.output_kind
-        if kind == RequestOutputKind.FINAL_ONLY and not finished:
-            return None
-        seqs = sorted(group.get_seqs(), key=lambda s: state.index.get(s.seq_id, 0))
-        if params.use_beam_search or params.best_of > params.n:
-            key = (lambda s: s.get_beam_search_score(params.length_penalty)) if params.use_beam_search else None
-            seqs = sorted(seqs, key=key or (lambda s: s.cumulative_logprob), reverse=True)[: params.n]
-        outputs = []
-        for rank, seq in enumerate(seqs):
-            text = self._final_text(state, seq)
-            tokens, logprobs = seq.output_token_ids, seq.output_logprobs if params.logprobs is not None else None
-            if kind == RequestOutputKind.DELTA:
-                hold = (
-                    0
-                    if seq.is_finished() or not params.stop or params.include_stop_str_in_output
-                    else (max(len(s) for s in params.stop) - 1)
-                )  # a stop string may still be completing: do not stream its first characters
-                start_tok = state.reported_tokens.get(seq.seq_id, 0)
-                start_txt = state.reported_text.get(seq.seq_id, 0)
-                end_txt = max(start_txt, len(text) - hold)
-                state.reported_tokens[seq.seq_id] = len(tokens)
-                state.reported_text[seq.seq_id] = end_txt
-                text, tokens = text[start_txt:end_txt], tokens[start_tok:]
-                logprobs = logprobs[start_tok:] if logprobs is not None else None
-            index = rank if params.best_of > params.n or params.use_beam_search else state.index.get(seq.seq_id, 0)
-            outputs.append(
-                CompletionOutput(
-                    index=index,
-                    text=text,
-                    token_ids=list(tokens),
-                    cumulative_logprob=seq.cumulative_logprob,
-                    logprobs=list(logprobs) if logprobs is not None else None,
-                    finish_reason=SequenceStatus.get_finished_reason(seq.status),
-                    stop_reason=seq.stop_reason,
-                )
-            )
-        if finished:
-            group.metrics.finished_time = group.metrics.finished_time or time.time()
-        return RequestOutput(
-            request_id=group.request_id,
-            prompt=group.prompt,
-            prompt_token_ids=group.prompt_token_ids,
-            outputs=outputs,
-            finished=finished,
-            metrics=group.metrics,
-            num_cached_tokens=group.num_cached_tokens,
-            prompt_logprobs=self._prompt_logprobs(state),
-            ignored_reason=group.ignored_reason,
-        )
+        return make_request_output(state, self)

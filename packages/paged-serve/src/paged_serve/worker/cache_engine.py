@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from paged_serve import ops
+from paged_serve.ops import paged_attn
 
 
 class CacheEngine:
@@ -54,8 +54,8 @@ class CacheEngine:
             return
         table = torch.tensor(mapping, dtype=torch.int64)
         for (src_k, src_v), (dst_k, dst_v) in zip(src, dst):
-            ops.swap_blocks(src_k, dst_k, table)
-            ops.swap_blocks(src_v, dst_v, table)
+            paged_attn.swap_blocks(src_k, dst_k, table)
+            paged_attn.swap_blocks(src_v, dst_v, table)
 
     def swap_out(self, mapping: list[tuple[int, int]]) -> None:
         self._swap(self.gpu_cache, self.cpu_cache, mapping)
@@ -65,7 +65,7 @@ class CacheEngine:
 
     def copy(self, mapping: list[tuple[int, int]]) -> None:
         if mapping:
-            ops.copy_blocks([k for k, _ in self.gpu_cache], [v for _, v in self.gpu_cache], mapping)
+            paged_attn.copy_blocks([k for k, _ in self.gpu_cache], [v for _, v in self.gpu_cache], mapping)
 
     def num_bytes(self) -> dict[str, int]:
         """Summed tensor bytes of each pool."""

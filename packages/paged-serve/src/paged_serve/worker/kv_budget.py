@@ -4,7 +4,7 @@ In order: an explicit block count; a byte budget (``kv_cache_memory_bytes``); on
 of the device minus the weights and the peak activations of a profiling forward pass at the largest batch; on CPU
 4 GiB (vLLM CPU's ``VLLM_CPU_KVCACHE_SPACE`` default). A derived (not explicit) count is capped at what
 ``max_num_seqs`` sequences of ``max_model_len`` tokens can use. The CPU swap pool is ``swap_space`` GiB unless
-``num_cpu_blocks`` is given.
+``num_cpu_blocks_override`` is given.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from paged_serve.config import SchedulerConfig
+from paged_serve.config import CacheConfig, SchedulerConfig
 from paged_serve.model_executor.layers.attention import AttentionMetadata
 from paged_serve.worker.cache_engine import CacheEngine
 
@@ -66,17 +66,19 @@ def _profile_cuda_bytes(model, geometry, device, config: SchedulerConfig, utiliz
     return int(total * utilization - peak - non_torch)
 
 
-def determine_num_blocks(args, model, geometry, device: torch.device, config: SchedulerConfig) -> tuple[int, int]:
+def determine_num_blocks(
+    cache: CacheConfig, model, geometry, device: torch.device, config: SchedulerConfig
+) -> tuple[int, int]:
     block_bytes = CacheEngine.get_cache_block_size(*geometry)
     block_size = geometry[0]
     cap = config.max_num_seqs * -(-config.max_model_len // block_size)
-    if args.gpu_blocks is not None:
-        num_gpu = args.gpu_blocks
+    if cache.num_gpu_blocks_override is not None:
+        num_gpu = cache.num_gpu_blocks_override
     else:
-        if args.kv_cache_memory_bytes is not None:
-            budget = args.kv_cache_memory_bytes
+        if cache.kv_cache_memory_bytes is not None:
+            budget = cache.kv_cache_memory_bytes
         elif device.type == "cuda":
-            budget = _profile_cuda_bytes(model, geometry, device, config, args.gpu_memory_utilization)
+            budget = _profile_cuda_bytes(model, geometry, device, config, cache.gpu_memory_utilization)
         else:
             budget = CPU_KV_CACHE_BYTES
         num_gpu = min(budget // block_bytes, cap)
@@ -85,8 +87,25 @@ def determine_num_blocks(args, model, geometry, device: torch.device, config: Sc
                 f"no memory left for the KV cache ({budget} bytes for {block_bytes}-byte blocks): raise "
                 "gpu_memory_utilization / kv_cache_memory_bytes or use a smaller model"
             )
-    if args.num_cpu_blocks is not None:
-        num_cpu = args.num_cpu_blocks
+    if cache.num_cpu_blocks_override is not None:
+        num_cpu = cache.num_cpu_blocks_override
     else:
-        num_cpu = min(int(args.swap_space * GiB) // block_bytes, cap)
+        num_cpu = min(int(cache.swap_space * GiB) // block_bytes, cap)
     return int(num_gpu), int(num_cpu)
+
+
+def initialize_kv_cache(cache: CacheConfig, config: SchedulerConfig, model, num_layers: int, dtype: torch.dtype,
+                        device: torch.device) -> CacheEngine:  # fmt: skip
+    """Size both pools (``determine_num_blocks``), record the counts in ``cache`` and allocate every layer's KV
+    cache (vLLM ``Worker.initialize_cache``); the device pool must hold at least one ``max_model_len`` sequence."""
+    geometry = (cache.block_size, num_layers, model.num_kv_heads, model.head_dim, dtype)
+    num_gpu, num_cpu = determine_num_blocks(cache, model, geometry, device, config)
+    if num_gpu * cache.block_size < config.max_model_len:
+        raise ValueError(
+            f"max_model_len ({config.max_model_len}) is larger than the KV cache holds ({num_gpu} blocks x "
+            f"{cache.block_size} tokens): lower max_model_len or give the cache more blocks / memory"
+        )
+    cache.num_gpu_blocks, cache.num_cpu_blocks = num_gpu, num_cpu
+    logger.info("KV cache: %d device blocks, %d CPU blocks of %d tokens", num_gpu, num_cpu, cache.block_size)
+    return CacheEngine(num_layers, model.num_kv_heads, model.head_dim, cache.block_size, num_gpu, num_cpu, dtype,
+                       device)  # fmt: skip

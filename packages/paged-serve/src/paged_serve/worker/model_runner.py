@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from paged_serve.core.scheduler import SequenceGroupMetadata
-from paged_serve.core.sequence import Sequence
+from paged_serve.core.sequence import Sequence, SequenceGroupMetadata
 from paged_serve.model_executor.layers.attention import AttentionMetadata
 
 

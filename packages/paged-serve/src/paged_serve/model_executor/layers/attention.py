@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from paged_serve import ops
+from paged_serve.ops import paged_attn
 
 
 @dataclass
@@ -61,11 +61,11 @@ class Attention(nn.Module):
         k = key.view(num_tokens, self.num_kv_heads, self.head_size)
         v = value.view(num_tokens, self.num_kv_heads, self.head_size)
         key_cache, value_cache = kv_cache
-        ops.reshape_and_cache(k, v, key_cache, value_cache, attn_metadata.slot_mapping)
+        paged_attn.reshape_and_cache(k, v, key_cache, value_cache, attn_metadata.slot_mapping)
         out = torch.empty_like(q)
         num_prefill = attn_metadata.num_prefill_tokens
         if num_prefill:
-            ops.paged_prefill_attention(
+            paged_attn.paged_prefill_attention(
                 q[:num_prefill],
                 key_cache,
                 value_cache,
@@ -78,7 +78,7 @@ class Attention(nn.Module):
                 value=v[:num_prefill],
             )
         if attn_metadata.num_decode_tokens:
-            ops.paged_attention(
+            paged_attn.paged_attention(
                 q[num_prefill:],
                 key_cache,
                 value_cache,

@@ -1,0 +1,1 @@
+"""vLLM's OpenAI-compatible server (``vllm/entrypoints/openai/``): routes, request bodies, completions, chat."""

@@ -1,0 +1,137 @@
+"""``/v1/chat/completions`` (vLLM ``serving_chat.py``): messages through the model's chat template, one request.
+
+The prompt is rendered from tokenizer_config.json's chat template; streaming sends the assistant role first, then
+content deltas, then the finish reason, then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from jinja2.exceptions import TemplateError
+
+from paged_serve._compat.openai.protocol import ChatCompletionRequest
+from paged_serve._compat.openai.serving_engine import OpenAIError, OpenAIServing, guard_stream, sse
+from paged_serve.outputs import CompletionOutput
+
+
+class OpenAIServingChat(OpenAIServing):
+    def _logprobs(self, out: CompletionOutput, top: int) -> dict | None:
+        if out.logprobs is None:
+            return None
+        content = []
+        for token_id, lps in zip(out.token_ids, out.logprobs):
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            ranked = sorted(lps.items(), key=lambda kv: kv[1].rank or 0)[:top]
+            content.append(
+                {
+                    "token": text,
+                    "logprob": lps[token_id].logprob,
+                    "bytes": list(text.encode()),
+                    "top_logprobs": [
+                        {
+                            "token": self.tokenizer.decode([t], skip_special_tokens=False),
+                            "logprob": lp.logprob,
+                            "bytes": None,
+                        }
+                        for t, lp in ranked
+                    ],
+                }
+            )
+        return {"content": content}
+
+    async def create_chat_completion(self, request: ChatCompletionRequest, raw: Request):
+        self.check_model(request.model)
+        self.check_response_format(request)
+        if self.tokenizer is None:
+            raise OpenAIError("the server runs with skip_tokenizer_init: no chat template to render", 400)
+        try:
+            messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in request.messages]
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param="messages") from None
+        try:
+            prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=request.add_generation_prompt)
+        except (TemplateError, ValueError) as exc:
+            raise OpenAIError(f"chat template failed: {exc}", param="messages") from None
+        ids = await self.encode(prompt, add_special_tokens=False)
+        if request.max_tokens is not None and request.max_completion_tokens is not None:
+            raise OpenAIError("give max_tokens or max_completion_tokens, not both", param="max_tokens")
+        max_tokens = self.check_length(ids, request.max_completion_tokens or request.max_tokens)
+        if request.top_logprobs is not None and not request.logprobs:
+            raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
+        top = request.top_logprobs or 0
+        if top > self.engine.engine.model_config.max_logprobs:
+            raise OpenAIError(f"top_logprobs={top} exceeds the server's max_logprobs", param="top_logprobs")
+        params = self.make_params(request, max_tokens, top if request.logprobs else None)
+        request_id = self.new_id("chatcmpl")
+        self.log_request(request, request_id)
+        streams = await self.admit([(request_id, None, params, ids)])
+        if request.stream:
+            events = self._stream(request, request_id, self.outputs(raw, streams[0]), len(ids), top)
+            return StreamingResponse(guard_stream(events, streams), media_type="text/event-stream")
+        (final,) = await self.final_outputs(raw, streams)
+        choices = [
+            {
+                "index": out.index,
+                "message": {"role": "assistant", "content": out.text},
+                "logprobs": self._logprobs(out, top) if request.logprobs else None,
+                "finish_reason": out.finish_reason,
+                "stop_reason": out.stop_reason,
+            }
+            for out in final.outputs
+        ]
+        completion_tokens = sum(len(o.token_ids) for o in final.outputs)
+        usage = {
+            "prompt_tokens": len(ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(ids) + completion_tokens,
+        }
+        return JSONResponse(
+            {
+                "id": request_id,
+                "object": "chat.completion",
+                "created": self.created(),
+                "model": self.model_name,
+                "choices": choices,
+                "usage": usage,
+            }
+        )
+
+    async def _stream(self, request: ChatCompletionRequest, request_id: str, stream, num_prompt: int, top: int):
+        created = self.created()
+        head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
+        for i in range(request.n):
+            yield sse(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": i,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
+        completion_tokens = 0
+        async for output in stream:
+            for out in output.outputs:
+                completion_tokens += len(out.token_ids)
+                if not out.text and out.finish_reason is None:
+                    continue
+                choice = {
+                    "index": out.index,
+                    "delta": {"content": out.text} if out.text else {},
+                    "logprobs": self._logprobs(out, top) if request.logprobs else None,
+                    "finish_reason": out.finish_reason,
+                }
+                yield sse({**head, "choices": [choice]})
+        if request.stream_options and request.stream_options.include_usage:
+            usage = {
+                "prompt_tokens": num_prompt,
+                "completion_tokens": completion_tokens,
+                "total_tokens": num_prompt + completion_tokens,
+            }
+            yield sse({**head, "choices": [], "usage": usage})
+        yield sse("[DONE]")
