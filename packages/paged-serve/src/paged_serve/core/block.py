@@ -36,7 +36,6 @@ class PhysicalBlock:
         "parent",
         "parent_version",
         "version",
-        "last_accessed",
         "computed",
     )
 
@@ -50,7 +49,6 @@ class PhysicalBlock:
         self.parent: PhysicalBlock | None = None
         self.parent_version = 0
         self.version = 0
-        self.last_accessed = 0
         self.computed = False
 
     def clear_content(self) -> None:

@@ -78,7 +78,6 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self.evictor = LRUEvictor()
         self.num_queries = 0
         self.num_hits = 0
-        self._clock = 0
 
     def _take_fresh(self) -> PhysicalBlock:
         if not self._free and len(self.evictor):
@@ -170,8 +169,6 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def _release(self, block: PhysicalBlock) -> None:
         if block.block_hash is not None and self.cached_blocks.get(block.block_hash) is block:
             if block.computed and not self._is_stale(block):
-                self._clock += 1
-                block.last_accessed = self._clock
                 self.evictor.add(block)
                 return
             del self.cached_blocks[block.block_hash]  # never computed (garbage KV) or stale: not worth keeping
