@@ -53,15 +53,18 @@ def ops_for(dtype):
 
 
 def _matrix(rank, world_size, backend, dtypes):
-    from pt_dist.backends import shm, tcp
-    from pt_dist.backends.shm import cma
+    from pt_dist._infra import cma
+    from pt_dist.backends import tcp
+    from pt_dist.backends.shm import process_group_shm as shm
+    from pt_dist.backends.shm import single_copy
 
     # tiny chunks/slots so 1031-element cases cross many pipeline chunks and shm rounds, while sizes up to
     # 30 take shm's one-barrier small all-reduce; 1031 elements of 4 or 8 bytes take shm's single-copy
     # (cross-memory) collectives with 512-byte reduction chunks, of 1 or 2 bytes its staged two-copy ones
     # (all-gather and reduce-scatter switch on the whole buffer, world_size x 1031 elements)
-    saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, cma.CHUNK_BYTES
-    tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, cma.CHUNK_BYTES = 512, 4096, 1024, 4096, 512
+    saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, single_copy.CHUNK_BYTES
+    tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES = 512, 4096, 1024
+    cma.MIN_BYTES, single_copy.CHUNK_BYTES = 4096, 512
     try:
         util.join(rank, world_size, backend)
         check = util.Checks(f"{backend} ws={world_size} rank={rank}")
@@ -136,7 +139,7 @@ def _matrix(rank, world_size, backend, dtypes):
         util.leave()
         return check.fails, check.count
     finally:
-        tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, cma.CHUNK_BYTES = saved
+        tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, single_copy.CHUNK_BYTES = saved
         if pt_dist.is_initialized():
             pt_dist.destroy_process_group()
 

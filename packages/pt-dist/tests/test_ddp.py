@@ -39,7 +39,8 @@ def _buckets_rebuilt(rank, world, torch_pg, checks):
     seen["rebuilt"] = ddp.reducer._get_bucket_indices()
     seen["sizes"] = [b.buffer.numel() * b.buffer.element_size() for b in ddp.reducer._buckets]
     seen["dtypes"] = [str(b.buffer.dtype) for b in ddp.reducer._buckets]
-    offset = getattr(pt_dist.group.WORLD, "_symmetric_offset", lambda t: None)
+    symmetric = getattr(pt_dist.group.WORLD, "symmetric", None)  # shm's symmetric heap
+    offset = symmetric.offset if symmetric is not None else (lambda t: None)
     seen["symmetric"] = [offset(b.buffer) is not None for b in ddp.reducer._buckets]  # shm: buckets on the heap
     return seen
 

@@ -87,7 +87,7 @@ def _child_dies(port: int, backend: str, when: str) -> None:
         # header + address barrier, cross-memory copies, closing barrier), or right after shm's first
         # barrier, so the survivors' cross-memory copies meet a dying process
         pg = pt_dist.GroupMember.WORLD
-        target, name, fatal = (pg.mesh, "sendrecv", 4) if backend == "tcp" else (pg, "_arrive_and_wait", 2)
+        target, name, fatal = (pg.mesh, "sendrecv", 4) if backend == "tcp" else (pg.counters, "arrive_and_wait", 2)
         real, calls = getattr(target, name), []
 
         def dying(*args, **kwargs):

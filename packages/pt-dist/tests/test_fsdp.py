@@ -90,7 +90,8 @@ def _memory(rank, world, checks):
             units = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
             out["padding"] = sum(u._handle.padded_numel - u._handle.numel for u in units) * 4 * 4
             out["units"] = len(units)
-            offset = getattr(pt_dist.group.WORLD, "_symmetric_offset", lambda t: None)
+            symmetric = getattr(pt_dist.group.WORLD, "symmetric", None)  # shm's symmetric heap
+            offset = symmetric.offset if symmetric is not None else (lambda t: None)
             out["symmetric"] = [offset(u._handle.flat_param) is not None for u in units]  # shm: shards on the heap
         if name == "ddp":
             out["ddp buckets"] = _state_bytes(b.buffer for b in model.reducer._buckets)

@@ -69,16 +69,18 @@ def _one(rng, rank, world, xs, op, place):
 
 
 def _random_run(rank, world, seed, backend, symmetric):
-    from pt_dist.backends import shm, tcp
-    from pt_dist.backends.shm import cma
+    from pt_dist._infra import cma
+    from pt_dist.backends import tcp
+    from pt_dist.backends.shm import process_group_shm as shm
+    from pt_dist.backends.shm import single_copy
 
     rng = random.Random(seed)
-    saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, cma.CHUNK_BYTES
+    saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, single_copy.CHUNK_BYTES
     tcp.CHUNK_BYTES = rng.choice([64, 512, 4096, 1 << 20])
     shm.SLOT_BYTES = rng.choice([1024, 4096, 1 << 16])
     shm.SMALL_BYTES = rng.choice([256, 1024, 2 << 20])
     cma.MIN_BYTES = rng.choice([0, 1024, 1 << 18])
-    cma.CHUNK_BYTES = rng.choice([64, 512, 1 << 18])
+    single_copy.CHUNK_BYTES = rng.choice([64, 512, 1 << 18])
     fails = []
     try:
         util.join(rank, world, backend, key=f"random-{backend}-{seed}-{symmetric}")
@@ -102,7 +104,7 @@ def _random_run(rank, world, seed, backend, symmetric):
                              f"{got.flatten()[:5].tolist()} want {want.flatten()[:5].tolist()}")
         util.leave()
     finally:
-        tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, cma.CHUNK_BYTES = saved
+        tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, single_copy.CHUNK_BYTES = saved
         if pt_dist.is_initialized():
             pt_dist.destroy_process_group()
     return fails

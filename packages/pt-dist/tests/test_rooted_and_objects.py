@@ -30,8 +30,9 @@ SIZES = [0, 1, 1031, "nc"]
 
 
 def _rooted(rank, world_size, backend, dtypes, staged=False):
-    from pt_dist.backends import shm, tcp
-    from pt_dist.backends.shm import cma
+    from pt_dist._infra import cma
+    from pt_dist.backends import tcp
+    from pt_dist.backends.shm import process_group_shm as shm
 
     saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, cma.MIN_BYTES
     # 1031 elements cross many tcp chunks and shm staging rounds (256 elements of 4 bytes per round);

@@ -24,7 +24,7 @@ import ptdist_testutil as util  # noqa: E402
 
 
 def _self_read_works() -> bool:
-    from pt_dist.backends.shm.cma import CrossMemory
+    from pt_dist._infra.cma import CrossMemory
 
     cma, src, dst = CrossMemory(), torch.arange(4.0), torch.zeros(4)
     try:
@@ -35,7 +35,7 @@ def _self_read_works() -> bool:
 
 
 def _paths(rank, world_size):
-    from pt_dist.backends.shm import cma
+    from pt_dist._infra import cma
 
     util.join(rank, world_size, "shm", key="paths")
     everyone = pt_dist.GroupMember.WORLD
@@ -57,10 +57,10 @@ def _paths(rank, world_size):
         if name == "single":  # one 4 MiB buffer twice: before the second, its pages are collapsed into huge ones
             again = t.clone()
             pt_dist.all_reduce(again, group=group)
-            before = group._huge.collapsed if group._use_cma else None
+            before = group.single_copy._huge.collapsed if group._use_cma else None
             pt_dist.all_reduce(again, group=group)
             out["again"] = torch.equal(again, (t * world_size) * world_size)
-            out["collapsed"] = (before, group._huge.collapsed if group._use_cma else None)
+            out["collapsed"] = (before, group.single_copy._huge.collapsed if group._use_cma else None)
         mx = torch.randint(-1000, 1000, (n,), generator=g)
         pt_dist.all_reduce(mx, op=pt_dist.ReduceOp.MAX, group=group)
         out[name + " max"] = mx
@@ -126,7 +126,7 @@ def _two_groups_in_threads(name: str):
     import threading
 
     from pt_dist._infra.store import PrefixStore, TCPStore
-    from pt_dist.backends import shm
+    from pt_dist.backends.shm import process_group_shm as shm
 
     master = TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False, timeout=10)
     groups = [None, None]
@@ -146,7 +146,7 @@ def test_a_tight_dev_shm_shrinks_the_staging_slots(monkeypatch):
     import threading
 
     from pt_dist._infra import shm_segment as segment
-    from pt_dist.backends import shm
+    from pt_dist.backends.shm import process_group_shm as shm
 
     monkeypatch.setattr(segment, "free_bytes", lambda: 24 << 20)
     groups = _two_groups_in_threads("tight")
@@ -198,7 +198,7 @@ def test_running_out_of_dev_shm_mid_collective_raises_on_every_rank(monkeypatch)
 
 _MANY_GROUPS = '''
 import threading, torch, pt_dist
-from pt_dist.backends import shm
+from pt_dist.backends.shm import process_group_shm as shm
 from pt_dist._infra.store import PrefixStore, TCPStore
 
 master = TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False, timeout=10)
@@ -384,7 +384,7 @@ def test_buffers_used_twice_are_collapsed_into_huge_pages(monkeypatch):
 def test_a_cross_memory_copy_the_kernel_splits_is_finished_and_a_stalled_one_raises():
     """process_vm_readv may move fewer bytes than asked (it stops at a page it cannot pin): the rest is asked
     for again until done; a call that moves nothing raises instead of looping forever."""
-    from pt_dist.backends.shm.cma import CrossMemory
+    from pt_dist._infra.cma import CrossMemory
 
     if not _self_read_works():
         pytest.skip("this kernel does not let a process read its own memory with process_vm_readv")
@@ -415,7 +415,7 @@ def _late_peer(rank, world_size):
         if rank == 1:
             time.sleep(0.02)  # inside rank 0's 2 ms spin and past it: rank 0 spins, then sleeps on the futex
         t0 = time.monotonic()
-        group._arrive_and_wait("test")
+        group.counters.arrive_and_wait("test")
         waited = time.monotonic() - t0
     finally:
         os.sched_yield = real

@@ -71,8 +71,8 @@ def _gather_scatter_broadcast(rank, world_size):
 
     def spy(name, fn):
         return lambda *a: (calls.append(name), fn(*a))[1]
-    for name in ("_symm_all_gather", "_symm_reduce_scatter", "_symm_broadcast"):  # count the path taken
-        setattr(pg, name, spy(name, getattr(pg, name)))
+    for name in ("all_gather", "reduce_scatter", "broadcast"):  # count the path taken
+        setattr(pg.symmetric, name, spy(f"symmetric.{name}", getattr(pg.symmetric, name)))
     out = {}
     for n, dtype in GATHER_SIZES:
         x = pt_dist.symmetric_empty(n, dtype=dtype)
@@ -108,8 +108,8 @@ def _gather_scatter_broadcast(rank, world_size):
         out["gather mismatch"] = None
     except DistError as e:
         out["gather mismatch"] = str(e)
-    for name in ("_symm_all_gather", "_symm_reduce_scatter", "_symm_broadcast"):
-        delattr(pg, name)
+    for name in ("all_gather", "reduce_scatter", "broadcast"):
+        delattr(pg.symmetric, name)
     return out
 
 
@@ -125,7 +125,8 @@ def _check_gather_scatter_broadcast(results, ws):
                 if f"scatter {n} {op}" in res:
                     assert torch.allclose(res[f"scatter {n} {op}"].double(), want, rtol=1e-6), (n, op, rank)
     for res in results:
-        assert res["calls"] == (["_symm_all_gather", "_symm_broadcast", "_symm_reduce_scatter"], 3 * 3 + 8 + 2)
+        assert res["calls"] == (["symmetric.all_gather", "symmetric.broadcast", "symmetric.reduce_scatter"],
+                               3 * 3 + 8 + 2)
         assert res["gather mismatch"] is not None and "symmetric" in res["gather mismatch"]
         assert torch.equal(res["in-place gather"], torch.cat([_values(r, 1000, torch.float32) for r in range(ws)]))
     for rank, res in enumerate(results):
@@ -158,8 +159,8 @@ def test_a_full_shared_memory_filesystem_is_a_clear_error_not_a_sigbus(monkeypat
     import errno
     import os
 
+    from pt_dist._infra import symmetric_heap as symmetric_memory
     from pt_dist._infra.store import TCPStore
-    from pt_dist.backends.shm import symmetric_memory
 
     heap = symmetric_memory.SymmetricHeap(TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10), 0, 1, 10.0, "g")
     assert heap.offset_of(heap.view(0, heap.allocate(100), 25, torch.float32)) == 0
@@ -177,8 +178,8 @@ def test_an_exactly_full_heap_still_takes_empty_tensors_but_nothing_more(monkeyp
     """A zero-size tensor takes no page: it once took one past the rank's region, growing the segment file."""
     import os
 
+    from pt_dist._infra import symmetric_heap as symmetric_memory
     from pt_dist._infra.store import TCPStore
-    from pt_dist.backends.shm import symmetric_memory
 
     monkeypatch.setattr(symmetric_memory, "HEAP_BYTES", 2 * symmetric_memory.ALIGN)
     heap = symmetric_memory.SymmetricHeap(TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10), 0, 1, 10.0, "g")

@@ -26,23 +26,11 @@ import torch
 MAGIC = b"PTD2"  # 2: the listener proves the secret too
 NONCE_BYTES = 16
 DIGEST_BYTES = 32
-SECRET_ENV = "PT_DIST_SECRET"
 HANDSHAKE_TIMEOUT = 10.0
 
 
 class ProtocolError(ConnectionError):
     """The peer sent something that is not a well-formed frame (or failed the handshake)."""
-
-
-def resolve_secret(secret: str | bytes | None, rendezvous: str) -> bytes:
-    """The job's shared secret: explicit, else ``$PT_DIST_SECRET``, else derived from the rendezvous address.
-
-    The derived default only keeps out clients that do not know the address; a real job should
-    export ``PT_DIST_SECRET`` (or put ``?secret=`` in the init_method) on every rank.
-    """
-    if secret is None:
-        secret = os.environ.get(SECRET_ENV) or f"pt_dist-rendezvous:{rendezvous}"
-    return secret.encode() if isinstance(secret, str) else bytes(secret)
 
 
 def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:

@@ -28,19 +28,23 @@ ABORT = 0
 
 
 class CounterBarrier:
-    """Mixin for ``ProcessGroupSHM``: needs ``_ctl`` (the control words as int64), ``_base`` (their address),
-    ``_futex``, ``_epoch``, ``mesh`` and the group's rank, size, timeout and name."""
+    """The shm group's barrier over its control words: ``ctl`` (int64 view: word 0 the abort word, word
+    ``(1 + j) * 8`` rank j's counter, word ``(1 + size + j) * 8`` its pid) at address ``base``; ``pg`` is the group
+    (rank, size, name and its current timeout)."""
 
-    _closing = False
+    def __init__(self, pg, ctl, base: int, futex):
+        self.pg, self._ctl, self._base, self._futex = pg, ctl, base, futex
+        self.epoch = 0  # barriers so far: every rank's counter reaches it together
+        self.closing = False  # this rank is shutting the group down, from another thread
 
-    def _arrive_and_wait(self, op: str) -> None:
-        """Barrier on the counters: bump ours and wake its sleepers, then wait for every peer's."""
-        self._epoch += 1
-        target, ctl = self._epoch, self._ctl
-        me = (1 + self._rank) * 8
+    def arrive_and_wait(self, op: str) -> None:
+        """Bump our counter and wake its sleepers, then wait for every peer's."""
+        self.epoch += 1
+        target, ctl = self.epoch, self._ctl
+        me = (1 + self.pg._rank) * 8
         ctl[me] = target
         self._futex.wake(self._base + me * 8)
-        for j in range(self._size):
+        for j in range(self.pg._size):
             idx = (1 + j) * 8
             if ctl[idx] < target:
                 self._wait_for(op, idx, target)
@@ -59,7 +63,7 @@ class CounterBarrier:
             os.sched_yield()
             if time.monotonic() >= spin_end:
                 break
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.pg.timeout
         next_check = 0.0
         while True:
             seen = ctl[idx]
@@ -67,37 +71,48 @@ class CounterBarrier:
                 return
             now = time.monotonic()
             if now >= next_check:
-                self._check_peers(op, target, now >= deadline)
+                self.check_peers(op, target, now >= deadline)
                 next_check = now + 0.005
             self._futex.wait(self._base + idx * 8, seen, 0.005)
 
-    def _check_peers(self, op: str, target: int, timed_out: bool) -> None:
-        ctl = self._ctl
-        lagging = [j for j in range(self._size) if ctl[(1 + j) * 8] < target]
+    def check_peers(self, op: str, target: int | None = None, timed_out: bool = False) -> None:
+        """Raise if a rank short of ``target`` (default: the next barrier) aborted, left, exited, or is late."""
+        ctl, size, name = self._ctl, self.pg._size, self.pg.group_name
+        target = self.epoch + 1 if target is None else target
+        lagging = [j for j in range(size) if ctl[(1 + j) * 8] < target]
         if ctl[ABORT]:
-            raise DistBackendError(f"{op} on shm group {self.group_name!r}: rank {ctl[ABORT] - 1} aborted the group "
+            raise DistBackendError(f"{op} on shm group {name!r}: rank {ctl[ABORT] - 1} aborted the group "
                                    f"after a failure; {missing_text(lagging)}")
-        if self._closing:
-            raise DistBackendError(f"{op} on shm group {self.group_name!r}: the group was shut down (destroyed) "
+        if self.closing:
+            raise DistBackendError(f"{op} on shm group {name!r}: the group was shut down (destroyed) "
                                    f"mid-collective; {missing_text(lagging)}")
-        pids = {j: ctl[(1 + self._size + j) * LINE // 8] for j in lagging}
+        pids = {j: ctl[(1 + size + j) * LINE // 8] for j in lagging}
         left = [j for j, pid in pids.items() if pid == 0]  # a rank's shutdown clears its pid word
         if left:
-            raise DistBackendError(f"{op} on shm group {self.group_name!r}: ranks {left} shut the group down "
+            raise DistBackendError(f"{op} on shm group {name!r}: ranks {left} shut the group down "
                                    f"(destroy_process_group); {missing_text(left)}")
         dead = [j for j, pid in pids.items() if pid_dead(pid)]
         if dead:
-            raise DistBackendError(f"{op} on shm group {self.group_name!r}: ranks {dead} exited; {missing_text(dead)}")
+            raise DistBackendError(f"{op} on shm group {name!r}: ranks {dead} exited; {missing_text(dead)}")
         if timed_out:
-            raise DistBackendError(f"{op} on shm group {self.group_name!r} timed out after {self.timeout:.1f}s; "
+            raise DistBackendError(f"{op} on shm group {name!r} timed out after {self.pg.timeout:.1f}s; "
                                    f"{missing_text(lagging)}")
 
-    def _abort(self) -> None:
-        if not self._ctl[ABORT]:
-            self._ctl[ABORT] = self._rank + 1
-        self._wake_sleepers()
-        self.mesh.close()
+    def aborted(self) -> bool:
+        return bool(self._ctl[ABORT])
 
-    def _wake_sleepers(self) -> None:
-        for j in range(self._size):  # sleepers on any counter re-check the abort word (and our flag) at once
+    def abort(self) -> None:
+        """Raise the abort word (rank+1 of the first rank to give up) and wake every sleeper to see it."""
+        if not self._ctl[ABORT]:
+            self._ctl[ABORT] = self.pg._rank + 1
+        self.wake_sleepers()
+
+    def leave(self) -> None:
+        """This rank is shutting the group down: its waits raise now, and so do peers waiting for it."""
+        self.closing = True
+        self._ctl[(1 + self.pg._size + self.pg._rank) * LINE // 8] = 0
+        self.wake_sleepers()
+
+    def wake_sleepers(self) -> None:
+        for j in range(self.pg._size):  # sleepers on any counter re-check the abort word (and our flag) at once
             self._futex.wake(self._base + (1 + j) * LINE)
