@@ -1,25 +1,23 @@
 """``DeviceMesh`` / ``init_device_mesh``: an n-d array of global ranks with one pt_dist group per mesh-dim slice,
 as torch's ``torch/distributed/device_mesh.py``.
 
-Every rank builds every slice's group (``pt_dist.new_group``, same order everywhere: mesh dim 0's slices first,
-then dim 1's, ...), keeping the one it is in; a slice that is the whole world in order reuses the default group,
-as torch's does. ``mesh["dp"]`` cuts a sub-mesh out of the root by name and hands it the root's group for that
+Every rank builds every slice's group (``new_group``, same order everywhere: mesh dim 0's slices first, then dim
+1's, ...), keeping the one it is in; a slice that is the whole world in order reuses the default group, as
+torch's does. ``mesh["dp"]`` cuts a sub-mesh out of the mesh by name and hands it the mesh's group for that
 dimension: slicing creates no group and communicates nothing.
 """
 
 from __future__ import annotations
 
-import logging
+import math
 import threading
 
 import torch
 
-import pt_dist
+from pt_dist import distributed_c10d as c10d
 from pt_dist.distributed_c10d import GroupMember
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
-
-logger = logging.getLogger(__name__)
 
 
 class _MeshEnv(threading.local):
@@ -52,94 +50,68 @@ class DeviceMesh:
                  backend_override=None, _init_backend: bool = True, _rank: int | None = None,
                  _dim_groups: list | None = None, _strides: tuple[int, ...] | None = None) -> None:
         tensor = _as_mesh_tensor(mesh)
+        names = tuple(mesh_dim_names) if mesh_dim_names else None
+        flat = tensor.flatten().tolist()
         if tensor.ndim == 0:
             raise ValueError(f"DeviceMesh: mesh must have at least one dimension, got {mesh!r}")
-        names = tuple(mesh_dim_names) if mesh_dim_names else None
         if names is not None and len(names) != tensor.ndim:
-            raise RuntimeError(f"mesh_dim_names {names} has {len(names)} names for a {tensor.ndim}-d mesh of shape "
-                               f"{tuple(tensor.shape)}")
+            raise RuntimeError(f"mesh_shape and mesh_dim_names should have same length! Found len(mesh_dim_names): "
+                               f"{len(names)} and len(mesh_shape):{tensor.ndim}.")
         if names is not None and len(set(names)) != len(names):
             raise RuntimeError(f"Each mesh_dim_name must be unique. Found repeated mesh_dim_name in mesh_dim_names "
                                f"{names}")
         if backend_override is not None:
             raise NotImplementedError("DeviceMesh: backend_override is not supported by pt_dist (one backend per "
                                       f"world), got {backend_override!r}")
-        flat = tensor.flatten().tolist()
         if len(set(flat)) != len(flat):
             raise RuntimeError(f"DeviceMesh: mesh {tensor.tolist()} lists a rank more than once")
-        self._device_type = device_type
-        self._mesh = tensor
-        self._mesh_dim_names = names
+        self.device_type, self.mesh, self.mesh_dim_names = device_type, tensor, names
         self._strides = _strides if _strides is not None else tuple(tensor.stride())
         self._flatten_rank_map = tuple(flat)
-        if _init_backend:
-            world = self._setup_world_group()
-            if any(not 0 <= r < world for r in flat):
-                raise RuntimeError(f"DeviceMesh: mesh {tensor.tolist()} names ranks outside the world of size "
-                                   f"{world}")
-            self._dim_groups = self._init_process_groups()
-        else:
-            self._dim_groups = list(_dim_groups or [])
-        self._rank = pt_dist.get_rank() if _rank is None else _rank
+        self._dim_groups = self._init_process_groups() if _init_backend else list(_dim_groups or [])
+        self._rank = c10d.get_rank() if _rank is None else _rank
         hits = (tensor == self._rank).nonzero()
         self._coordinate_on_dim = tuple(hits[0].tolist()) if hits.size(0) else None
 
-    def _setup_world_group(self) -> int:
-        if not pt_dist.is_initialized():
-            pt_dist.init_process_group()
-        world = pt_dist.get_world_size()
-        if self._mesh.numel() > world:
-            raise RuntimeError(f"Mesh should not be bigger than default world size {world}, but found "
-                               f"{self._mesh.numel()} ranks!")
-        return world
-
     def _init_process_groups(self) -> list:
         """One group per 1-d slice of every mesh dim, built on every rank in the same order (torch's
-        ``_init_one_process_group``, its ``new_group`` branch)."""
-        me, world = pt_dist.get_rank(), pt_dist.get_world_size()
+        ``_init_one_process_group``, its ``new_group`` branch), the world initialised first if it is not."""
+        if not c10d.is_initialized():
+            c10d.init_process_group()
+        me, world = c10d.get_rank(), c10d.get_world_size()
+        if self.mesh.numel() > world:
+            raise RuntimeError(f"Mesh should not be bigger than default world size {world}, but found "
+                               f"{self.mesh.numel()} ranks!")
+        if any(not 0 <= r < world for r in self._flatten_rank_map):
+            raise RuntimeError(f"DeviceMesh: mesh {self.mesh.tolist()} names ranks outside the world of size {world}")
         groups = []
-        for dim in range(self._mesh.ndim):
-            slices = self._mesh.swapdims(dim, -1).reshape(-1, self._mesh.size(dim)).tolist()
+        for dim in range(self.mesh.ndim):
             mine = None
-            for ranks in slices:
+            for ranks in self.mesh.swapdims(dim, -1).reshape(-1, self.mesh.size(dim)).tolist():
                 if ranks == list(range(world)):
-                    group = pt_dist.group.WORLD  # the whole world, in order: the default group, as torch's
+                    group = c10d.group.WORLD  # the whole world, in order: the default group, as torch's
                 else:
-                    group = pt_dist.new_group(ranks=ranks, group_desc=f"mesh_{self._dim_name(dim)}")
+                    name = self.mesh_dim_names[dim] if self.mesh_dim_names else f"dim_{dim}"
+                    group = c10d.new_group(ranks=ranks, group_desc=f"mesh_{name}")
                 if me in ranks:
                     mine = group
             groups.append(mine)
         return groups
 
-    def _dim_name(self, dim: int) -> str:
-        return self._mesh_dim_names[dim] if self._mesh_dim_names else f"dim_{dim}"
-
     # -- what the mesh is ------------------------------------------------------------------------------------------
     @property
-    def device_type(self) -> str:
-        return self._device_type
-
-    @property
-    def mesh(self) -> torch.Tensor:
-        return self._mesh
-
-    @property
-    def mesh_dim_names(self) -> tuple[str, ...] | None:
-        return self._mesh_dim_names
-
-    @property
     def ndim(self) -> int:
-        return self._mesh.ndim
+        return self.mesh.ndim
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self._mesh.shape)
+        return tuple(self.mesh.shape)
 
     def size(self, mesh_dim: int | None = None) -> int:
-        return self._mesh.numel() if mesh_dim is None else self._mesh.size(self._dim_index(mesh_dim))
+        return self.mesh.numel() if mesh_dim is None else self.mesh.size(self._dim_index(mesh_dim))
 
     def get_rank(self) -> int:
-        return pt_dist.get_rank()
+        return c10d.get_rank()
 
     def get_coordinate(self) -> tuple[int, ...] | None:
         """This rank's index along every mesh dim; None when it is not in the mesh."""
@@ -150,12 +122,12 @@ class DeviceMesh:
 
     # -- groups ----------------------------------------------------------------------------------------------------
     def _get_mesh_dim_by_name(self, mesh_dim_name: str) -> int:
-        if not self._mesh_dim_names:
+        if not self.mesh_dim_names:
             raise KeyError("No `mesh_dim_names` found.")
-        if mesh_dim_name not in self._mesh_dim_names:
+        if mesh_dim_name not in self.mesh_dim_names:
             raise KeyError(f"Mesh dimension '{mesh_dim_name}' does not exist. Available mesh dimensions are: "
-                           f"mesh_dim_names={self._mesh_dim_names}")
-        return self._mesh_dim_names.index(mesh_dim_name)
+                           f"mesh_dim_names={self.mesh_dim_names}")
+        return self.mesh_dim_names.index(mesh_dim_name)
 
     def _dim_index(self, mesh_dim: int | str) -> int:
         if isinstance(mesh_dim, str):
@@ -166,45 +138,39 @@ class DeviceMesh:
 
     def get_group(self, mesh_dim: int | str | None = None):
         """The pt_dist group of this rank's slice along ``mesh_dim`` (name or index; optional on a 1-d mesh)."""
-        if mesh_dim is None:
-            if self.ndim > 1:
-                raise RuntimeError(f"Found the DeviceMesh have {self.ndim} dimensions. Optional kwarg `mesh_dim` "
-                                   "needs to be specified when device_mesh.ndim > 1.")
-            mesh_dim = 0
+        if mesh_dim is None and self.ndim > 1:
+            raise RuntimeError(f"Found the DeviceMesh have {self.ndim} dimensions. Optional kwarg `mesh_dim` needs "
+                               "to be specified when device_mesh.ndim > 1.")
+        mesh_dim = 0 if mesh_dim is None else mesh_dim
         group = self._dim_groups[self._dim_index(mesh_dim)] if self._dim_groups else None
         if group is None or group is GroupMember.NON_GROUP_MEMBER:
-            raise RuntimeError(f"rank {pt_dist.get_rank()} has no group on mesh dim {mesh_dim!r}: it is not in "
-                               f"mesh {self._mesh.tolist()}")
+            raise RuntimeError(f"rank {c10d.get_rank()} has no group on mesh dim {mesh_dim!r}: it is not in "
+                               f"mesh {self.mesh.tolist()}")
         return group
 
     def get_all_groups(self) -> list:
         return [self.get_group(i) for i in range(self.ndim)]
 
     def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
-        if mesh_dim is None and self.ndim > 1:
-            raise RuntimeError(f"Found the DeviceMesh have {self.ndim} dimensions. Optional kwarg `mesh_dim` needs "
-                               "to be specified when device_mesh.ndim > 1.")
-        return pt_dist.get_rank(self.get_group(0 if mesh_dim is None else mesh_dim))
+        return c10d.get_rank(self.get_group(mesh_dim))
 
     # -- slicing ---------------------------------------------------------------------------------------------------
     def __getitem__(self, mesh_dim_names: str | tuple[str, ...]) -> DeviceMesh:
         """The sub-mesh over the named dims (in the order given), through this rank: torch's ``mesh["dp"]``."""
-        if not self._mesh_dim_names:
+        if not self.mesh_dim_names:
             raise RuntimeError("Cannot slice a DeviceMesh without mesh_dim_names!")
         names = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else tuple(mesh_dim_names)
-        if names == self._mesh_dim_names:
+        if names == self.mesh_dim_names:
             return self
         dims = [self._get_mesh_dim_by_name(n) for n in names]
         if dims != sorted(set(dims)):  # torch's rule: a sub-mesh keeps the root's dim order
             raise KeyError(f"Invalid mesh_dim_names {names} specified. Mesh dim indices should be in ascending "
                            "order.")
         if self._coordinate_on_dim is None:
-            raise RuntimeError(f"rank {self._rank} is not in mesh {self._mesh.tolist()}: no sub-mesh {names}")
-        rest = [d for d in range(self.ndim) if d not in dims]
-        index = tuple(self._coordinate_on_dim[d] if d in rest else slice(None) for d in range(self.ndim))
-        sub = self._mesh[index].contiguous()
-        return DeviceMesh(self._device_type, sub, mesh_dim_names=names, _init_backend=False, _rank=self._rank,
-                          _dim_groups=[self._dim_groups[d] for d in dims],
+            raise RuntimeError(f"rank {self._rank} is not in mesh {self.mesh.tolist()}: no sub-mesh {names}")
+        index = tuple(slice(None) if d in dims else self._coordinate_on_dim[d] for d in range(self.ndim))
+        return DeviceMesh(self.device_type, self.mesh[index].contiguous(), mesh_dim_names=names, _init_backend=False,
+                          _rank=self._rank, _dim_groups=[self._dim_groups[d] for d in dims],
                           _strides=tuple(self._strides[d] for d in dims))
 
     @staticmethod
@@ -215,7 +181,7 @@ class DeviceMesh:
             if len(group) != 1:
                 raise NotImplementedError(f"DeviceMesh.from_group: pt_dist takes one group, got {len(group)}")
             group = group[0]
-        ranks = pt_dist.get_process_group_ranks(group)
+        ranks = c10d.get_process_group_ranks(group)
         if mesh is not None and _as_mesh_tensor(mesh).flatten().tolist() != ranks:
             raise ValueError(f"DeviceMesh.from_group: mesh {mesh!r} differs from the group's ranks {ranks}")
         return DeviceMesh(device_type, ranks, mesh_dim_names=mesh_dim_names, _init_backend=False,
@@ -230,12 +196,12 @@ class DeviceMesh:
         _mesh_resources.mesh_stack.pop()
 
     def __repr__(self) -> str:
-        sizes = (f"({', '.join(f'{k}={v}' for k, v in zip(self._mesh_dim_names, self.shape))})"
-                 if self._mesh_dim_names else f"{self.shape}")
-        return f"DeviceMesh({sizes}, '{self._device_type}', stride={self._strides})"
+        sizes = (f"({', '.join(f'{k}={v}' for k, v in zip(self.mesh_dim_names, self.shape))})"
+                 if self.mesh_dim_names else f"{self.shape}")
+        return f"DeviceMesh({sizes}, '{self.device_type}', stride={self._strides})"
 
     def _hash_key(self) -> tuple:
-        return self._flatten_rank_map, self.shape, self._strides, self._device_type, self._mesh_dim_names
+        return self._flatten_rank_map, self.shape, self._strides, self.device_type, self.mesh_dim_names
 
     def __hash__(self) -> int:  # every DTensor op looks its mesh up: hashed once
         if self.__dict__.get("_hash") is None:
@@ -259,18 +225,8 @@ def init_device_mesh(device_type: str, mesh_shape: tuple[int, ...], *,
     mesh_shape = tuple(mesh_shape)
     if not mesh_shape or any(not isinstance(s, int) or s < 1 for s in mesh_shape):
         raise ValueError(f"init_device_mesh: mesh_shape must be positive ints, got {mesh_shape!r}")
-    if mesh_dim_names is not None:
-        if len(set(mesh_dim_names)) != len(mesh_dim_names):
-            raise RuntimeError("Each mesh_dim_name must be unique. Found repeated mesh_dim_name in mesh_dim_names "
-                               f"{tuple(mesh_dim_names)}")
-        if len(mesh_shape) != len(mesh_dim_names):
-            raise RuntimeError("mesh_shape and mesh_dim_names should have same length! Found len(mesh_dim_names): "
-                               f"{len(mesh_dim_names)} and len(mesh_shape):{len(mesh_shape)}.")
     if device_type and not device_type.isalpha():
         raise RuntimeError(f"Device type with index is not supported but got {device_type}. If you maintained a "
                            "'torch.device' object, it's recommended to pass in 'device.type'.")
-    n = 1
-    for s in mesh_shape:
-        n *= s
-    mesh = torch.arange(n, dtype=torch.int).view(mesh_shape)
+    mesh = torch.arange(math.prod(mesh_shape), dtype=torch.int).view(mesh_shape)
     return DeviceMesh(device_type, mesh, mesh_dim_names=mesh_dim_names, backend_override=backend_override)

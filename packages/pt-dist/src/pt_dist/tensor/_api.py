@@ -10,13 +10,13 @@ Partial gets Replicate (torch's guarantees).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 
 import torch
 
 from pt_dist.device_mesh import DeviceMesh, _mesh_resources
 from pt_dist.tensor._collective_utils import mesh_broadcast, mesh_scatter
+from pt_dist.tensor._dispatch import dispatch
 from pt_dist.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from pt_dist.tensor._redistribute import Redistribute, redistribute_local_tensor
 from pt_dist.tensor._utils import (
@@ -28,7 +28,7 @@ from pt_dist.tensor._utils import (
 )
 from pt_dist.tensor.placement_types import Partial, Placement, Replicate, Shard
 
-__all__ = ["DTensor", "distribute_module", "distribute_tensor"]
+__all__ = ["DTensor", "distribute_tensor"]
 
 
 def _normalize_placements_for_grad(placements: Sequence[Placement]) -> tuple[Placement, ...]:
@@ -112,9 +112,7 @@ class DTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from pt_dist.tensor._dispatch import dispatch
-
-        return dispatch(func, args, kwargs or {})
+        return dispatch(cls, func, args, kwargs or {})
 
     def __tensor_flatten__(self):
         return ["_local_tensor"], (self._spec, self.requires_grad)
@@ -250,34 +248,3 @@ def distribute_tensor(tensor: torch.Tensor, device_mesh: DeviceMesh | None = Non
     spec = DTensorSpec(device_mesh, placements, TensorMeta(tensor.size(), tensor.stride(), tensor.dtype))
     return DTensor(local.requires_grad_(tensor.requires_grad), spec, requires_grad=tensor.requires_grad)
 
-
-def distribute_module(module: torch.nn.Module, device_mesh: DeviceMesh | None = None, partition_fn=None,
-                      input_fn=None, output_fn=None) -> torch.nn.Module:
-    """``partition_fn(name, submodule, mesh)`` on every submodule, every parameter and buffer it left plain then
-    replicated; ``input_fn(module, inputs, mesh)`` / ``output_fn(module, outputs, mesh)`` as forward hooks
-    (torch's ``distribute_module``, without its deprecated two-argument callbacks)."""
-    if getattr(module, "_distribute_module_applied", False):
-        raise RuntimeError("distribute_module should only be called once on a module, but it has already been "
-                           "called on this module!")
-    device_mesh = device_mesh or _mesh_resources.get_current_mesh()
-    for fn, what in ((input_fn, "input_fn"), (output_fn, "output_fn")):
-        if fn is not None and len(inspect.signature(fn).parameters) != 3:
-            raise ValueError(f"{what} should take in 3 arguments, but got "
-                             f"{len(inspect.signature(fn).parameters)} arguments!")
-    replicate = [Replicate()] * device_mesh.ndim
-    for name, sub in module.named_modules():
-        if partition_fn is not None:
-            partition_fn(name, sub, device_mesh)
-        for key, param in sub._parameters.items():
-            if param is not None and not isinstance(param, DTensor):
-                sub.register_parameter(key, torch.nn.Parameter(distribute_tensor(param.data, device_mesh, replicate),
-                                                               requires_grad=param.requires_grad))
-        for key, buf in sub._buffers.items():
-            if buf is not None and not isinstance(buf, DTensor):
-                sub._buffers[key] = distribute_tensor(buf, device_mesh, replicate)
-    if input_fn is not None:
-        module.register_forward_pre_hook(lambda mod, inputs: input_fn(mod, inputs, device_mesh))
-    if output_fn is not None:
-        module.register_forward_hook(lambda mod, inputs, outputs: output_fn(mod, outputs, device_mesh))
-    module._distribute_module_applied = True
-    return module

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-import pt_dist
+from pt_dist import distributed_c10d as c10d
 from pt_dist.process_group import ReduceOp
 
 __all__ = ["mesh_all_gather", "mesh_all_reduce", "mesh_broadcast", "mesh_reduce_scatter", "mesh_scatter",
@@ -15,7 +15,7 @@ __all__ = ["mesh_all_gather", "mesh_all_reduce", "mesh_broadcast", "mesh_reduce_
 
 def mesh_broadcast(tensor: torch.Tensor, mesh, mesh_dim: int, group_src: int = 0) -> torch.Tensor:
     """``tensor`` of the mesh dim's rank ``group_src`` on every rank of the dim, in place."""
-    pt_dist.broadcast(tensor, group=mesh.get_group(mesh_dim), group_src=group_src)
+    c10d.broadcast(tensor, group=mesh.get_group(mesh_dim), group_src=group_src)
     return tensor
 
 
@@ -23,8 +23,8 @@ def mesh_scatter(output: torch.Tensor, scatter_list: list[torch.Tensor], mesh, m
                  group_src: int = 0) -> torch.Tensor:
     """``scatter_list[i]`` of the dim's rank ``group_src`` into ``output`` on the dim's rank ``i``."""
     group = mesh.get_group(mesh_dim)
-    mine = pt_dist.get_rank(group) == group_src
-    pt_dist.scatter(output, scatter_list if mine else None, group=group, group_src=group_src)
+    mine = c10d.get_rank(group) == group_src
+    c10d.scatter(output, scatter_list if mine else None, group=group, group_src=group_src)
     return output
 
 
@@ -33,13 +33,13 @@ def mesh_all_gather(tensor: torch.Tensor, gather_dim: int, mesh, mesh_dim: int) 
     n = mesh.size(mesh_dim)
     moved = tensor.movedim(gather_dim, 0).contiguous()
     out = moved.new_empty((n * moved.size(0), *moved.shape[1:]))
-    pt_dist.all_gather_into_tensor(out, moved, group=mesh.get_group(mesh_dim))
+    c10d.all_gather_into_tensor(out, moved, group=mesh.get_group(mesh_dim))
     return out.movedim(0, gather_dim)
 
 
 def mesh_all_reduce(tensor: torch.Tensor, reduce_op: str, mesh, mesh_dim: int) -> torch.Tensor:
     out = tensor.contiguous().clone()
-    pt_dist.all_reduce(out, ReduceOp.of(reduce_op), group=mesh.get_group(mesh_dim))
+    c10d.all_reduce(out, ReduceOp.of(reduce_op), group=mesh.get_group(mesh_dim))
     return out
 
 
@@ -50,7 +50,7 @@ def mesh_reduce_scatter(tensor: torch.Tensor, reduce_op: str, scatter_dim: int, 
     n = mesh.size(mesh_dim)
     moved = tensor.movedim(scatter_dim, 0).contiguous()
     out = moved.new_empty((moved.size(0) // n, *moved.shape[1:]))
-    pt_dist.reduce_scatter_tensor(out, moved, ReduceOp.of(reduce_op), group=mesh.get_group(mesh_dim))
+    c10d.reduce_scatter_tensor(out, moved, ReduceOp.of(reduce_op), group=mesh.get_group(mesh_dim))
     return out.movedim(0, scatter_dim)
 
 
@@ -61,5 +61,5 @@ def shard_dim_alltoall(tensor: torch.Tensor, gather_dim: int, scatter_dim: int, 
     n = mesh.size(mesh_dim)
     chunks = torch.stack(list(tensor.chunk(n, scatter_dim))).contiguous()  # [n, ...]: chunk j for rank j
     out = torch.empty_like(chunks)
-    pt_dist.all_to_all_single(out, chunks, group=mesh.get_group(mesh_dim))
+    c10d.all_to_all_single(out, chunks, group=mesh.get_group(mesh_dim))
     return torch.cat(list(out.unbind(0)), gather_dim)

@@ -7,17 +7,18 @@ The rule's answer and the global output shapes depend only on the op, the argume
 and the non-tensor values, so they are computed once per such key and cached (torch's sharding-propagation
 cache). An op without a rule raises ``NotImplementedError`` naming it: nothing is gathered behind the caller's
 back. A plain tensor argument is refused unless it holds one element (then it is a replicated scalar, as torch's).
+
+``DTensor.__torch_dispatch__`` passes its class in, so this module needs no import of ``_api.py``.
 """
 
 from __future__ import annotations
 
-import functools
+from dataclasses import dataclass
 
 import torch
 
-from pt_dist.tensor._api import DTensor
 from pt_dist.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from pt_dist.tensor._ops.utils import OpCall, rule_for
+from pt_dist.tensor._ops.utils import OpCall, returns_self, rule_for
 from pt_dist.tensor._redistribute import redistribute_local_tensor
 from pt_dist.tensor.placement_types import Replicate
 
@@ -53,8 +54,8 @@ def _unflatten(flat: list, tree) -> tuple[tuple, dict]:
     return tuple(out[:nargs]), dict(zip(keys, out[nargs:]))
 
 
-def _key(x):
-    if isinstance(x, DTensor):
+def _key(x, dtensor):
+    if isinstance(x, dtensor):
         return ("D", x._spec.tensor_meta, x._spec.placements)
     if isinstance(x, torch.Tensor):
         return ("T", tuple(x.shape), tuple(x.stride()), x.dtype)
@@ -65,29 +66,33 @@ def _key(x):
     return None  # not hashable as a value: decided afresh each call
 
 
-def _global_meta(op, flat, tree) -> list:
+@dataclass
+class _Decision:
+    """What the cache keeps per key: the rule's answer, where the tensor arguments are in the flat list, and the
+    global output metas (filled by the first call that has a tensor output). No specs: they would hold this
+    call's mesh (and its groups)."""
+
+    sharding: object  # the rule's OutputSharding
+    positions: list[int]
+    metas: list | None = None
+
+
+def _global_meta(op, flat, tree, dtensor) -> list:
     """The op's output(s) on meta tensors of the global shapes: global shape, stride and dtype of each output."""
     # a plain 0-d tensor stays as it is (a CPU scalar meets meta tensors); every other tensor becomes meta
     metas = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-             if isinstance(x, DTensor) or (isinstance(x, torch.Tensor) and x.ndim > 0) else x for x in flat]
+             if isinstance(x, dtensor) or (isinstance(x, torch.Tensor) and x.ndim > 0) else x for x in flat]
     margs, mkwargs = _unflatten(metas, tree)
     out = op(*margs, **mkwargs)
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
     return [TensorMeta(o.shape, tuple(o.stride()), o.dtype) if isinstance(o, torch.Tensor) else None for o in outs]
 
 
-@functools.cache
-def _returns_self(op) -> bool:
-    """An in-place op (``add_``, ``copy_``): its first return aliases, and writes, its first argument."""
-    rets = op._schema.returns
-    return bool(rets) and rets[0].alias_info is not None and rets[0].alias_info.is_write
-
-
-def _decide(op, args, kwargs, flat, mesh):
-    """[rule's OutputSharding, -, positions of the tensor arguments, the global output metas (filled lazily)]."""
+def _decide(op, args, kwargs, flat, mesh, dtensor) -> _Decision:
+    """Ask the op's rule, given every tensor argument's spec (a plain one-element tensor as a Replicate one)."""
     specs, positions = [], []
     for i, x in enumerate(flat):
-        if isinstance(x, DTensor):
+        if isinstance(x, dtensor):
             if x.device_mesh != mesh:
                 raise NotImplementedError(f"{op}: DTensor arguments on different meshes ({mesh} and "
                                           f"{x.device_mesh})")
@@ -100,67 +105,66 @@ def _decide(op, args, kwargs, flat, mesh):
             specs.append(DTensorSpec(mesh, (Replicate(),) * mesh.ndim,
                                      TensorMeta(x.shape, tuple(x.stride()), x.dtype)))
             positions.append(i)
-    plain = [not isinstance(flat[pos], DTensor) for pos in positions]
-    decision = rule_for(op)(OpCall(op, args, kwargs, specs, mesh, plain))
-    if decision.local_args is not None:  # cached: keep the rewritten values, not this call's tensors
-        lflat, ltree = _flatten(decision.local_args, decision.local_kwargs or {})
-        decision.local_args, decision.local_kwargs = _unflatten(
+    plain = [not isinstance(flat[pos], dtensor) for pos in positions]
+    sharding = rule_for(op)(OpCall(op, args, kwargs, specs, mesh, plain))
+    if sharding.local_args is not None:  # cached: keep the rewritten values, not this call's tensors
+        lflat, ltree = _flatten(sharding.local_args, sharding.local_kwargs or {})
+        sharding.local_args, sharding.local_kwargs = _unflatten(
             [None if isinstance(x, torch.Tensor) else x for x in lflat], ltree)
-    return [decision, None, positions, None]  # no specs kept: they would hold this call's mesh (and groups)
+    return _Decision(sharding, positions)
 
 
-def dispatch(op, args, kwargs):
+def dispatch(dtensor: type, op, args, kwargs):
+    """``op(*args, **kwargs)`` where some arguments are instances of ``dtensor`` (the DTensor class)."""
     flat, tree = _flatten(args, kwargs)
-    mesh = next(x for x in flat if isinstance(x, DTensor)).device_mesh
-    keys = tuple(_key(x) for x in flat)
+    mesh = next(x for x in flat if isinstance(x, dtensor)).device_mesh
+    keys = tuple(_key(x, dtensor) for x in flat)
     # this rank's coordinate too: a view's local size depends on it, and a process may join another world later
     key = (op, mesh, mesh._coordinate_on_dim, tree, keys) if None not in keys else None
-    entry = _CACHE.get(key) if key is not None else None
-    if entry is None:
-        entry = _decide(op, args, kwargs, flat, mesh)
+    decision = _CACHE.get(key) if key is not None else None
+    if decision is None:
+        decision = _decide(op, args, kwargs, flat, mesh, dtensor)
         if key is not None:
-            _CACHE[key] = entry
-    decision, _, positions, _ = entry
+            _CACHE[key] = decision
+    sharding = decision.sharding
 
+    # 1. redistribute the DTensor arguments to the placements the rule asks for; run the op on the local tensors
     local_flat = list(flat)
-    for pos, want in zip(positions, decision.input_placements):
+    for pos, want in zip(decision.positions, sharding.input_placements):
         x = flat[pos]
-        if not isinstance(x, DTensor):
+        if not isinstance(x, dtensor):
             continue
         spec, local = x._spec, x._local_tensor  # this call's (a cached spec's mesh may be an older world's)
         if want is not None and want != spec.placements:
-            if pos == 0 and _returns_self(op):
+            if pos == 0 and returns_self(op):
                 raise RuntimeError(f"{op}: the in-place op would change self's placements {spec.placements} to "
                                    f"{tuple(want)}; redistribute self first")
             local = redistribute_local_tensor(local, spec, DTensorSpec(mesh, tuple(want), spec.tensor_meta))
         local_flat[pos] = local
-    if decision.local_args is not None:  # the rule rewrote a non-tensor argument (a view's size) for the local op
-        new_flat, new_tree = _flatten(decision.local_args, decision.local_kwargs or {})
+    if sharding.local_args is not None:  # the rule rewrote a non-tensor argument (a view's size) for the local op
+        new_flat, new_tree = _flatten(sharding.local_args, sharding.local_kwargs or {})
         if new_tree != tree:
             raise AssertionError(f"{op}: a rule's local arguments must keep the arguments' structure")
         local_flat = [lf if isinstance(x, torch.Tensor) else nf for x, lf, nf in zip(flat, local_flat, new_flat)]
     largs, lkwargs = _unflatten(local_flat, tree)
     out = op(*largs, **lkwargs)
 
-    if _returns_self(op) and isinstance(flat[0], DTensor):
+    # 2. wrap the local results with the rule's output placements and the op's global shapes
+    if returns_self(op) and isinstance(flat[0], dtensor):
         return flat[0]
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
     if not any(isinstance(o, torch.Tensor) for o in outs):
         return out  # a Python value (item(), a size): nothing to wrap, no meta run
-    if entry[3] is None:
-        entry[3] = _global_meta(op, flat, tree)
-    wrapped = _wrap(outs, entry[3], decision.output_placements, mesh, op)
-    return type(out)(wrapped) if isinstance(out, (list, tuple)) else wrapped[0]
-
-
-def _wrap(outs, metas, placements, mesh, op) -> list:
+    if decision.metas is None:
+        decision.metas = _global_meta(op, flat, tree, dtensor)
+    placements = sharding.output_placements
     per_output = placements if isinstance(placements, list) else [placements] * len(outs)
     wrapped = []
-    for o, meta, p in zip(outs, metas, per_output):
+    for o, meta, p in zip(outs, decision.metas, per_output):
         if isinstance(o, torch.Tensor):
             if p is None:
                 raise NotImplementedError(f"{op}: its sharding rule gave no placement for an output")
-            o = DTensor(o, DTensorSpec(mesh, tuple(p), TensorMeta(meta.shape, meta.stride, o.dtype)),
+            o = dtensor(o, DTensorSpec(mesh, tuple(p), TensorMeta(meta.shape, meta.stride, o.dtype)),
                         requires_grad=o.requires_grad)
         wrapped.append(o)
-    return wrapped
+    return type(out)(wrapped) if isinstance(out, (list, tuple)) else wrapped[0]

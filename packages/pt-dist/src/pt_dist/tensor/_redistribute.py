@@ -159,8 +159,6 @@ class Redistribute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, device_mesh, placements, async_op: bool = False, forward_dtype=None,
                 backward_dtype=None):
-        from pt_dist.tensor._api import DTensor
-
         current = input._spec
         local = input._local_tensor
         ctx.in_dtype = local.dtype
@@ -172,12 +170,10 @@ class Redistribute(torch.autograd.Function):
         ctx.current_spec = current
         target = DTensorSpec(device_mesh, tuple(placements), current.tensor_meta)
         out = local if current.placements == target.placements else redistribute_local_tensor(local, current, target)
-        return DTensor(out, target, requires_grad=input.requires_grad)
+        return type(input)(out, target, requires_grad=input.requires_grad)  # (the DTensor class: no import cycle)
 
     @staticmethod
     def backward(ctx, grad_output):
-        from pt_dist.tensor._api import DTensor
-
         previous = ctx.current_spec
         grad_spec = grad_output._spec
         local = grad_output._local_tensor.to(ctx.backward_dtype)
@@ -187,4 +183,4 @@ class Redistribute(torch.autograd.Function):
         out = redistribute_local_tensor(local, DTensorSpec(grad_spec.mesh, grad_spec.placements, meta),
                                         DTensorSpec(previous.mesh, placements, meta)).to(ctx.in_dtype)
         spec = DTensorSpec(previous.mesh, placements, TensorMeta(grad_spec.shape, grad_spec.stride, out.dtype))
-        return DTensor(out, spec, requires_grad=False), None, None, None, None, None
+        return type(grad_output)(out, spec, requires_grad=False), None, None, None, None, None

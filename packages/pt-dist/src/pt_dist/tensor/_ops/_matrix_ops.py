@@ -9,7 +9,8 @@
     Partial    Replicate  Partial      (and Replicate @ Partial): linear in the Partial
 
 Inputs laid out otherwise are redistributed to the cheapest of these (``utils.pick``). ``addmm``'s bias follows
-the output (a Partial output needs it partitioned); ``bmm`` adds a batch-sharded row.
+the output (a Partial output needs it partitioned). ``bmm`` (``pt_dist/_compat/tensor/matrix_ops.py``) is the same
+table one dim further in, plus a batch-sharded row.
 """
 
 from __future__ import annotations
@@ -29,22 +30,18 @@ def _partial_of(*placements) -> Partial:
     return Partial("sum")
 
 
-def _mm_choices(a, b, batch: int = 0):
-    """(A, B, out) per the table, dims shifted by ``batch`` leading batch dims."""
+def _mm_choices(a, b):
+    """(A, B, out) per the table above."""
     r, p = Replicate(), _partial_of(a, b)
-    rows, inner, cols = Shard(batch), Shard(batch + 1), Shard(batch + 1)
-    choices = [(rows, r, rows), (r, Shard(batch + 1), cols), (inner, Shard(batch), p), (r, r, r), (p, r, p),
-               (r, p, p)]
-    if batch:
-        choices.insert(0, (Shard(0), Shard(0), Shard(0)))
-    return choices
+    return [(Shard(0), r, Shard(0)), (r, Shard(1), Shard(1)), (Shard(1), Shard(0), p), (r, r, r), (p, r, p),
+            (r, p, p)]
 
 
-def _matmul_rule(call: OpCall, batch: int) -> OutputSharding:
+def _matmul_rule(call: OpCall, choices=_mm_choices) -> OutputSharding:
     a, b = call.specs[0], call.specs[1]
     wa, wb, out = [], [], []
     for m in range(call.mesh_ndim):
-        ca, cb, co = pick([a, b], _mm_choices(a.placements[m], b.placements[m], batch), m)
+        ca, cb, co = pick([a, b], choices(a.placements[m], b.placements[m]), m)
         wa.append(ca)
         wb.append(cb)
         out.append(co)
@@ -53,12 +50,7 @@ def _matmul_rule(call: OpCall, batch: int) -> OutputSharding:
 
 @register_prop_rule([aten.mm])
 def mm_rule(call: OpCall) -> OutputSharding:
-    return _matmul_rule(call, 0)
-
-
-@register_prop_rule([aten.bmm])
-def bmm_rule(call: OpCall) -> OutputSharding:
-    return _matmul_rule(call, 1)
+    return _matmul_rule(call)
 
 
 def _bias_for(bias, out_placement, out_shape):

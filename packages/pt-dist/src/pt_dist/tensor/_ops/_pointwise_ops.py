@@ -1,14 +1,15 @@
 """Element-wise ops (torch's ``tensor/_ops/_pointwise_ops.py``): the output follows the first argument sharded on
 a dim the output keeps (an in-place op follows ``self``); the others are cut to match, a broadcast dim replicated.
-A Partial survives only where the op is linear in it: ``add``/``sub`` of Partials, ``mul``/``div`` of one Partial
-by replicated values, ``neg`` and casts; anywhere else the Partial is reduced first."""
+A Partial is reduced first, unless the op is linear in it and says so through ``linear`` (torch's
+``linear_pointwise_strategy``: ``add`` of Partials, ``mul`` of a Partial by replicated values, ... registered by
+``pt_dist/_compat/tensor/linear_pointwise_ops.py``)."""
 
 from __future__ import annotations
 
 import torch
 
-from pt_dist.tensor._ops.utils import OpCall, OutputSharding, register_prop_rule
-from pt_dist.tensor.placement_types import Partial, Replicate, Shard
+from pt_dist.tensor._ops.utils import OpCall, OutputSharding, register_prop_rule, returns_self
+from pt_dist.tensor.placement_types import Replicate, Shard
 
 aten = torch.ops.aten
 
@@ -21,47 +22,22 @@ masked_fill_ nan_to_num nan_to_num_ square bitwise_and bitwise_or bitwise_not ha
 leaky_relu_ softplus _to_copy""".split()
 
 POINTWISE_OPS = [getattr(aten, n) for n in _NAMES if hasattr(aten, n)]
-_LINEAR_ALL = {"add", "add_", "sub", "sub_"}  # Partials (same reduce op) and replicated DTensors, partitioned
-_LINEAR_ONE = {"mul", "mul_", "div", "div_"}  # one Partial argument (div: the numerator), the rest replicated
-_LINEAR_UNARY = {"neg", "neg_", "_to_copy"}
-
-
-def _linear_keeps(call: OpCall, mesh_dim: int) -> bool:
-    """Whether the op is linear in its Partial argument(s) on ``mesh_dim``, so the output stays Partial."""
-    name = call.op._schema.name.split("::")[-1]
-    pls = [s.placements[mesh_dim] for s in call.specs]
-    partial = [p for p in pls if p.is_partial()]
-    if not partial or any(type(p) is not Partial or p.reduce_op not in ("sum", "avg") for p in partial):
-        return False
-    if name in _LINEAR_UNARY:
-        return len(pls) == 1
-    if name in _LINEAR_ALL:  # P + R = P + R/n on every rank (torch's choice: no collective)
-        scalar = [a for a in call.args[1:2] if isinstance(a, (int, float, complex))]
-        return not scalar and not any(call.plain or ()) and all(p == partial[0] or p.is_replicate() for p in pls)
-    if name in _LINEAR_ONE:
-        return len(partial) == 1 and (name[:3] != "div" or pls[0].is_partial()) and \
-            all(p.is_partial() or p.is_replicate() for p in pls)
-    return False
-
-
-def _returns_self(op) -> bool:
-    rets = op._schema.returns
-    return bool(rets) and rets[0].alias_info is not None and rets[0].alias_info.is_write
 
 
 @register_prop_rule(POINTWISE_OPS)
-def pointwise_rule(call: OpCall) -> OutputSharding:
+def pointwise_rule(call: OpCall, linear=None) -> OutputSharding:
+    """``linear(call, mesh_dim)``: (the output's Partial, each argument's placement) when the op keeps a Partial
+    on that mesh dim, else None."""
     specs = call.specs
     out_shape = torch.broadcast_shapes(*[s.shape for s in specs])
     nd = len(out_shape)
-    inplace = _returns_self(call.op)
+    inplace = returns_self(call.op)
 
     def arg_dim(spec, out_dim):  # the argument's dim behind output dim ``out_dim`` (None: absent or broadcast)
         d = out_dim - (nd - spec.ndim)
         return d if d >= 0 and spec.shape[d] == out_shape[out_dim] else None
 
-    wants = [[] for _ in specs]
-    out = []
+    wants, out = [[] for _ in specs], []
     for m in range(call.mesh_ndim):
         target = None
         for s in specs[:1] if inplace else specs:
@@ -71,21 +47,16 @@ def pointwise_rule(call: OpCall) -> OutputSharding:
                 break
             if inplace:
                 target = p
-        keep_partial = _linear_keeps(call, m)
-        if target is None or (target.is_partial() and not keep_partial):
-            if inplace and target is not None:
-                raise RuntimeError(f"{call.op}: an in-place op on a {target} self is not linear; redistribute self "
-                                   "first")
-            target = next((s.placements[m] for s in specs if s.placements[m].is_partial()), None) \
-                if keep_partial else Replicate()
-        for i, s in enumerate(specs):
-            if isinstance(target, Shard):
-                d = arg_dim(s, target.dim)
-                wants[i].append(Shard(d) if d is not None else Replicate())
-            elif target.is_partial():  # add/sub: all Partial; mul/div: the replicated factors stay
-                name = call.op._schema.name.split("::")[-1]
-                wants[i].append(target if name in _LINEAR_ALL else s.placements[m])
-            else:
-                wants[i].append(Replicate())
+        kept = linear(call, m) if linear is not None and not isinstance(target, Shard) else None
+        if kept is not None:
+            target, wanted = kept
+        elif isinstance(target, Shard):
+            wanted = [Shard(d) if (d := arg_dim(s, target.dim)) is not None else Replicate() for s in specs]
+        elif inplace and target is not None and target.is_partial():
+            raise RuntimeError(f"{call.op}: an in-place op on a {target} self is not linear; redistribute self first")
+        else:
+            target, wanted = Replicate(), [Replicate()] * len(specs)
+        for i, w in enumerate(wanted):
+            wants[i].append(w)
         out.append(target)
     return OutputSharding([tuple(w) for w in wants], tuple(out))

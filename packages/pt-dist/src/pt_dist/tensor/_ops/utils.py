@@ -6,6 +6,7 @@ torch's strategies do by cost."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -14,9 +15,8 @@ import torch
 from pt_dist.tensor._dtensor_spec import DTensorSpec
 from pt_dist.tensor.placement_types import Placement
 
-__all__ = ["OpCall", "OutputSharding", "pick", "redistribute_cost", "register_prop_rule", "rule_for"]
+__all__ = ["OpCall", "OutputSharding", "pick", "redistribute_cost", "register_prop_rule", "returns_self", "rule_for"]
 
-aten = torch.ops.aten
 _RULES: dict = {}
 
 
@@ -35,6 +35,10 @@ class OpCall:
     @property
     def mesh_ndim(self) -> int:
         return self.mesh.ndim
+
+    def arg(self, index: int, name: str, default=None):
+        """The op's argument at position ``index``, or passed as keyword ``name`` (aten schemas allow both)."""
+        return self.args[index] if len(self.args) > index else self.kwargs.get(name, default)
 
 
 @dataclass
@@ -103,10 +107,9 @@ def pick(specs: Sequence[DTensorSpec | None], choices: Sequence[tuple], mesh_dim
     return best
 
 
-def local_shape(call: OpCall, global_shape, placements) -> list[int]:
-    """This rank's shape of a tensor of ``global_shape`` laid out as ``placements``."""
-    from pt_dist.tensor._utils import _local_shape_and_offset
 
-    return list(_local_shape_and_offset(global_shape, call.mesh.shape, call.mesh.get_coordinate(), placements,
-                                        skip_offset=True)[0])
-
+@functools.cache
+def returns_self(op) -> bool:
+    """An in-place op (``add_``, ``copy_``): its first return aliases, and writes, its first argument."""
+    rets = op._schema.returns
+    return bool(rets) and rets[0].alias_info is not None and rets[0].alias_info.is_write

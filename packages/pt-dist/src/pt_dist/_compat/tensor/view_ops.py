@@ -12,16 +12,11 @@ import math
 
 import torch
 
-from pt_dist.tensor._ops.utils import OpCall, OutputSharding, local_shape, register_prop_rule
+from pt_dist.tensor._ops.utils import OpCall, OutputSharding, register_prop_rule
+from pt_dist.tensor._utils import _local_shape_and_offset
 from pt_dist.tensor.placement_types import Replicate, Shard
 
 aten = torch.ops.aten
-
-
-def _arg(call: OpCall, index: int, name: str, default=None):
-    if len(call.args) > index:
-        return call.args[index]
-    return call.kwargs.get(name, default)
 
 
 def _map_dims(call: OpCall, new_dim_of) -> OutputSharding:
@@ -47,20 +42,20 @@ def t_rule(call: OpCall) -> OutputSharding:
 @register_prop_rule([aten.transpose])
 def transpose_rule(call: OpCall) -> OutputSharding:
     ndim = max(call.specs[0].ndim, 1)
-    a, b = _arg(call, 1, "dim0") % ndim, _arg(call, 2, "dim1") % ndim
+    a, b = call.arg(1, "dim0") % ndim, call.arg(2, "dim1") % ndim
     return _map_dims(call, lambda d: b if d == a else a if d == b else d)
 
 
 @register_prop_rule([aten.permute])
 def permute_rule(call: OpCall) -> OutputSharding:
     ndim = max(call.specs[0].ndim, 1)
-    dims = [d % ndim for d in _arg(call, 1, "dims")]
+    dims = [d % ndim for d in call.arg(1, "dims")]
     return _map_dims(call, lambda d: dims.index(d))
 
 
 @register_prop_rule([aten.unsqueeze])
 def unsqueeze_rule(call: OpCall) -> OutputSharding:
-    dim = _arg(call, 1, "dim") % (call.specs[0].ndim + 1)
+    dim = call.arg(1, "dim") % (call.specs[0].ndim + 1)
     return _map_dims(call, lambda d: d + 1 if d >= dim else d)
 
 
@@ -68,7 +63,7 @@ def unsqueeze_rule(call: OpCall) -> OutputSharding:
 def squeeze_rule(call: OpCall) -> OutputSharding:
     shape = call.specs[0].shape
     ndim = max(len(shape), 1)
-    dims = _arg(call, 1, "dim")
+    dims = call.arg(1, "dim")
     dims = range(len(shape)) if dims is None else [dims] if isinstance(dims, int) else dims
     gone = {d % ndim for d in dims if shape[d % ndim] == 1}
     return _map_dims(call, lambda d: None if d in gone else d - sum(g < d for g in gone))
@@ -76,7 +71,7 @@ def squeeze_rule(call: OpCall) -> OutputSharding:
 
 @register_prop_rule([aten.expand])
 def expand_rule(call: OpCall) -> OutputSharding:
-    shape, size = call.specs[0].shape, list(_arg(call, 1, "size"))
+    shape, size = call.specs[0].shape, list(call.arg(1, "size"))
     lead = len(size) - len(shape)
     out = _map_dims(call, lambda d: d + lead if size[d + lead] in (-1, shape[d]) else None)
     return _with_local_size(call, out, [shape[i - lead] if s == -1 else s for i, s in enumerate(size)])
@@ -84,7 +79,8 @@ def expand_rule(call: OpCall) -> OutputSharding:
 
 def _with_local_size(call: OpCall, out: OutputSharding, global_size: list[int]) -> OutputSharding:
     """The same sharding, the local op given this rank's size instead of the global one (argument 1)."""
-    size = local_shape(call, global_size, out.output_placements)
+    size = list(_local_shape_and_offset(global_size, call.mesh.shape, call.mesh.get_coordinate(),
+                                        out.output_placements, skip_offset=True)[0])
     args = list(call.args)
     if len(args) > 1:
         args[1] = size
@@ -120,7 +116,7 @@ def _groups(src: list[int], dst: list[int]) -> list[tuple[list[int], list[int]]]
 def view_rule(call: OpCall) -> OutputSharding:
     spec = call.specs[0]
     src = list(spec.shape)
-    size = list(_arg(call, 1, "size"))
+    size = list(call.arg(1, "size"))
     if -1 in size:
         known = math.prod(s for s in size if s != -1)
         size[size.index(-1)] = math.prod(src) // known if known else 0
@@ -145,7 +141,7 @@ def view_rule(call: OpCall) -> OutputSharding:
 @register_prop_rule([aten.select])
 def select_rule(call: OpCall) -> OutputSharding:
     """``t[i]`` along ``dim``: a shard of that dim is gathered first; later shard dims move down by one."""
-    dim = _arg(call, 1, "dim") % max(call.specs[0].ndim, 1)
+    dim = call.arg(1, "dim") % max(call.specs[0].ndim, 1)
     return _map_dims(call, lambda d: None if d == dim else d - (d > dim))
 
 
@@ -153,7 +149,7 @@ def select_rule(call: OpCall) -> OutputSharding:
 def slice_rule(call: OpCall) -> OutputSharding:
     """``t[a:b]`` along ``dim``: a shard of that dim is gathered first (unless the slice is the whole dim)."""
     shape = call.specs[0].shape
-    dim = _arg(call, 1, "dim", 0) % max(len(shape), 1)
-    start, end, step = _arg(call, 2, "start"), _arg(call, 3, "end"), _arg(call, 4, "step", 1)
+    dim = call.arg(1, "dim", 0) % max(len(shape), 1)
+    start, end, step = call.arg(2, "start"), call.arg(3, "end"), call.arg(4, "step", 1)
     whole = (start in (None, 0)) and (end is None or end >= shape[dim]) and step == 1
     return _map_dims(call, lambda d: d if d != dim or whole else None)

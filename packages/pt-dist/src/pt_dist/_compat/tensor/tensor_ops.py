@@ -13,12 +13,6 @@ from pt_dist.tensor.placement_types import Replicate, Shard
 aten = torch.ops.aten
 
 
-def _arg(call: OpCall, index: int, name: str, default=None):
-    if len(call.args) > index:
-        return call.args[index]
-    return call.kwargs.get(name, default)
-
-
 @register_prop_rule([aten.detach, aten.clone, aten.alias, aten.lift_fresh, aten.zero_])
 def same_placements(call: OpCall) -> OutputSharding:
     return OutputSharding([call.specs[0].placements], call.specs[0].placements)
@@ -68,7 +62,7 @@ def stack_cat_rule(call: OpCall) -> OutputSharding:
     shard dims at or after the new one up by one."""
     stacking = call.op._schema.name == "aten::stack"
     ndim = call.specs[0].ndim
-    dim = _arg(call, 1, "dim", 0)
+    dim = call.arg(1, "dim", 0)
     dim = dim % (ndim + 1 if stacking else max(ndim, 1))
     first, ins, out = call.specs[0].placements, [], []
     for m, p in enumerate(first):

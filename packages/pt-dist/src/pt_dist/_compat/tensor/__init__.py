@@ -1,0 +1,16 @@
+"""What ``torch.distributed.tensor`` offers beyond DTensor's mechanism: the breadth of the op table (views, tensor
+ops, random fills, ``bmm``, the reductions beyond ``sum``, the element-wise ops that keep a Partial: importing this
+registers their rules), the factories and ``distribute_module``."""
+
+from pt_dist._compat.tensor import (  # noqa: F401
+    linear_pointwise_ops,
+    math_ops,
+    matrix_ops,
+    random_ops,
+    tensor_ops,
+    view_ops,
+)
+from pt_dist._compat.tensor.distribute_module import distribute_module
+from pt_dist._compat.tensor.factories import empty, full, ones, zeros
+
+__all__ = ["distribute_module", "empty", "full", "ones", "zeros"]
