@@ -37,7 +37,7 @@ def _resume_cases(rank, world, root):
 def _resume_cases_body(rank, world, root):
     import ds_zero
     import torch.distributed as dist
-    from ds_zero import checkpoint as ckpt
+    from ds_zero._compat import checkpoint as ckpt  # atomic_torch_save is patched where save_checkpoint reads it
 
     out = {}
     x, y = lib.make_data(STEPS, MICRO * world)

@@ -16,7 +16,7 @@ import logging
 import torch
 import torch.distributed as dist
 
-from ds_zero import checkpoint, memory
+from ds_zero import memory
 from ds_zero.runtime.activation_checkpointing import checkpointing
 from ds_zero.runtime.config import DeepSpeedConfig
 from ds_zero.runtime.fp16.loss_scaler import create_loss_scaler
@@ -171,14 +171,7 @@ class DeepSpeedEngine(torch.nn.Module):
     def zero_grad(self) -> None:
         self.optimizer.zero_grad()
 
-    # --- checkpoints and memory -----------------------------------------------------------------
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True) -> bool:
-        return checkpoint.save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
-
-    def load_checkpoint(self, load_dir, tag=None, load_optimizer_states: bool = True,
-                        load_lr_scheduler_states: bool = True):
-        return checkpoint.load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
-
+    # --- memory -------------------------------------------------------------------------------------
     def memory_breakdown(self) -> dict:
         return memory.memory_breakdown(self)
 

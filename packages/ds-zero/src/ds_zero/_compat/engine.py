@@ -1,19 +1,30 @@
 """What DeepSpeed's engines offer beyond the training step (``deepspeed/runtime/engine.py``), over the core's
-:class:`ds_zero.engine.DeepSpeedEngine` and :class:`ds_zero.pipe.engine.PipelineEngine`: the attributes DeepSpeed's
-tests and users read, the wrapped module's attributes through the engine, and torch-style ``output.backward(grad)``
-on the engine's outputs."""
+:class:`ds_zero.engine.DeepSpeedEngine` and :class:`ds_zero.pipe.engine.PipelineEngine`: checkpoints in DeepSpeed's
+layout, the attributes DeepSpeed's tests and users read, the wrapped module's attributes through the engine, and
+torch-style ``output.backward(grad)`` on the engine's outputs."""
 
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.utils._pytree as pytree
 
 from ds_zero import engine
+from ds_zero._compat import checkpoint
 from ds_zero.pipe import engine as pipe_engine
 
 
 class DeepSpeedEngineAPI:
-    """DeepSpeed's engine attributes that the training step itself does not need; both engines have them."""
+    """DeepSpeed's engine methods that the training step itself does not need; both engines have them."""
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True) -> bool:
+        return checkpoint.save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
+
+    def load_checkpoint(self, load_dir, tag=None, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True):
+        """Returns ``(load_path, client_state)``, or ``(None, None)`` when there is no ``latest`` (as DeepSpeed)."""
+        return checkpoint.load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
 
     def fp16_enabled(self) -> bool:
         return self._config.fp16.enabled
@@ -84,4 +95,22 @@ class DeepSpeedEngine(DeepSpeedEngineAPI, engine.DeepSpeedEngine):
 
 
 class PipelineEngine(DeepSpeedEngineAPI, pipe_engine.PipelineEngine):
-    pass
+    """``train_batch`` also prints DeepSpeed's progress line every ``steps_per_print`` steps, as DeepSpeed prints it
+    (scripts and log scrapers read it)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._progress_t0 = None
+
+    def train_batch(self, data_iter=None) -> torch.Tensor:
+        if self._progress_t0 is None:
+            self._progress_t0 = time.perf_counter()
+        loss = super().train_batch(data_iter)
+        every = self.steps_per_print()
+        if every is not None and self.global_steps % every == 0:
+            iter_time = (time.perf_counter() - self._progress_t0) / every
+            self._progress_t0 = None
+            if self.global_rank == 0:
+                print(f"steps: {self.global_steps} loss: {loss:0.4f} iter time (s): {iter_time:0.3f} "
+                      f"samples/sec: {self.train_batch_size() / iter_time:0.3f}", flush=True)
+        return loss

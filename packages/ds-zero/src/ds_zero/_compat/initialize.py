@@ -19,7 +19,6 @@ from ds_zero._compat.dataloader import build_dataloader
 from ds_zero._compat.engine import DeepSpeedEngine, PipelineEngine
 from ds_zero._compat.lr_schedules import SCHEDULERS
 from ds_zero.pipe.module import PipelineModule
-from ds_zero.utils.groups import mpu_data_parallel_world_size
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
@@ -38,8 +37,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if pipeline and mpu is not None:
         raise ValueError("a PipelineModule brings its own process grid (topology); do not pass mpu")
     # Validate everything before touching the process group, so bad input fails alone and fast.
-    world = mpu_data_parallel_world_size(model.mpu() if pipeline else mpu)
-    if world is None:
+    grid = model.mpu() if pipeline else mpu
+    if grid is not None and hasattr(grid, "get_data_parallel_world_size"):
+        world = int(grid.get_data_parallel_world_size())  # the batch triangle is per data-parallel rank
+    else:
         world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
     cfg = DeepSpeedConfig.load(config, world)
     if optimizer is None and cfg.optimizer_name is None:

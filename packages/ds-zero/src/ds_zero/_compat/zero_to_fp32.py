@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from ds_zero.checkpoint import MODEL_FILE, optim_file, resolve_tag_dir
+from ds_zero._compat.checkpoint import MODEL_FILE, optim_file, resolve_tag_dir
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None) -> dict[str, torch.Tensor]:

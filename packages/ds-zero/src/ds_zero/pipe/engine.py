@@ -65,7 +65,6 @@ class PipelineEngine(DeepSpeedEngine):
         self._last_mb = None
         self.agg_train_loss = None
         self._data_iter = None
-        self._progress_t0 = None
 
     # --- public API ---------------------------------------------------------------------------------------------
     def train_batch(self, data_iter=None) -> torch.Tensor:
@@ -74,18 +73,8 @@ class PipelineEngine(DeepSpeedEngine):
             raise PipelineError("train_batch() needs gradients enabled (it runs backward)")
         self.module.train()
         self._set_data_iter(data_iter)
-        if self._progress_t0 is None:
-            self._progress_t0 = time.perf_counter()
         self._exec_schedule(self.train_schedule(self.micro_batches, self.num_stages, self.stage_id))
         self.agg_train_loss = self._aggregate_total_loss()
-        every = self.steps_per_print()
-        if every is not None and self.global_steps % every == 0:
-            iter_time = (time.perf_counter() - self._progress_t0) / every
-            self._progress_t0 = None
-            if self.global_rank == 0:
-                # DeepSpeed's progress line, printed as it prints it (scripts and log scrapers read it)
-                print(f"steps: {self.global_steps} loss: {self.agg_train_loss:0.4f} iter time (s): {iter_time:0.3f} "
-                      f"samples/sec: {self.train_batch_size() / iter_time:0.3f}", flush=True)
         return self.agg_train_loss
 
     def eval_batch(

@@ -45,16 +45,6 @@ def _call(mpu, *names):
     raise TypeError(f"mpu {type(mpu).__name__} has none of {list(names)} (Megatron's parallel-state interface)")
 
 
-def mpu_data_parallel_world_size(mpu) -> int | None:
-    """Before torch.distributed exists (config validation), the data-parallel size the mpu reports."""
-    if mpu is None:
-        return None
-    for name in ("get_data_parallel_world_size",):
-        if hasattr(mpu, name):
-            return int(getattr(mpu, name)())
-    return None
-
-
 def global_rank(group, group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
