@@ -8,7 +8,7 @@ may still become a stop string), the best ``n`` of ``best_of`` sequences or of a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from paged_serve.core.sequence import Logprob, RequestMetrics, SequenceStatus
 from paged_serve.sampling_params import RequestOutputKind
@@ -42,7 +42,6 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     ignored_reason: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def _final_text(state, seq, processor) -> str:

@@ -167,7 +167,6 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 class SequenceGroup:
