@@ -17,6 +17,7 @@ from pathlib import Path
 import pt_dist.rpc as rpc
 import pytest
 import torch
+from pt_dist.rpc.rpc_agent import get_current_rpc_agent
 
 from harness import run_ranks
 
@@ -121,7 +122,7 @@ def _basics(rank, world_size):
         checks["empty"] = rpc.rpc_sync(dst, torch.clone, args=(torch.empty(0, 3),))
         big = torch.randn(3 << 20)  # 12 MiB: streamed in the transport's 4 MiB chunks
         checks["big"] = (big, rpc.rpc_sync(dst, torch.clone, args=(big,)))
-        conn = rpc.api._require_agent()._peers[1]
+        conn = get_current_rpc_agent().connections.peers[1]
         checks["cross_memory"] = (conn.read_pid, conn.lend, len(conn._lent))
         futs = [rpc.rpc_async(f"worker{(i % (n - 1)) + 1}", torch.add, args=(torch.ones(2), i)) for i in range(20)]
         checks["wait_all"] = torch.futures.wait_all(futs)

@@ -15,8 +15,9 @@ from pathlib import Path
 import pt_dist.rpc as rpc
 import pytest
 import torch
+from pt_dist._infra import rpc_join as join
 from pt_dist._infra.store import TCPStore
-from pt_dist.rpc import join
+from pt_dist.rpc.rpc_agent import is_current_rpc_agent_set
 
 import harness
 from harness import run_ranks
@@ -78,7 +79,7 @@ def _dead_peer(rank, world_size, when):
             out["shutdown"] = str(e)
         out["shutdown_elapsed"] = time.monotonic() - t0
     finally:
-        if rpc.api._agent is not None:
+        if is_current_rpc_agent_set():
             rpc.shutdown(graceful=False)
         os.waitpid(child, 0)
         store.close()

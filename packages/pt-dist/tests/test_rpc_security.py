@@ -18,8 +18,8 @@ import pt_dist.rpc as rpc
 import pytest
 import torch
 from pt_dist._infra import wire
-from pt_dist.rpc import api
-from pt_dist.rpc.transport import HEADER, REQUEST, RESPONSE, Connection, Limits, Message
+from pt_dist._infra.rpc_transport import HEADER, REQUEST, RESPONSE, Connection, Limits, Message
+from pt_dist.rpc.rpc_agent import get_current_rpc_agent
 
 from harness import run_ranks
 
@@ -53,7 +53,7 @@ def _strangers(rank, world_size, marker):
     try:
         if rank != 0:
             return None
-        out = {"bound": api._require_agent().listener.sock.getsockname()[0]}
+        out = {"bound": get_current_rpc_agent().connections.listener.sock.getsockname()[0]}
         host, port = _address(store, 1)
         call = pickle.dumps(("call", touch, (marker,), {}))
         # 1. no secret: a request frame right away is read as the handshake answer and refused
@@ -92,7 +92,7 @@ def _strangers(rank, world_size, marker):
 
 
 def _refused():
-    return api._require_agent().listener.refused
+    return get_current_rpc_agent().connections.listener.refused
 
 
 def test_strangers_are_refused_and_nothing_runs(tmp_path):

@@ -27,6 +27,7 @@ from pathlib import Path
 import pt_dist.rpc as ours
 import pytest
 import torch
+from pt_dist.rpc.rpc_agent import get_current_rpc_agent
 
 from harness import run_ranks
 
@@ -113,7 +114,7 @@ def _strides(rank, world_size, side):
         t_view = t.narrow(1, 2, 2)
         ret = rpc.rpc_sync("worker1", non_cont_test, args=(t_view, t_view.contiguous()))
         tt = torch.arange(12.0).view(3, 4).t()
-        by_address = rpc.api._agent._peers[1].lend if side == "pt_dist" else None
+        by_address = get_current_rpc_agent().connections.peers[1].lend if side == "pt_dist" else None
         return (t_view, ret, tt, rpc.rpc_sync("worker1", _layout, args=(tt,)),
                 rpc.rpc_sync("worker1", torch.clone, args=(tt,)), by_address)
     finally:

@@ -24,6 +24,7 @@ _contexts: dict[int, DistAutogradContext] = {}
 _local = threading.local()
 _counter = itertools.count(1)
 _send_ids = itertools.count(1)
+_rpc_agent = None  # the agent that carries this worker's RPCs (init)
 
 
 class DistAutogradContext:
@@ -59,10 +60,18 @@ class DistAutogradContext:
             return sorted(self.known_workers)
 
 
-def _agent():
-    from pt_dist.rpc import api
+def init(agent) -> None:
+    """Bind distributed autograd to this worker's RPC agent (torch's ``dist_autograd._init(worker_id)``, which
+    ``init_rpc`` calls; ``shutdown`` unbinds it with None): context ids take its rank, releases and gradients
+    travel through it."""
+    global _rpc_agent
+    _rpc_agent = agent
 
-    return api._require_agent()
+
+def rpc_agent():
+    if _rpc_agent is None:
+        raise RuntimeError("RPC has not been initialized. Call pt_dist.rpc.init_rpc first.")
+    return _rpc_agent
 
 
 def get_or_create(context_id: int, src: int | None = None) -> DistAutogradContext:
@@ -104,7 +113,7 @@ def release(context_id: int, skip: int | None = None) -> None:
         ctx = _contexts.pop(context_id, None)
     if ctx is None:
         return
-    agent = _agent()
+    agent = rpc_agent()
     for w in ctx._known_workers():
         if w not in (skip, agent.rank):
             try:
@@ -119,7 +128,7 @@ class context:
     def __enter__(self) -> int:
         if current_context() is not None:
             raise RuntimeError("Already have an autograd context id for this thread.")
-        rank = _agent().rank
+        rank = rpc_agent().rank
         self._ctx = get_or_create((rank << 48) | next(_counter))
         self._token = current(self._ctx)
         self._token.__enter__()

@@ -34,9 +34,7 @@ class RecvRpcBackward(torch.autograd.Function):
         if futures is None:
             raise RuntimeError("RecvRpcBackward reached outside pt_dist.autograd.backward (use the "
                                "distributed backward, not loss.backward(), for a graph that spans RPCs)")
-        from pt_dist.rpc import api
-
-        futures.append(api._require_agent().request(src, ("grad", context_id, send_id, list(grads))))
+        futures.append(_context.rpc_agent().request(src, ("grad", context_id, send_id, list(grads))))
         return (None, torch.zeros(0), *([None] * len(grads)))
 
 

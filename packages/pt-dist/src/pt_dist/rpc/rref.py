@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import torch
 
+from pt_dist.autograd import container, engine
 from pt_dist.rpc.functions import async_execution
 from pt_dist.rpc.options import UNSET_RPC_TIMEOUT
+from pt_dist.rpc.rpc_agent import get_current_rpc_agent
 
 
 class RRef:
     """``RRef(value)`` makes an owner RRef here; ``rpc.remote`` returns user RRefs to remote values."""
 
     def __init__(self, value=None, type_hint=None):
-        from pt_dist.rpc import api
-
-        agent = api._require_agent()
+        agent = get_current_rpc_agent()
         self._init(agent, agent.rank, agent.rrefs.new_id(), None)
         self._value.set_result(value)
 
@@ -63,11 +63,10 @@ class RRef:
         if self.is_owner():
             return self.local_value()
         self._check_created()
-        from pt_dist.rpc import api
-
         # inside a distributed-autograd context the fetch carries it, so the owner records a send for the value
         # and it arrives behind a recv function (torch's toHere: sendMessageWithAutograd, forced recording)
-        value = self._agent.request(self._owner, ("to_here", self._rref_id), timeout, api._current_ctx()).wait()
+        value = self._agent.request(self._owner, ("to_here", self._rref_id), timeout,
+                                    container.current_context()).wait()
         if not self._confirmed and self._fork_id == self._rref_id:  # made by remote(): the owner registers it
             # before computing the value, so an answer means we are known there
             self._agent.rrefs.confirm_pending(self._fork_id)
@@ -86,10 +85,12 @@ class RRef:
         elif dist_autograd_ctx_id == -1:
             raise RuntimeError("User RRefs require 'dist_autograd_ctx_id' to be specified")
         else:
-            from pt_dist.rpc import api
+            self._call_owner(_backward_on_owner, (self, dist_autograd_ctx_id, retain_graph)).wait()
 
-            self._check_created()
-            api.rpc_sync(self.owner(), _backward_on_owner, args=(self, dist_autograd_ctx_id, retain_graph))
+    def _call_owner(self, fn, args: tuple, timeout: float = UNSET_RPC_TIMEOUT):
+        """``rpc_async(self.owner(), fn, args)``, in this thread's distributed-autograd context."""
+        self._check_created()
+        return self._agent.request(self._owner, ("call", fn, args, {}), timeout, container.current_context())
 
     def _get_future(self) -> torch.futures.Future:
         """The Future of the ``remote`` call that created this RRef (its value, on the owner)."""
@@ -133,8 +134,6 @@ def _backward_on_owner(rref: RRef, context_id: int, retain_graph: bool) -> None:
     if context_id == -1:
         torch.autograd.backward(value, retain_graph=retain_graph)
     else:
-        from pt_dist.autograd import engine
-
         engine.backward(context_id, [value], retain_graph=retain_graph)
 
 
@@ -157,13 +156,15 @@ class _Proxy:
         self._rref, self._mode, self._timeout = rref, mode, timeout
 
     def __getattr__(self, name: str):
-        from pt_dist.rpc import api
-
-        call = {"sync": api.rpc_sync, "async": api.rpc_async, "remote": api.remote}[self._mode]
+        rref, mode, timeout = self._rref, self._mode, self._timeout
 
         def method(*args, **kwargs):
-            self._rref._check_created()
-            return call(self._rref.owner(), _invoke, args=(self._rref, name, args, kwargs), timeout=self._timeout)
+            if mode == "remote":
+                rref._check_created()
+                return rref._agent.rrefs.remote(rref._owner, _invoke, (rref, name, args, kwargs), {}, timeout,
+                                                container.current_context())
+            fut = rref._call_owner(_invoke, (rref, name, args, kwargs), timeout)
+            return fut.wait() if mode == "sync" else fut
 
         method.__name__ = name
         return method

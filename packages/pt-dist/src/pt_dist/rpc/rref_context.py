@@ -16,6 +16,13 @@ import logging
 import threading
 import weakref
 
+import torch
+
+from pt_dist.autograd import container
+from pt_dist.rpc import handlers
+from pt_dist.rpc.agent import RpcTimeoutError
+from pt_dist.rpc.rref import RRef
+
 log = logging.getLogger(__name__)
 
 
@@ -35,8 +42,6 @@ class RRefContext:
 
     def owner_rref(self, rref_id: tuple):
         """The owner's RRef for ``rref_id``, created (value still pending) if a message about it came first."""
-        from pt_dist.rpc.rref import RRef
-
         with self._lock:
             r = self.owners.get(rref_id)
             if r is None:
@@ -76,10 +81,6 @@ class RRefContext:
     def unfork(self, src: int, owner: int, rref_id: tuple, fork_id, parent: int, waits: list | None = None):
         """The RRef a message carried; a user the owner has yet to confirm adds a Future to ``waits`` that
         completes once it has (the call that carried it runs then: torch's RRef arguments are confirmed first)."""
-        import torch
-
-        from pt_dist.rpc.rref import RRef
-
         if owner == self.rank:
             r = self.owner_rref(rref_id)
             if parent != self.rank:
@@ -120,16 +121,23 @@ class RRefContext:
         with self._lock:
             self.users[fork_id] = user
 
-    def creating(self, fork_id: tuple, user, fut) -> None:
-        """A user made by ``remote``: pending until the owner answers the call that creates it."""
+    # --- creating: rpc.remote -----------------------------------------------------------------------------
+    def remote(self, dst: int, func, args: tuple, kwargs: dict, timeout: float, ctx) -> RRef:
+        """A fresh RRef whose owner ``dst`` runs ``func`` into it (torch's ``pyRemotePythonUdf``: a user RRef,
+        pending until the owner answers the ``remote`` request; on this worker, the owner RRef at once)."""
+        rref_id = self.new_id()
+        if dst == self.rank:
+            rref = self.owner_rref(rref_id)
+            self.agent.submit(_run_local, rref, func, args, kwargs, ctx)
+            return rref
+        user = RRef._make(self.agent, dst, rref_id, rref_id)
+        user._creation = self.agent.request(dst, ("remote", func, args, kwargs, rref_id, rref_id), timeout, ctx)
         with self._lock:
-            self.pending_users[fork_id] = user
-
-        fut.add_done_callback(lambda f: self._created(f, fork_id, user))
+            self.pending_users[rref_id] = user
+        user._creation.add_done_callback(lambda f: self._created(f, rref_id, user))
+        return user
 
     def _created(self, fut, fork_id: tuple, user) -> None:
-        from pt_dist.rpc.agent import RpcTimeoutError
-
         try:
             fut.wait()
         except RpcTimeoutError:
@@ -175,9 +183,7 @@ class RRefContext:
                     futures.append(f)
         return futures
 
-    def debug_info(self) -> dict[str, int]:
-        """torch's ``_rref_context_get_debug_info`` counts."""
-        with self._lock:
-            return {"num_owner_rrefs": len(self.owners), "num_forks": sum(len(f) for f in self.forks.values()),
-                    "num_pending_users": len(self.pending_users),
-                    "num_pending_children": len(self.pending_children)}
+
+def _run_local(rref, func, args, kwargs, ctx) -> None:
+    with container.current(ctx):  # the caller's context, as a call to another worker runs in
+        handlers.run_into(rref, func, args, kwargs)

@@ -2,8 +2,8 @@
 
 torch/distributed/rpc/internal.py pickles the call with a ``persistent_id`` hook so tensors travel beside the
 pickle, never inside it; RRefs are turned into fork descriptors (rref_context.py). The tensors' bytes go out
-as raw bytes with dtype/shape headers (transport.py). Inside a distributed-autograd context, tensors that
-require grad record a send function on the way out and get a recv function on the way in
+as raw bytes with dtype/shape headers (pt_dist/_infra/rpc_transport.py). Inside a distributed-autograd
+context, tensors that require grad record a send function on the way out and get a recv function on the way in
 (pt_dist/autograd/functions.py). An exception is sent as its type and the remote traceback's text and raised
 at the caller as that type (torch's ``RemoteException``: "On WorkerInfo(...):" then the traceback).
 """
@@ -15,8 +15,9 @@ import pickle
 
 import torch
 
+from pt_dist._infra.rpc_transport import Message
+from pt_dist.autograd.functions import attach_recv
 from pt_dist.rpc.rref import RRef
-from pt_dist.rpc.transport import Message
 
 
 class _Pickler(pickle.Pickler):
@@ -76,8 +77,6 @@ def decode(msg: Message, src: int, agent, waits: list | None = None):
     ``waits`` collects a Future per user RRef in it that its owner has yet to confirm (see agent._serve)."""
     tensors = msg.tensors
     if msg.ag_msg >= 0 and any(msg.grad_mask):
-        from pt_dist.autograd.functions import attach_recv
-
         tensors = attach_recv(msg.ctx_id, src, msg.ag_msg, tensors, msg.grad_mask)
     return _Unpickler(io.BytesIO(msg.meta), tensors, src, agent, waits).load()
 

@@ -1,4 +1,4 @@
-"""The agent's threads: the pool that serves requests, the callback threads, and the Future that picks one.
+"""The RPC agent's threads: the pool that serves requests, the callback threads, and the Future that picks one.
 
 torch's ``TensorPipeAgent`` runs requests and completes futures on its ``threadPool_``. Here requests go to a
 fixed pool (``num_worker_threads``, as torch's); a response completes its ``RpcFuture`` on the reader thread
@@ -10,12 +10,13 @@ busy, so callbacks waiting on each other cannot starve, and shrink when idle.
 A connection's reader serves the requests it reads itself (no hand-off to the pool: one thread wake-up less per
 call). While it does, nobody reads that connection, so it must not block for long: ``ReadingRole`` lets another
 thread take the reading over, which happens the moment the handler waits on an ``RpcFuture`` (a nested call whose
-answer may come on this very connection) and, for any other wait, once the watchdog sees the handler running
-for ``TAKEOVER_S``.
+answer may come on this very connection) and, for any other wait, once the handler has run for
+``TAKEOVER_S`` (rpc_connections.py).
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import queue
 import threading
@@ -31,7 +32,7 @@ _inline = threading.local()  # .handoff: set while this thread serves a request 
 
 class RpcFuture(torch.futures.Future):
     """The Future of one request: notes whether callbacks were chained to it, under a lock, so the agent
-    completes it inline when none were and on a callback thread when some were (``RpcAgent._complete``)."""
+    completes it inline when none were and on a callback thread when some were (``complete``)."""
 
     def __init__(self):
         super().__init__()
@@ -55,6 +56,15 @@ class RpcFuture(torch.futures.Future):
 
         self.add_done_callback(run)
         return child
+
+    def complete(self, callbacks: CallbackThreads, value=None, exc: BaseException | None = None) -> None:
+        """Set the result (or ``exc``) here if no callback was chained to this Future, else on a ``callbacks``
+        thread, so a callback that blocks on another RPC does not hold the thread that reads its answer."""
+        with self._cb_lock:
+            if not self._has_callbacks:
+                settle(self, value, exc)
+                return
+        callbacks.submit(settle, self, value, exc)
 
     def wait(self):
         """As torch's; a reader serving a request hands its connection's reading over before it blocks."""
@@ -174,3 +184,43 @@ class ThreadPool:
 def settle(fut, value, exc) -> None:
     """Complete ``fut`` with ``value``, or with ``exc`` when it is not None."""
     fut.set_result(value) if exc is None else fut.set_exception(exc)
+
+
+class Watchdog:
+    """Calls ``expire(key)`` once the deadline of ``add(deadline, key)`` has passed: torch's agent's timeout
+    thread. Keys no longer in ``live`` (answered requests) stay in the heap until their deadline comes up, and
+    are dropped when they outnumber the live ones."""
+
+    def __init__(self, name: str, expire, live: dict):
+        self._heap: list[tuple[float, int]] = []
+        self._cv = threading.Condition(threading.Lock())
+        self._expire, self._live, self._closed = expire, live, False
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def add(self, deadline: float, key: int) -> None:
+        with self._cv:  # wake the thread only for a deadline earlier than all it waits for
+            heapq.heappush(self._heap, (deadline, key))
+            if self._heap[0][1] == key:
+                self._cv.notify()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                if self._closed:
+                    return
+                now, due = time.monotonic(), []
+                while self._heap and self._heap[0][0] <= now:
+                    due.append(heapq.heappop(self._heap)[1])
+                if not due:
+                    if len(self._heap) > 2 * len(self._live) + 1024:
+                        self._heap = [e for e in self._heap if e[1] in self._live]
+                        heapq.heapify(self._heap)
+                    self._cv.wait(min(self._heap[0][0] - now, 1.0) if self._heap else 1.0)
+                    continue
+            for key in due:
+                self._expire(key)

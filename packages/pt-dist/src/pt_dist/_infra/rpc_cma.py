@@ -2,12 +2,12 @@
 
 Over TCP a tensor's bytes are copied twice (into the kernel, out of it). When the peer can read our memory
 with ``process_vm_readv`` (same host, same pid namespace, allowed to ptrace us: pt_dist's
-``backends/shm/cma.py``), a large tensor travels as its address instead, and the receiver copies it straight
+``_infra/cma.py``), a large tensor travels as its address instead, and the receiver copies it straight
 into the tensor it allocates. Whether a peer can is probed once per connection, right after the handshake:
 each side sends its pid and the address of a random token, and the other reports whether reading that
 address returned the token (a pid in another namespace or a refused ptrace fails the probe, and the
 connection keeps sending bytes). The sender lends the tensor until the receiver's ack says it has copied
-it (transport.py); as with every TensorPipe channel, a tensor must not be modified in place while the call
+it (rpc_transport.py); as with every TensorPipe channel, a tensor must not be modified in place while the call
 that carries it is in flight.
 """
 
@@ -20,7 +20,7 @@ import socket
 import struct
 
 from pt_dist._infra import wire
-from pt_dist.backends.shm.cma import CrossMemory
+from pt_dist._infra.cma import CrossMemory
 
 MIN_BYTES = int(os.environ.get("PT_DIST_RPC_CMA_BYTES", 256 << 10))
 _TOKEN = ctypes.create_string_buffer(secrets.token_bytes(16), 16)

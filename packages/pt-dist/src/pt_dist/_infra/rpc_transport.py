@@ -8,8 +8,8 @@ arrives with the same strides, as TensorPipe's does), the pickled part, then eac
 ``chunk_bytes`` pieces straight from and into the tensors' storage: no pickled tensor, no copy into one big
 frame, 64-bit lengths (no 4 GiB limit).
 Every size is checked against the limits before anything is allocated; a bad header raises
-``wire.ProtocolError`` and the agent closes that connection only. One thread reads a connection; any thread
-may send (a lock keeps messages whole), so many requests can be in flight on it at once.
+``wire.ProtocolError`` and that connection alone is closed (rpc_connections.py). One thread reads a connection;
+any thread may send (a lock keeps messages whole), so many requests can be in flight on it at once.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pt_dist._infra import wire
+from pt_dist._infra import rpc_cma, wire
 from pt_dist._infra.cma import CrossMemory
-from pt_dist.rpc import cma_channel
 
 REQUEST, RESPONSE, ACK = 1, 2, 3  # ACK: the receiver copied the tensors a message lent by address
 FLAG_ERROR = 1
@@ -103,7 +102,7 @@ class Connection:
 
     def __init__(self, sock: socket.socket, peer: int, limits: Limits, read_pid: int = 0, lend: bool = False):
         self.sock, self.peer, self.limits = sock, peer, limits
-        self.read_pid, self.lend = read_pid, lend  # cma_channel.py: we may read the peer / it may read us
+        self.read_pid, self.lend = read_pid, lend  # rpc_cma.py: we may read the peer / it may read us
         self._cma = CrossMemory() if read_pid else None
         self._lent: collections.deque = collections.deque()  # tensors lent by address, oldest first
         self._send_lock = threading.Lock()
@@ -115,7 +114,7 @@ class Connection:
         wired = [_wire_tensor(t) for t in msg.tensors]
         tensors = [w for w, _ in wired]
         mask = msg.grad_mask or [False] * len(tensors)
-        lent = [self.lend and t.numel() * t.element_size() >= cma_channel.MIN_BYTES for t in tensors]
+        lent = [self.lend and t.numel() * t.element_size() >= rpc_cma.MIN_BYTES for t in tensors]
         head = [HEADER.pack(msg.kind, msg.flags, 0, len(tensors), msg.rid, len(msg.meta), msg.ctx_id, msg.ag_msg)]
         for (t, strides), orig, rg, by_addr in zip(wired, msg.tensors, mask, lent):
             flags = RG * bool(rg) | BY_ADDRESS * by_addr | STRIDED * (strides is not None)
