@@ -12,7 +12,8 @@ backpropagates through the replay. ``configure`` adds DeepSpeed's memory options
 * ``contiguous_memory_optimization``: the kept partitions are copied into ``number_checkpoints`` preallocated
   slots instead of being allocated one by one (no fragmentation).
 
-Outputs may be any nesting of tuples, lists and dicts. The replay is off ZeRO-3's prefetch trace.
+Outputs may be any nesting of tuples, lists and dicts. Under ZeRO-3 the replay runs inside backward, so the
+prefetch trace records it there.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from ds_zero.runtime.activation_checkpointing.rng import (  # noqa: F401 - DeepS
     get_cuda_rng_tracker,
     model_parallel_cuda_manual_seed,
 )
-from ds_zero.runtime.zero.partitioned_param_coordinator import off_trace
 
 logger = logging.getLogger(__name__)
 
@@ -199,15 +199,14 @@ class CheckpointFunction(torch.autograd.Function):
         after_forward = rng.capture()
         rng.restore(ctx.rng_states)
         try:
-            with torch.enable_grad(), off_trace():
+            with torch.enable_grad():
                 outputs = ctx.run_function(*inputs)
         finally:
             rng.restore(after_forward)
         leaves = [v for v in pytree.tree_leaves(outputs) if torch.is_tensor(v)]
         pairs = [(o, g) for o, g in zip(leaves, grads) if o.requires_grad and g is not None]
         if pairs:
-            with off_trace():
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         return (None, None, *[x.grad if torch.is_tensor(x) and x.requires_grad else None for x in inputs])
 
 

@@ -15,7 +15,6 @@ what is kept: a fetch or prefetch that needs room releases kept parameters, thos
 from __future__ import annotations
 
 import bisect
-import contextlib
 import enum
 import logging
 
@@ -37,13 +36,6 @@ class ZeroTraceMode(enum.Enum):
     RECORD = 1  # this step's fetches are being recorded
     COMPLETE = 2  # a recorded trace drives prefetching and reuse
     INVALID = 3  # the trace did not match; on demand until the next step records again
-
-
-@contextlib.contextmanager
-def off_trace():
-    """Kept for callers written when recomputes stayed off the trace; the trace now records a recompute where
-    it runs (in backward), as DeepSpeed's does, so this changes nothing."""
-    yield
 
 
 class PartitionedParameterCoordinator:
