@@ -37,7 +37,6 @@ class AsyncPartitionedParameterSwapper:
         for pid, n in self.numel.items():
             aio.reserve(self.paths[pid], round_up(n * self.esize))
         self.placeholder = torch.empty(0, dtype=dtype)
-        self.reads_done = 0
         self._params = list(params)
         for p in params:
             p.ds_swapper = self  # gather_params and repartition_param read and write through it
@@ -76,7 +75,6 @@ class AsyncPartitionedParameterSwapper:
             i = self.free.pop()
             self.holding[pid] = i
             req = self.aio.read(self.buffers[i][:self._padded(pid)], self.paths[pid])
-            self.reads_done += 1
             if async_op:
                 self.reads[pid] = req
             else:
