@@ -90,7 +90,7 @@ class AsyncPartitionedParameterSwapper:
                 self.free.append(self.holding.pop(p.ds_id))
                 p.ds_tensor = self.placeholder
 
-    def drain(self, params_by_id: dict | None = None) -> None:
+    def drain(self) -> None:
         """Finish prefetches nobody used (the order changed) and hand their buffers back."""
         for pid in list(self.reads):
             self.reads.pop(pid).wait()
