@@ -133,7 +133,6 @@ class PipelineEngine(DeepSpeedEngine):
         self._sched_micro_batches = sched.micro_batches
         self._fwd_id = self._bwd_id = 0
         self.timeline = []
-        self._t0 = time.perf_counter()
         for cmds in sched:
             for cmd in cmds:
                 start = time.perf_counter()
