@@ -61,7 +61,6 @@ class AsyncIOHandle:
         self.pool = ThreadPoolExecutor(max_workers=max(1, intra_op_parallelism), thread_name_prefix="ds_zero-aio")
         self._fds: dict[tuple[str, bool], int] = {}
         self._lock = threading.Lock()
-        self.bytes_read = self.bytes_written = 0
         self.direct_ok: dict[str, bool] = {}
 
     def _fd(self, path: str, direct: bool) -> int:
@@ -97,10 +96,6 @@ class AsyncIOHandle:
                       for s in range(start, min(start + span, nbytes), self.block_size)]
             # the tensor rides along: the ctypes view does not keep its storage alive until the I/O is done
             futures.append(self.pool.submit(self._io, fd, pieces, offset + start, write, tensor))
-        if write:
-            self.bytes_written += nbytes
-        else:
-            self.bytes_read += nbytes
         return _Request(futures, tensor)
 
     @staticmethod
