@@ -62,10 +62,6 @@ class PartitionedParameterCoordinator:
         return [p for p in module.parameters(recurse=False) if is_zero_param(p)]
 
     @property
-    def trace_complete(self) -> bool:
-        return self.mode == ZeroTraceMode.COMPLETE
-
-    @property
     def trace(self) -> dict[str, list]:
         """The step trace split where backward began."""
         return {"fwd": self.order[:self.fwd_len], "bwd": self.order[self.fwd_len:]}
