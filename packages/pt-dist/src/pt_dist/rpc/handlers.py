@@ -79,13 +79,9 @@ def _delete(agent, src, rref_id, fork_id):
     agent.rrefs.del_fork(rref_id, fork_id)
 
 
-def _ping(agent, src):
-    return None
-
-
 HANDLERS = {
     "call": _call, "remote": _remote, "to_here": _to_here, "rref_fork": _fork, "rref_accept": _accept,
-    "rref_delete": _delete, "ping": _ping,
+    "rref_delete": _delete,
     "grad": lambda agent, src, *a: engine.on_grad(src, *a),
     "cleanup": lambda agent, src, *a: engine.on_cleanup(src, *a),
 }
