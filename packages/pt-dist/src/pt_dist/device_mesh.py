@@ -177,10 +177,9 @@ class DeviceMesh:
     def from_group(group, device_type: str, mesh=None, *, mesh_dim_names: tuple[str, ...] | None = None
                    ) -> DeviceMesh:
         """A 1-d mesh over an existing pt_dist group (torch's ``DeviceMesh.from_group`` for one group)."""
-        if isinstance(group, (list, tuple)):
-            if len(group) != 1:
-                raise NotImplementedError(f"DeviceMesh.from_group: pt_dist takes one group, got {len(group)}")
-            group = group[0]
+        if isinstance(group, (list, tuple)) and len(group) != 1:
+            raise NotImplementedError(f"DeviceMesh.from_group: pt_dist takes one group, got {len(group)}")
+        group = group[0] if isinstance(group, (list, tuple)) else group
         ranks = c10d.get_process_group_ranks(group)
         if mesh is not None and _as_mesh_tensor(mesh).flatten().tolist() != ranks:
             raise ValueError(f"DeviceMesh.from_group: mesh {mesh!r} differs from the group's ranks {ranks}")

@@ -18,17 +18,28 @@ from pt_dist.device_mesh import DeviceMesh, _mesh_resources
 from pt_dist.tensor._collective_utils import mesh_broadcast, mesh_scatter
 from pt_dist.tensor._dispatch import dispatch
 from pt_dist.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from pt_dist.tensor._redistribute import Redistribute, redistribute_local_tensor
+from pt_dist.tensor._redistribute import Redistribute, _padded_chunks, redistribute_local_tensor
 from pt_dist.tensor._utils import (
     compute_global_tensor_info,
     contiguous_like_stride,
     local_shard_size_and_offset,
     normalize_placements,
-    pad_dim,
 )
 from pt_dist.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 __all__ = ["DTensor", "distribute_tensor"]
+
+
+def _on_mesh(tensor: torch.Tensor, device_mesh, placements, what: str):
+    """The mesh (by default the ``with mesh:`` one; this rank must be in it), ``tensor`` on its device type, and
+    the placements (by default Replicate on every mesh dim) checked."""
+    device_mesh = device_mesh or _mesh_resources.get_current_mesh()
+    if not device_mesh._is_current_rank_part_of_mesh():
+        raise NotImplementedError(f"{what}: rank {device_mesh.get_rank()} is not in {device_mesh}")
+    if device_mesh.device_type != tensor.device.type and not tensor.is_meta:
+        tensor = tensor.to(device_mesh.device_type)
+    placements = [Replicate()] * device_mesh.ndim if placements is None else placements
+    return tensor, device_mesh, normalize_placements(placements, tensor.ndim, device_mesh.ndim, what)
 
 
 def _normalize_placements_for_grad(placements: Sequence[Placement]) -> tuple[Placement, ...]:
@@ -77,13 +88,11 @@ class _FromTorchTensor(torch.autograd.Function):
     def backward(ctx, grad_output):
         if grad_output is None:
             return (None,) * 7
-        target = ctx.grad_placements or _normalize_placements_for_grad(ctx.placements)
-        if grad_output.placements != tuple(target):
-            spec = grad_output._spec
-            local = redistribute_local_tensor(grad_output._local_tensor, spec,
-                                              DTensorSpec(ctx.mesh, tuple(target), spec.tensor_meta))
-            return (local,) + (None,) * 6
-        return (grad_output._local_tensor,) + (None,) * 6
+        target = tuple(ctx.grad_placements or _normalize_placements_for_grad(ctx.placements))
+        local, spec = grad_output._local_tensor, grad_output._spec
+        if spec.placements != target:
+            local = redistribute_local_tensor(local, spec, DTensorSpec(ctx.mesh, target, spec.tensor_meta))
+        return (local,) + (None,) * 6
 
 
 class DTensor(torch.Tensor):
@@ -135,14 +144,7 @@ class DTensor(torch.Tensor):
         if isinstance(local_tensor, DTensor):
             raise RuntimeError(f"the local_tensor argument only accepts torch.Tensor but got {type(local_tensor)} "
                                "value.")
-        device_mesh = device_mesh or _mesh_resources.get_current_mesh()
-        if not device_mesh._is_current_rank_part_of_mesh():
-            raise NotImplementedError(f"DTensor.from_local: rank {device_mesh.get_rank()} is not in {device_mesh}")
-        if device_mesh.device_type != local_tensor.device.type and not local_tensor.is_meta:
-            local_tensor = local_tensor.to(device_mesh.device_type)
-        if placements is None:
-            placements = [Replicate()] * device_mesh.ndim
-        placements = normalize_placements(placements, local_tensor.ndim, device_mesh.ndim, "DTensor.from_local")
+        local_tensor, device_mesh, placements = _on_mesh(local_tensor, device_mesh, placements, "DTensor.from_local")
         return _FromTorchTensor.apply(local_tensor, device_mesh, placements, run_check,
                                       None if shape is None else torch.Size(shape),
                                       None if stride is None else tuple(stride),
@@ -202,11 +204,7 @@ def _shard_from_source(tensor, dim: int, mesh, mesh_dim: int, src_data_rank: int
     length, start = local_shard_size_and_offset(tensor.size(dim), n, rank)
     if src_data_rank is None:
         return tensor.narrow(dim, start, length).contiguous()
-    full = -(-tensor.size(dim) // n)
-    pieces = []
-    for r in range(n):
-        ln, st = local_shard_size_and_offset(tensor.size(dim), n, r)
-        pieces.append(pad_dim(tensor.narrow(dim, st, ln), dim, full - ln).contiguous())
+    pieces = [p.contiguous() for p in torch.tensor_split(_padded_chunks(tensor, dim, n), n, dim)]
     out = torch.empty_like(pieces[0])
     mesh_scatter(out, pieces, mesh, mesh_dim, group_src=src_data_rank)
     return out.narrow(dim, 0, length).contiguous()
@@ -216,15 +214,10 @@ def distribute_tensor(tensor: torch.Tensor, device_mesh: DeviceMesh | None = Non
                       placements: Sequence[Placement] | None = None, *, src_data_rank: int | None = 0) -> DTensor:
     """A leaf ``tensor`` (the global value; the mesh dims' rank ``src_data_rank`` is the truth) laid out as
     ``placements``: scattered for Shard, broadcast for Replicate and Partial (torch's ``distribute_tensor``)."""
-    device_mesh = device_mesh or _mesh_resources.get_current_mesh()
     if not tensor.is_leaf:
         raise RuntimeError("`distribute_tensor` should be used to distribute leaf tensors! but found non-leaf "
                            "tensor!")
-    if device_mesh.device_type != tensor.device.type and not tensor.is_meta:
-        tensor = tensor.to(device_mesh.device_type)
-    if placements is None:
-        placements = [Replicate()] * device_mesh.ndim
-    placements = normalize_placements(placements, tensor.ndim, device_mesh.ndim, "distribute_tensor")
+    tensor, device_mesh, placements = _on_mesh(tensor, device_mesh, placements, "distribute_tensor")
     if isinstance(tensor, DTensor):
         if tensor.device_mesh != device_mesh:
             raise ValueError(f"Cannot distribute a DTensor with device mesh {tensor.device_mesh} to a different "
@@ -233,8 +226,6 @@ def distribute_tensor(tensor: torch.Tensor, device_mesh: DeviceMesh | None = Non
             raise ValueError(f"Cannot distribute a DTensor with placements {tensor.placements} to a different "
                              f"placements {placements}. do you want to call `redistribute` instead?")
         return tensor
-    if not device_mesh._is_current_rank_part_of_mesh():
-        raise NotImplementedError(f"distribute_tensor: rank {device_mesh.get_rank()} is not in {device_mesh}")
     local = tensor.detach()
     for mesh_dim, p in enumerate(placements):
         if isinstance(p, Shard):

@@ -32,12 +32,9 @@ def _flatten(args: tuple, kwargs: dict):
     """The arguments as one flat list (a list of tensors, as ``cat``'s, opened one level) and how to rebuild them."""
     flat, shape = [], []
     for a in (*args, *kwargs.values()):
-        if type(a) in (list, tuple) and a and isinstance(a[0], torch.Tensor):
-            shape.append((type(a), len(a)))
-            flat.extend(a)
-        else:
-            shape.append(None)
-            flat.append(a)
+        opened = type(a) in (list, tuple) and a and isinstance(a[0], torch.Tensor)
+        shape.append((type(a), len(a)) if opened else None)
+        flat.extend(a if opened else (a,))
     return flat, (len(args), tuple(kwargs), tuple(shape))
 
 
@@ -45,12 +42,8 @@ def _unflatten(flat: list, tree) -> tuple[tuple, dict]:
     nargs, keys, shape = tree
     out, i = [], 0
     for s in shape:
-        if s is None:
-            out.append(flat[i])
-            i += 1
-        else:
-            out.append(s[0](flat[i:i + s[1]]))
-            i += s[1]
+        out.append(flat[i] if s is None else s[0](flat[i:i + s[1]]))
+        i += 1 if s is None else s[1]
     return tuple(out[:nargs]), dict(zip(keys, out[nargs:]))
 
 

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from pt_dist.tensor.placement_types import Placement, Shard
+from pt_dist.tensor.placement_types import Placement
 
 __all__ = ["DTensorSpec", "TensorMeta"]
 
@@ -36,14 +36,6 @@ class DTensorSpec:
     @property
     def ndim(self) -> int:
         return len(self.tensor_meta.shape)
-
-    @property
-    def num_shards(self) -> int:
-        n = 1
-        for i, p in enumerate(self.placements):
-            if isinstance(p, Shard):
-                n *= self.mesh.size(i)
-        return n
 
     def __str__(self) -> str:
         return f"Spec({''.join(str(p) for p in self.placements)} on {tuple(self.shape)})"

@@ -15,8 +15,6 @@ tensor dim that an outer mesh dim also shards differently, then outwards-in for 
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from pt_dist.tensor._collective_utils import mesh_all_gather, shard_dim_alltoall
@@ -25,11 +23,6 @@ from pt_dist.tensor._utils import local_shard_size_and_offset, pad_dim
 from pt_dist.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 __all__ = ["Redistribute", "redistribute_local_tensor"]
-
-
-class _TransformInfo(NamedTuple):
-    mesh_dim: int
-    src_dst_placements: tuple[Placement, Placement]
 
 
 def _logical_shape(global_shape, placements, coordinate, mesh, mesh_dim: int) -> list[int]:
@@ -42,10 +35,11 @@ def _logical_shape(global_shape, placements, coordinate, mesh, mesh_dim: int) ->
     return shape
 
 
-def _gen_transform_infos(src: DTensorSpec, dst: DTensorSpec) -> list[_TransformInfo]:
+def _gen_transform_infos(src: DTensorSpec, dst: DTensorSpec) -> list[tuple[int, tuple[Placement, Placement]]]:
+    """The steps, each (mesh dim, (its placement before, after))."""
     current, target = list(src.placements), list(dst.placements)
-    steps: list[_TransformInfo] = []
-    if src.num_shards > 1:
+    steps = []
+    if any(p.is_shard() and src.mesh.size(i) > 1 for i, p in enumerate(current)):  # (torch's num_shards > 1)
         for mesh_dim in reversed(range(len(current))):
             cur, tgt = current[mesh_dim], target[mesh_dim]
             if isinstance(tgt, Shard):
@@ -54,11 +48,11 @@ def _gen_transform_infos(src: DTensorSpec, dst: DTensorSpec) -> list[_TransformI
                 if before_cur != before_tgt:  # an outer shard of the same tensor dim moves: replicate here first
                     tgt = Replicate()
             if cur != tgt:
-                steps.append(_TransformInfo(mesh_dim, (cur, tgt)))
+                steps.append((mesh_dim, (cur, tgt)))
                 current[mesh_dim] = tgt
     for mesh_dim, (cur, tgt) in enumerate(zip(current, target)):
         if cur != tgt:
-            steps.append(_TransformInfo(mesh_dim, (cur, tgt)))
+            steps.append((mesh_dim, (cur, tgt)))
             current[mesh_dim] = tgt
     return steps
 
@@ -125,8 +119,6 @@ def redistribute_local_tensor(local: torch.Tensor, current_spec: DTensorSpec, ta
     for mesh_dim, (src, dst) in _gen_transform_infos(current_spec, target_spec):
         logical = _logical_shape(current_spec.shape, placements, coordinate, mesh, mesh_dim)
         rank = coordinate[mesh_dim]
-        if src == dst:
-            continue
         if isinstance(dst, Replicate):
             if isinstance(src, Shard):
                 local = _shard_to_replicate(local, src.dim, logical, mesh, mesh_dim)
@@ -159,10 +151,8 @@ class Redistribute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, device_mesh, placements, async_op: bool = False, forward_dtype=None,
                 backward_dtype=None):
-        current = input._spec
-        local = input._local_tensor
-        ctx.in_dtype = local.dtype
-        ctx.backward_dtype = backward_dtype or local.dtype
+        current, local = input._spec, input._local_tensor
+        ctx.in_dtype, ctx.backward_dtype = local.dtype, backward_dtype or local.dtype
         if forward_dtype is not None and forward_dtype != local.dtype:
             local = local.to(forward_dtype)
             current = DTensorSpec(current.mesh, current.placements,

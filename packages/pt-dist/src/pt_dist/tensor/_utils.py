@@ -56,16 +56,12 @@ def compute_global_tensor_info(tensor: torch.Tensor, mesh, placements: Sequence[
     shape = list(tensor.shape)
     stride = list(tensor.stride())
     for mesh_dim, p in enumerate(placements):
-        if isinstance(p, Shard):
-            if not 0 <= p.dim < tensor.ndim:
-                raise ValueError(f"{p!r} is out of range for a local tensor of {tensor.ndim} dims (shape "
-                                 f"{tuple(tensor.shape)})")
+        if isinstance(p, Shard):  # (p.dim in range: the placements are normalised)
             n = mesh.size(mesh_dim)
             shard_stride = stride[p.dim]
             shape[p.dim] *= n
             # every dim laid out outside the sharded one grows by the mesh size
-            stride = [s * n if s >= shard_stride and i != p.dim else s
-                      for i, s in enumerate(stride)]
+            stride = [s * n if s >= shard_stride and i != p.dim else s for i, s in enumerate(stride)]
     return shape, stride
 
 

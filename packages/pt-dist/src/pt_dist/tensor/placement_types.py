@@ -5,6 +5,8 @@ hash, ``repr`` and ``str``; the collectives that move between them are in ``_red
 
 from __future__ import annotations
 
+from pt_dist.tensor._collective_utils import mesh_all_reduce, mesh_reduce_scatter
+
 __all__ = ["Placement", "Shard", "Replicate", "Partial"]
 
 _REDUCE_OPS = ("sum", "avg", "min", "max", "product", "band", "bor", "bxor")
@@ -112,13 +114,9 @@ class Partial(Placement):
 
     # the reduction contract (torch's): what Partial -> Replicate / Shard and Replicate -> Partial do locally
     def _reduce_value(self, tensor, mesh, mesh_dim: int):
-        from pt_dist.tensor._collective_utils import mesh_all_reduce
-
         return mesh_all_reduce(tensor, self.reduce_op, mesh, mesh_dim)
 
     def _reduce_shard_value(self, tensor, mesh, mesh_dim: int, shard_spec: Shard):
-        from pt_dist.tensor._collective_utils import mesh_reduce_scatter
-
         return mesh_reduce_scatter(tensor, self.reduce_op, shard_spec.dim, mesh, mesh_dim)
 
     def _partition_value(self, tensor, mesh, mesh_dim: int):

@@ -1,8 +1,9 @@
-"""Element-wise ops (torch's ``tensor/_ops/_pointwise_ops.py``): the output follows the first argument sharded on
-a dim the output keeps (an in-place op follows ``self``); the others are cut to match, a broadcast dim replicated.
-A Partial is reduced first, unless the op is linear in it and says so through ``linear`` (torch's
-``linear_pointwise_strategy``: ``add`` of Partials, ``mul`` of a Partial by replicated values, ... registered by
-``pt_dist/_compat/tensor/linear_pointwise_ops.py``)."""
+"""Element-wise ops (torch's ``tensor/_ops/_pointwise_ops.py``; here the arithmetic, the optimizers' and the
+activations', the rest of torch's list in ``pt_dist/_compat/tensor/pointwise_ops.py``): the output follows the
+first argument sharded on a dim the output keeps (an in-place op follows ``self``); the others are cut to match, a
+broadcast dim replicated. A Partial is reduced first, unless the op is linear in it and says so through ``linear``
+(torch's ``linear_pointwise_strategy``: ``add`` of Partials, ``mul`` of a Partial by replicated values, ...
+registered by ``pt_dist/_compat/tensor/linear_pointwise_ops.py``)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,10 @@ from pt_dist.tensor.placement_types import Replicate, Shard
 
 aten = torch.ops.aten
 
-_NAMES = """abs abs_ add add_ sub sub_ rsub mul mul_ div div_ neg neg_ sqrt sqrt_ rsqrt rsqrt_ exp exp_ log log_ log1p
-expm1 pow pow_ reciprocal reciprocal_ sign sgn clamp clamp_ clamp_min clamp_min_ clamp_max clamp_max_ maximum minimum
-where lerp lerp_ addcmul addcmul_ addcdiv addcdiv_ relu relu_ gelu gelu_ gelu_backward threshold_backward tanh tanh_
-tanh_backward sigmoid sigmoid_ sigmoid_backward silu silu_ silu_backward sin cos erf floor ceil round trunc frac
-eq ne gt lt ge le eq_ ne_ gt_ lt_ ge_ le_ isnan isinf isfinite logical_not logical_and logical_or masked_fill
-masked_fill_ nan_to_num nan_to_num_ square bitwise_and bitwise_or bitwise_not hardtanh hardtanh_ leaky_relu
-leaky_relu_ softplus _to_copy""".split()
-
+_NAMES = """add add_ sub sub_ rsub mul mul_ div div_ neg neg_ sqrt sqrt_ rsqrt rsqrt_ exp exp_ log log_ pow pow_
+reciprocal reciprocal_ addcmul addcmul_ addcdiv addcdiv_ lerp lerp_ where relu relu_ gelu gelu_ gelu_backward
+threshold_backward tanh tanh_ tanh_backward sigmoid sigmoid_ sigmoid_backward silu silu_ silu_backward
+_to_copy""".split()
 POINTWISE_OPS = [getattr(aten, n) for n in _NAMES if hasattr(aten, n)]
 
 

@@ -69,10 +69,9 @@ def register_prop_rule(ops: Iterable) -> Callable:
 
 
 def rule_for(op) -> Callable:
-    try:
-        return _RULES[op]
-    except KeyError:
-        raise NotImplementedError(f"Operator {op} does not have a sharding strategy registered.") from None
+    if op not in _RULES:
+        raise NotImplementedError(f"Operator {op} does not have a sharding strategy registered.")
+    return _RULES[op]
 
 
 def redistribute_cost(src: Placement, dst: Placement, numel: int) -> float:
