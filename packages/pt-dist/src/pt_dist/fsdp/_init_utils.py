@@ -1,5 +1,5 @@
 """What ``FullyShardedDataParallel.__init__`` settles before touching a parameter (torch's fsdp/_init_utils.py):
-the arguments it refuses, and the process groups: one shard group, or for HYBRID_SHARD a shard group within a
+the argument types it checks, and the process groups: one shard group, or for HYBRID_SHARD a shard group within a
 node and a replicate group across nodes."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from pt_dist import distributed_c10d as c10d
-from pt_dist.fsdp.api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
+from pt_dist.fsdp._common_utils import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 
 
 def _init_process_groups(process_group, strategy):
@@ -48,17 +48,7 @@ def _init_process_groups(process_group, strategy):
     return process_group or c10d.group.WORLD, None
 
 
-def _check_arguments(
-    sharding_strategy,
-    backward_prefetch,
-    mixed_precision,
-    cpu_offload,
-    param_init_fn,
-    device_id,
-    use_orig_params,
-    ignored_states,
-    device_mesh,
-) -> None:
+def _check_arguments(sharding_strategy, backward_prefetch, mixed_precision, cpu_offload) -> None:
     if sharding_strategy is not None and not isinstance(sharding_strategy, ShardingStrategy):
         raise TypeError(
             f"FullyShardedDataParallel: sharding_strategy must be a ShardingStrategy, got {sharding_strategy!r}"
@@ -73,15 +63,6 @@ def _check_arguments(
         raise ValueError("FullyShardedDataParallel: keep_low_precision_grads is not supported")
     if cpu_offload is not None and not isinstance(cpu_offload, CPUOffload):
         raise TypeError(f"FullyShardedDataParallel: cpu_offload must be a CPUOffload or None, got {cpu_offload!r}")
-    for name, value in (
-        ("param_init_fn", param_init_fn),
-        ("ignored_states", ignored_states),
-        ("device_mesh", device_mesh),
-    ):
-        if value is not None:
-            raise ValueError(f"FullyShardedDataParallel: {name} is not supported, got {value!r}")
-    if not isinstance(use_orig_params, bool):
-        raise TypeError(f"FullyShardedDataParallel: use_orig_params must be a bool, got {use_orig_params!r}")
 
 
 def _check_offload(module, cpu_offload) -> None:

@@ -1,10 +1,9 @@
 """``FlatParamHandle``: one FSDP unit's parameters as one flat, padded, sharded parameter (torch's _flat_param.py).
 
-The unit's parameters (each shared one once; ``use_orig_params``: each starting 16-byte aligned) are
-concatenated, padded with zeros to a multiple of the shard group's size N, and cut into N equal shards; this rank
-keeps shard r as ``flat_param``, the ``nn.Parameter`` the optimizer steps (or views of it: _orig_params.py). To
-run the unit, ``unshard`` all-gathers the shards into a full buffer (in ``param_dtype``) and the module's
-parameters become views of it; ``reshard`` frees that buffer's storage. After backward, ``reduce_grad``
+The unit's parameters (each shared one once) are concatenated, padded with zeros to a multiple of the shard
+group's size N, and cut into N equal shards; this rank keeps shard r as ``flat_param``, the ``nn.Parameter`` the
+optimizer steps. To run the unit, ``unshard`` all-gathers the shards into a full buffer (in ``param_dtype``) and
+the module's parameters become views of it; ``reshard`` frees that buffer's storage. After backward, ``reduce_grad``
 reduce-scatters the full gradient so this rank keeps only its shard's (NO_SHARD: all-reduce).
 
 The views autograd saves in forward point into the buffer through a leaf tensor (``_unsharded``) that shares
@@ -15,6 +14,7 @@ all-gather) does not count as modifying what the graph saved.
 from __future__ import annotations
 
 import enum
+import itertools
 import weakref
 from dataclasses import dataclass
 
@@ -42,11 +42,9 @@ class ParamInfo:
 
 
 class FlatParamHandle:
-    def __init__(self, named_params, shard_group, replicate_group, sharded: bool, param_dtype, reduce_dtype,
-                 use_orig_params: bool = False):
+    def __init__(self, named_params, shard_group, replicate_group, sharded: bool, param_dtype, reduce_dtype):
         """``named_params``: ``(module, attr, clean fqn, parameter)`` for every place a parameter of the unit is
-        registered, in module order (a tied parameter appears twice, stored once). ``use_orig_params``: the
-        module keeps its parameter objects, as views of the flat shard (_orig_params.py)."""
+        registered, in module order (a tied parameter appears twice, stored once)."""
         named_params, uniques, index, self._piece_of = list(named_params), [], {}, []
         for _, _, _, p in named_params:
             if id(p) not in index:
@@ -68,34 +66,14 @@ class FlatParamHandle:
                 f"FullyShardedDataParallel: one unit's parameters must share a dtype to be flattened, "
                 f"got {sorted(map(str, dtypes))}: {names}; wrap them in separate units"
             )
-        trainable = {p.requires_grad for p in uniques}
-        if use_orig_params:  # (a frozen original gets no gradient, and no part of the flat one)
-            trainable = {any(trainable)}
-        if len(trainable) != 1:
-            frozen = [fqn for _, _, fqn, p in named_params if not p.requires_grad][:6]
-            raise ValueError(
-                f"FullyShardedDataParallel: a unit mixes frozen parameters ({frozen}) with trainable "
-                f"ones; wrap the frozen ones in a unit of their own, or pass them in ignored_modules"
-            )
-        self.requires_grad = trainable.pop()
+        self.requires_grad = self._flat_requires_grad(named_params, uniques)
         self.shard_group, self.replicate_group, self.sharded = shard_group, replicate_group, sharded
         world = shard_group.size() if sharded else 1
         dtype = uniques[0].dtype
-        # use_orig_params: each parameter starts 16-byte aligned (zeros between), as torch's align_addresses
-        align, self._offsets, self._split, self._split_index = 16 // dtype.itemsize, [], [], []
-        total = 0
-        for p in uniques:
-            pad = (-total) % align if use_orig_params else 0
-            if pad:
-                self._split.append(pad)
-                total += pad
-            self._offsets.append(total)
-            self._split_index.append(len(self._split))
-            self._split.append(p.numel())
-            total += p.numel()
+        self._offsets = self._flat_offsets(uniques)
         self.infos = [ParamInfo(module, name, fqn, self._offsets[index[id(p)]], p.numel(), p.shape)
                       for module, name, fqn, p in named_params]
-        self.numel = total
+        self.numel = self._offsets[-1] + self._numels[-1]
         self.padded_numel = -(-self.numel // world) * world
         self.shard_numel = self.padded_numel // world
         self._mp_param_dtype, self._mp_reduce_dtype = param_dtype, reduce_dtype
@@ -120,13 +98,35 @@ class FlatParamHandle:
         self.state = HandleTrainingState.IDLE
         self.post_backward_calls = 0
         self._kept_grad: torch.Tensor | None = None  # the unsharded gradient summed inside no_sync()
-        self.orig = None
-        self._exposed = False  # (use_orig_params: the flat parameter registered for nn.Module._apply)
-        if use_orig_params:
-            from pt_dist.fsdp._orig_params import OrigParams
 
-            self.orig = OrigParams(self, uniques)
-            self.orig.use_sharded_views()
+    # -- flattening ----------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _flat_requires_grad(named_params, uniques) -> bool:
+        """One flat parameter is trainable or frozen as a whole."""
+        trainable = {p.requires_grad for p in uniques}
+        if len(trainable) != 1:
+            frozen = [fqn for _, _, fqn, p in named_params if not p.requires_grad][:6]
+            raise ValueError(
+                f"FullyShardedDataParallel: a unit mixes frozen parameters ({frozen}) with trainable "
+                f"ones; wrap the frozen ones in a unit of their own, or pass them in ignored_modules"
+            )
+        return trainable.pop()
+
+    @staticmethod
+    def _flat_offsets(uniques) -> list[int]:
+        """Where each parameter starts in the flat parameter: one after another."""
+        return list(itertools.accumulate((p.numel() for p in uniques[:-1]), initial=0))
+
+    def views_of(self, flat: torch.Tensor) -> list:
+        """Each distinct parameter's 1-D range of a whole flat tensor (the gathered parameter, a state, a gradient),
+        by one split: its backward concatenates the gradients into one buffer (a narrow per parameter would make a
+        zero-filled full-size gradient per parameter for autograd to sum)."""
+        return list((flat if flat.numel() == self.numel else flat.narrow(0, 0, self.numel)).split(self._numels))
+
+    def managed_params(self) -> tuple:
+        """The parameters this handle puts on modules (state dicts save them through the handle)."""
+        return (self.flat_param,)
 
     # -- parameters ----------------------------------------------------------------------------------------------
 
@@ -186,19 +186,12 @@ class FlatParamHandle:
                 # strong reference back would keep the unit, its groups and their shared memory alive for good
                 handle = weakref.ref(self)
                 leaf.register_post_accumulate_grad_hook(lambda t: handle().on_post_backward())
-        # one split for all: its backward concatenates the gradients into one buffer (a narrow per parameter would
-        # make a zero-filled full-size gradient per parameter for autograd to sum)
-        pieces = self._unsharded.split(self._split)
-        pieces = [pieces[j] for j in self._split_index]
-        if self.orig is not None:
-            self.orig.unregister()
-            pieces = [v if p.requires_grad else v.detach() for v, p in zip(pieces, self.orig.params)]
-        for info, piece in zip(self.infos, self._piece_of):
-            setattr(info.module, info.name, pieces[piece].view(info.shape))
+        self._setattr_views(self.views_of(self._unsharded))
 
-    def views_of(self, flat: torch.Tensor) -> list:
-        """Each distinct parameter's 1-D range of a whole flat tensor (gathered parameter, state, gradient)."""
-        return [flat.narrow(0, offset, n) for offset, n in zip(self._offsets, self._numels)]
+    def _setattr_views(self, views: list) -> None:
+        """Each place a parameter lives (``module.<name>``) set to its view, shaped as the parameter."""
+        for info, piece in zip(self.infos, self._piece_of):
+            setattr(info.module, info.name, views[piece].view(info.shape))
 
     def on_post_backward(self) -> None:  # set by the unit (fully_sharded_data_parallel.py)
         """Called once the whole unsharded gradient is accumulated."""
@@ -209,8 +202,6 @@ class FlatParamHandle:
             self.unshard()
         self._full.untyped_storage().resize_(0)
         self.is_unsharded = False
-        if self.orig is not None:
-            self.orig.use_sharded_views()
 
     # -- gradients -----------------------------------------------------------------------------------------------
 
@@ -250,15 +241,13 @@ class FlatParamHandle:
             work.wait()
         if self.replicate_group is not None and self.replicate_group.size() > 1:
             self.replicate_group.all_reduce(out).wait()
-        grad = out.to(self.flat_param.dtype)
-        if self.orig is not None:  # zero_grad() and the like reached the originals' gradients only
-            self.orig.writeback_grads()
+        self._accumulate_grad(out.to(self.flat_param.dtype))
+
+    def _accumulate_grad(self, grad: torch.Tensor) -> None:
         if self.flat_param.grad is None:
             self.flat_param.grad = grad
         else:
             self.flat_param.grad += grad
-        if self.orig is not None:
-            self.orig.use_grad_views()
 
     # -- state dicts ---------------------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ own ``state_dict`` form (parameter indices), for ``optim.load_state_dict``. Load
 full optimizer state dict saved at one world size loads at another. Under ``SHARDED_STATE_DICT`` each
 per-element state is instead this rank's ``torch.chunk`` rows of it, a DTensor, as the model's sharded state
 dict (torch gives ShardedTensors with the same rows); loading gathers them back (a collective) first.
-``use_orig_params=True`` units' states are per original parameter (_orig_optim_utils.py).
+``use_orig_params=True`` units' states are per original parameter (use_orig_params_optim.py).
 """
 
 from __future__ import annotations
@@ -21,39 +21,25 @@ from types import SimpleNamespace
 import torch
 
 from pt_dist import distributed_c10d as c10d
+from pt_dist._compat.fsdp._traversal_utils import fsdp_modules, named_units, piece, pieces
+from pt_dist._compat.fsdp.api import OptimStateKeyType, StateDictSettings, StateDictType
+from pt_dist._compat.fsdp.state_dict_type import get_state_dict_type
+from pt_dist._compat.fsdp.use_orig_params import OrigParamsHandle
+from pt_dist._compat.fsdp.use_orig_params_optim import gathered_orig, orig_to_load, orig_units
 from pt_dist.fsdp import state_dict as _sd
-from pt_dist.fsdp._orig_optim_utils import _gathered_orig, _orig_to_load, _orig_units
-from pt_dist.fsdp._state_dict_settings import fsdp_modules, get_state_dict_type
-from pt_dist.fsdp.api import StateDictSettings, StateDictType
+from pt_dist.fsdp._common_utils import clean_tensor_name as _clean
 from pt_dist.object_collectives import all_gather_object, broadcast_object_list
-
-FLAT_PARAM = "_flat_param"
-
-
-_clean = _sd._clean  # FSDP's and checkpoint_wrapper's prefixes dropped, as torch's clean_tensor_name
-
-
-def _pieces(prefix, handle):
-    """(name, offset, numel, shape) of each distinct parameter of a unit (a tied one under its first name)."""
-    seen, out = set(), []
-    for info, piece in zip(handle.infos, handle._piece_of):
-        if piece not in seen:
-            seen.add(piece)
-            out.append((_clean(prefix + info.fqn), info.offset, info.numel, info.shape))
-    return out
 
 
 def _layout(model, optim):
     """Per optimizer index: ("flat", prefix, handle) for a unit's flat shard, ("plain", name) otherwise. The model
     is an FSDP unit or a plain module holding units (torch's non-FSDP root)."""
-    from pt_dist.fsdp.fully_sharded_data_parallel import FullyShardedDataParallel as FSDP
-
     for root in fsdp_modules(model, root_only=True):
         root._lazy_init()
-    units = [(prefix, u._handle) for prefix, u in FSDP._named_units(model) if u._handle is not None]
+    units = [(prefix, u._handle) for prefix, u in named_units(model) if u._handle is not None]
     by_param = {id(h.flat_param): (prefix, h) for prefix, h in units}
-    originals = {id(p): (prefix, h, i) for prefix, h in units if h.orig is not None
-                 for i, p in enumerate(h.orig.params)}
+    originals = {id(p): (prefix, h, i) for prefix, h in units if isinstance(h, OrigParamsHandle)
+                 for i, p in enumerate(h.params)}
     names = {id(p): _clean(n) for n, p in model.named_parameters()}
     layout = []
     for p in (p for g in optim.param_groups for p in g["params"]):
@@ -158,8 +144,6 @@ def rekey_optim_state_dict(optim_state_dict: dict, optim_state_key_type, model, 
                            optim=None) -> dict:
     """The same state keyed by parameter names (``PARAM_NAME``) or by the optimizer's indices (``PARAM_ID``), for
     moving a state between an FSDP model and the plain one (``model`` is the plain model)."""
-    from pt_dist.fsdp.api import OptimStateKeyType
-
     if optim_state_key_type not in (OptimStateKeyType.PARAM_NAME, OptimStateKeyType.PARAM_ID):
         raise ValueError(f"Expected optim_state_key_type to be PARAM_NAME or PARAM_ID, got {optim_state_key_type}")
     keys = list(optim_state_dict["state"])
@@ -186,11 +170,11 @@ def _gathered(model, optim, osd: dict, keep: bool, as_rows: bool = False) -> dic
     optimizer holds the units rank 0's does."""
     osd = _by_index(optim, osd)
     layout = _layout(model, optim)
-    flat = sorted((_pieces(e[1], e[2])[0][0], idx) for idx, e in enumerate(layout) if e[0] == "flat")
-    if not _orig_units(model):  # (use_orig_params: the ranks' states are merged instead, as torch's)
+    flat = sorted((pieces(e[1], e[2])[0][0], idx) for idx, e in enumerate(layout) if e[0] == "flat")
+    if not orig_units(model):  # (use_orig_params: the ranks' states are merged instead, as torch's)
         _check_same_units(model, [name for name, _ in flat] + [e[1] for e in layout if e[0] == "plain"])
     state, names_of = {}, {}
-    _gathered_orig(model, layout, osd, keep, as_rows, state, names_of)
+    gathered_orig(model, layout, osd, keep, as_rows, state, names_of)
     for idx, entry in enumerate(layout):
         if entry[0] == "plain":
             names_of[idx] = [entry[1]]
@@ -200,8 +184,8 @@ def _gathered(model, optim, osd: dict, keep: bool, as_rows: bool = False) -> dic
     for _, idx in flat:
         _, prefix, handle = layout[idx]
         own = osd["state"].get(idx, {})
-        pieces = _pieces(prefix, handle)
-        names_of[idx] = [name for name, *_ in pieces]
+        parts = pieces(prefix, handle)
+        names_of[idx] = [name for name, *_ in parts]
         full = {}
         for k in sorted(own):  # (every rank in the same order: the gathers are collectives)
             v = own[k]
@@ -214,8 +198,8 @@ def _gathered(model, optim, osd: dict, keep: bool, as_rows: bool = False) -> dic
                 full[k] = whole
         if keep and own:
             mesh = _sd._shard_mesh(handle) if as_rows else None
-            for name, offset, numel, shape in pieces:
-                state[name] = {k: (_piece(full[k], offset, numel, shape, mesh, handle) if k in full else
+            for name, offset, numel, shape in parts:
+                state[name] = {k: (piece(full[k], offset, numel, shape, mesh, handle) if k in full else
                                    (v.clone() if torch.is_tensor(v) else v)) for k, v in own.items()}
     if not keep:
         return {}
@@ -263,12 +247,6 @@ def _check_same_units(model, names: list) -> None:
         )
 
 
-def _piece(whole, offset: int, numel: int, shape, mesh, handle):
-    """One parameter's part of a gathered per-element state: whole, or (``mesh``) this rank's rows of it."""
-    full = whole.narrow(0, offset, numel).view(shape)
-    return full.clone() if mesh is None else _sd._rows(full, mesh, handle.sharded)
-
-
 def _gathered_rows(state_in: dict) -> dict:
     """A sharded optimizer state dict's DTensor values gathered whole (collective: every rank, the same order)."""
     return {name: {k: (v.full_tensor() if _sd._is_dtensor(v) else v) for k, v in sorted(st.items())}
@@ -303,27 +281,27 @@ def optim_state_dict_to_load(model, optim, optim_state_dict: dict, is_named_opti
             continue
         if entry[0] == "orig":
             _, prefix, handle, i = entry
-            first_names.append(_pieces(prefix, handle)[i][0])
-            if first_names[-1] in state_in and handle.orig._in_shard(i):  # (none where no element is here)
-                state[idx] = _orig_to_load(handle, i, first_names[-1], state_in[first_names[-1]])
+            first_names.append(pieces(prefix, handle)[i][0])
+            if first_names[-1] in state_in and handle.in_shard(i):  # (none where no element is here)
+                state[idx] = orig_to_load(handle, i, first_names[-1], state_in[first_names[-1]])
             continue
         _, prefix, handle = entry
-        pieces = _pieces(prefix, handle)
-        first_names.append(pieces[0][0])
-        present = [name for name, *_ in pieces if name in state_in]
+        parts = pieces(prefix, handle)
+        first_names.append(parts[0][0])
+        present = [name for name, *_ in parts if name in state_in]
         if not present:
             continue
-        if len(present) != len(pieces):  # torch's message: its unflattening needs every piece's state
-            missing = sorted({name for name, *_ in pieces} - set(present))
+        if len(present) != len(parts):  # torch's message: its unflattening needs every piece's state
+            missing = sorted({name for name, *_ in parts} - set(present))
             raise ValueError(f"All unflattened parameters comprising a single flat parameter must have scalar "
                              f"state with the same value and dtype: no state for {missing} (the unit of "
                              f"{present[0]!r})")
         start = (handle.shard_group.rank() if handle.sharded else 0) * handle.shard_numel
         out = {}
         for k, v in state_in[present[0]].items():
-            if torch.is_tensor(v) and v.dim() > 0 and v.numel() == pieces[0][2]:  # per element: re-flatten
+            if torch.is_tensor(v) and v.dim() > 0 and v.numel() == parts[0][2]:  # per element: re-flatten
                 flat = v.new_zeros(handle.padded_numel)
-                for name, offset, numel, shape in pieces:
+                for name, offset, numel, shape in parts:
                     t = state_in[name][k]
                     if tuple(t.shape) != tuple(shape):
                         raise ValueError(f"FSDP.optim_state_dict_to_load: state {k!r} of {name!r} has shape "

@@ -1,5 +1,5 @@
-"""``summon_full_params`` and ``no_sync``: the whole parameters outside forward, gradients kept unsharded
-(torch/distributed/fsdp/_unshard_param_utils.py and ``FullyShardedDataParallel.no_sync``).
+"""torch's ``FullyShardedDataParallel.summon_full_params``: the whole parameters outside forward
+(torch/distributed/fsdp/_unshard_param_utils.py).
 
 Inside ``summon_full_params`` each unit's flat parameter is all-gathered in its own dtype (never the mixed
 precision one) into a buffer of its own, and the flat parameter's data is that buffer (unpadded, as torch's
@@ -21,9 +21,11 @@ import warnings
 import torch
 from torch import nn
 
+from pt_dist._compat.fsdp._traversal_utils import fsdp_modules
+from pt_dist._compat.fsdp.use_orig_params import OrigParamsHandle
+from pt_dist.fsdp._common_utils import FLAT_PARAM
+from pt_dist.fsdp._runtime_utils import FullyShardedDataParallel
 from pt_dist.fsdp.flat_param import HandleTrainingState
-
-FLAT_PARAM = "_flat_param"
 
 
 def _validate(unit, writeback: bool, rank0_only: bool, offload_to_cpu: bool, with_grads: bool) -> None:
@@ -65,7 +67,7 @@ def _summon_unit(unit, writeback: bool, rank0_only: bool, with_grads: bool = Fal
     owner = handle.owner  # the module holding the flat parameter (a wrapper may have replaced it since)
     saved: list = []
     shard = handle.flat_param.data
-    if handle.orig is not None:
+    if isinstance(handle, OrigParamsHandle):
         with _orig_summoned(unit, handle, full, shard, show, with_grads, writeback and sharded):
             yield
         if was_unsharded:  # the module's views of the gathered buffer back, as before the summon
@@ -105,12 +107,12 @@ def _orig_summoned(unit, handle, full, shard, show: bool, with_grads: bool, writ
     """``use_orig_params=True``: the original parameters themselves are the full ones inside (their gradients too,
     with ``with_grads``: gathered, None where every rank's is; ``writeback`` keeps what was written to them too,
     as torch's ``_writeback_to_local_shard(handle, writeback_grad=with_grads)``)."""
-    orig = handle.orig
-    grads = orig.full_grads() if with_grads else None  # (collective: every rank)
+    grads = handle.full_grads() if with_grads else None  # (collective: every rank)
     if show:
         handle.flat_param.data = full.narrow(0, 0, handle.numel)
-        orig.use_full_views(full.narrow(0, 0, handle.numel))
-        for p, g, shape in zip(orig.params, handle.views_of(grads) if grads is not None else orig.params, orig.shapes):
+        handle.use_full_views(full.narrow(0, 0, handle.numel))
+        views = handle.views_of(grads) if grads is not None else handle.params
+        for p, g, shape in zip(handle.params, views, handle.shapes):
             if with_grads:
                 p.grad = g.view(shape) if grads is not None else None  # (a frozen one's zeros too, as torch's)
     unit._summoned = True
@@ -123,9 +125,9 @@ def _orig_summoned(unit, handle, full, shard, show: bool, with_grads: bool, writ
             _writeback_to_local_shard(handle, full)
             if grads is not None and handle.flat_param.grad is not None:
                 _writeback_to_local_shard(handle, grads, handle.flat_param.grad)
-        orig.use_sharded_views()
+        handle.use_sharded_views()
         if with_grads:
-            orig.use_grad_views()
+            handle.use_grad_views()
 
 
 def _writeback_to_local_shard(handle, full, shard=None) -> None:
@@ -150,9 +152,7 @@ def _handles(root):
 def summon_full_params(module: nn.Module, recurse: bool = True, writeback: bool = True, rank0_only: bool = False,
                        offload_to_cpu: bool = False, with_grads: bool = False):
     """The full parameters of every FSDP unit in ``module`` (``recurse``) or of ``module``'s own unit only."""
-    from pt_dist.fsdp.fully_sharded_data_parallel import FullyShardedDataParallel
-
-    units = [m for m in module.modules() if isinstance(m, FullyShardedDataParallel)]
+    units = fsdp_modules(module)
     if not recurse:
         units = units[:1] if isinstance(module, FullyShardedDataParallel) else []
     for unit in units:
@@ -162,22 +162,3 @@ def summon_full_params(module: nn.Module, recurse: bool = True, writeback: bool 
             unit._lazy_init()
             stack.enter_context(_summon_unit(unit, writeback, rank0_only, with_grads))
         yield
-
-
-@contextlib.contextmanager
-def no_sync(root):
-    """Backward passes inside keep each unit's whole gradient on this rank, summed, with no communication; the
-    first backward outside adds it to its own and reduce-scatters the sum (torch's: on the root only)."""
-    root._lazy_init()
-    if not root._is_root:
-        raise RuntimeError("`no_sync()` on inner FSDP instances is not supported. Please call `no_sync()` on root "
-                           "FSDP module.")
-    units = root._units
-    old = [u._sync_gradients for u in units]
-    for u in units:
-        u._sync_gradients = False
-    try:
-        yield
-    finally:
-        for u, o in zip(units, old):
-            u._sync_gradients = o
