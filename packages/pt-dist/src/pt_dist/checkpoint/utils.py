@@ -100,12 +100,6 @@ class _DistWrapper:
         all_gather_object(out, obj, group=self.group)
         return out
 
-    def barrier(self) -> None:
-        if self.use_dist:
-            from pt_dist import distributed_c10d as c10d
-
-            c10d.barrier(group=self.group)
-
     def reduce_scatter(self, step: str, map_fun: Callable[[], T], reduce_fun: Callable[[list[T]], list[R]]) -> R:
         """Each rank maps, the coordinator reduces the list, each rank gets its element back."""
         local = _attempt(map_fun)
