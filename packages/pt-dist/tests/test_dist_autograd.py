@@ -39,7 +39,7 @@ def nested_add(third, a, b):
 
 
 def num_contexts():
-    return container.num_contexts()
+    return dist_autograd._get_debug_info()["num_current_contexts"]
 
 
 def _leaves():

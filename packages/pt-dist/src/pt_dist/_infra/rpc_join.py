@@ -25,8 +25,9 @@ def _barrier(agent, key: str, deadline: float) -> None:
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
+            gone = dict(agent.connections.gone) or "none"
             raise RuntimeError(f"rpc shutdown of {agent.info}: not every worker reached '{key}' before the timeout "
-                               f"(connections gone: {agent.gone() or 'none'}); a worker died or is stuck")
+                               f"(connections gone: {gone}); a worker died or is stuck")
         try:
             store.wait([f"{key}/done"], min(left, 1.0))
             return

@@ -144,8 +144,3 @@ def get_gradients(context_id: int) -> dict[torch.Tensor, torch.Tensor]:
     ctx = retrieve(context_id)
     with ctx._lock:
         return dict(ctx.grads)
-
-
-def num_contexts() -> int:
-    with _lock:
-        return len(_contexts)

@@ -68,22 +68,8 @@ def _all(futures: list):
 
 
 def backward(context_id: int, roots: list[torch.Tensor], retain_graph: bool = False) -> None:
-    """torch.distributed.autograd.backward: run backward from scalar ``roots`` across every worker involved."""
-    if not isinstance(context_id, int) or not isinstance(roots, (list, tuple)) or \
-            not all(isinstance(r, torch.Tensor) for r in roots):
-        raise TypeError(f"backward(): incompatible function arguments: takes (context_id: int, roots: "
-                        f"list[Tensor], retain_graph: bool = False), got ({type(context_id).__name__}, "
-                        f"{type(roots).__name__})")
-    if not roots:
-        raise RuntimeError("No tensors provided for gradient computation.")
-    for i, r in enumerate(roots):  # torch's DistEngine::validateRootsAndRetrieveEdges, its messages
-        if not r.requires_grad:
-            raise RuntimeError(f"requires_grad not set on root {i}")
-        if r.numel() != 1:
-            raise RuntimeError(f"Tensor root {i} is not a scalar, all roots need to be scalar (size "
-                               f"{list(r.shape)})")
-        if r.grad_fn is None:
-            raise RuntimeError(f"Tensor root {i} does not have a valid gradient function (it is a leaf)")
+    """torch.distributed.autograd.backward: run backward from scalar ``roots`` across every worker involved
+    (``pt_dist.autograd.backward`` checks the arguments first: pt_dist/_compat/autograd/backward.py)."""
     ctx = _context.retrieve(context_id)
     futures = _run_pass(ctx, list(roots), [torch.ones_like(r) for r in roots], retain_graph)
     if futures:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-from pt_dist import autograd as dist_autograd
-from pt_dist import rpc
+from pt_dist.autograd import container
+from pt_dist.rpc.rref import RRef
+from pt_dist.rpc.worker import rpc_async
 
 
 class _LocalOptimizer:
@@ -23,7 +24,7 @@ class _LocalOptimizer:
         self.optim = optim_cls(self._local_params, *args, **kwargs)
 
     def step(self, autograd_ctx_id: int) -> None:
-        all_local_grads = dist_autograd.get_gradients(autograd_ctx_id)
+        all_local_grads = container.get_gradients(autograd_ctx_id)
         with _LocalOptimizer.global_lock:
             for param, grad in all_local_grads.items():
                 param.grad = grad
@@ -31,7 +32,7 @@ class _LocalOptimizer:
 
 
 def _new_local_optimizer(optim_cls, local_params_rref, *args, **kwargs):
-    return rpc.RRef(_LocalOptimizer(optim_cls, local_params_rref, *args, **kwargs))
+    return RRef(_LocalOptimizer(optim_cls, local_params_rref, *args, **kwargs))
 
 
 def _local_optimizer_step(local_optim_rref, autograd_ctx_id: int) -> None:
@@ -46,13 +47,13 @@ class DistributedOptimizer:
         per_worker = defaultdict(list)
         for param in params_rref:
             per_worker[param.owner()].append(param)
-        futures = [rpc.rpc_async(worker, _new_local_optimizer, args=(optimizer_class, params, *args), kwargs=kwargs)
+        futures = [rpc_async(worker, _new_local_optimizer, args=(optimizer_class, params, *args), kwargs=kwargs)
                    for worker, params in per_worker.items()]
         self.remote_optimizers = [f.wait() for f in futures]
 
     def step(self, context_id: int) -> None:
-        dist_autograd.container.retrieve(context_id)  # a valid context here, as torch's _is_valid_context
-        futures = [rpc.rpc_async(opt.owner(), _local_optimizer_step, args=(opt, context_id))
+        container.retrieve(context_id)  # a valid context here, as torch's _is_valid_context
+        futures = [rpc_async(opt.owner(), _local_optimizer_step, args=(opt, context_id))
                    for opt in self.remote_optimizers]
         errors = []
         for f in futures:

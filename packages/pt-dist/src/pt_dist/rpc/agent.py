@@ -61,7 +61,7 @@ class RpcAgent:
         self._callbacks = CallbackThreads(f"rpc-cb-{name}")
         self._watchdog = Watchdog(f"rpc-watchdog-{rank}", self._expire, self._pending)  # fails calls past deadline
         limits = Limits(options.max_meta_bytes, options.max_message_bytes, options.chunk_bytes)
-        self.connections = Connections(rank, world_size, limits, self._serve_here, self._on_response, self._peer_gone)
+        self.connections = Connections(rank, world_size, limits, self._serve, self._on_response, self._peer_gone)
         on_start(self)  # handlers, the RRef context, the process's agent: before any peer can reach us
         try:
             workers = self.connections.listen(store, name, options.host)
@@ -81,9 +81,9 @@ class RpcAgent:
                                          f"({reason}); the worker is gone"))
 
     def _deliver(self, dst: int, msg: Message) -> None:
-        if dst == self.rank:
+        if dst == self.rank:  # served on the pool (a peer's request is served by its connection's reader)
             msg.tensors = [t.detach().clone() for t in msg.tensors]  # a copy, as a remote call would see
-            (self._on_request if msg.kind == REQUEST else self._on_response)(dst, msg)
+            self.submit(self._serve, dst, msg) if msg.kind == REQUEST else self._on_response(dst, msg)
         else:  # a peer still in init_rpc may not have connected yet: wait for it, not fail
             self.connections.send(dst, msg, self.options.rpc_timeout or None)
 
@@ -154,21 +154,9 @@ class RpcAgent:
                 f"error (call to {self.workers[dst]})"))
 
     # --- incoming ----------------------------------------------------------------------------------------
-    def _on_request(self, src: int, msg: Message) -> None:
-        with self._lock:
-            self.active += 1
-        try:
-            self._pool.submit(self._serve, src, msg)
-        except RuntimeError:  # pool shut down
-            self._finish()
-
-    def _serve_here(self, src: int, msg: Message) -> None:
-        """A request its connection's reader serves itself (rpc_connections.py)."""
-        with self._lock:
-            self.active += 1
-        self._serve(src, msg)
-
     def _serve(self, src: int, msg: Message) -> None:
+        with self._lock:
+            self.active += 1
         ctx, waits = None, []
         try:
             ctx = container.get_or_create(msg.ctx_id, src) if msg.ctx_id >= 0 else None
@@ -179,15 +167,9 @@ class RpcAgent:
             return
         if waits:  # RRef arguments not yet confirmed by their owners: run once they are, holding no thread
             torch.futures.collect_all(waits).add_done_callback(
-                lambda _: self._resubmit(src, msg, ctx, op, body))
+                lambda _: self.submit(self._handle, src, msg, ctx, op, body))
             return
         self._handle(src, msg, ctx, op, body)
-
-    def _resubmit(self, src: int, msg: Message, ctx, op, body) -> None:
-        try:
-            self._pool.submit(self._handle, src, msg, ctx, op, body)
-        except RuntimeError:  # pool shut down
-            self._finish()
 
     def _handle(self, src: int, msg: Message, ctx, op: str, body) -> None:
         try:
@@ -232,7 +214,8 @@ class RpcAgent:
             self._lock.notify_all()
 
     def submit(self, fn, *args) -> None:
-        """Run ``fn`` on the pool (RRef deletes from ``__del__``: never send from inside the garbage collector)."""
+        """Run ``fn`` on the pool (RRef deletes from ``__del__``: never send from inside the garbage collector);
+        nothing once the pool has shut down."""
         try:
             self._pool.submit(fn, *args)
         except RuntimeError:
@@ -244,9 +227,6 @@ class RpcAgent:
         with self._lock:
             return self._lock.wait_for(lambda: not self._pending and self.active == 0 and not self._completing,
                                        None if deadline is None else max(0.0, deadline - time.monotonic()))
-
-    def gone(self) -> dict[int, str]:
-        return dict(self.connections.gone)
 
     def close(self) -> None:
         with self._lock:

@@ -15,7 +15,11 @@ import torch
 
 from pt_dist.autograd import engine
 from pt_dist.rpc import serialize
-from pt_dist.rpc.functions import is_async
+
+
+def is_async(fn) -> bool:
+    """Marked by ``@rpc.functions.async_execution``: the attribute torch's decorator sets."""
+    return getattr(fn, "_wrapped_async_rpc_function", None) is not None
 
 
 def _checked(fn, out):

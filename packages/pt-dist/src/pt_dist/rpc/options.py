@@ -50,6 +50,3 @@ class TensorPipeRpcBackendOptions:
             raise ValueError(f"num_worker_threads must be >= 1, got {self.num_worker_threads}")
         if self.rpc_timeout < 0:
             raise ValueError(f"rpc_timeout must be >= 0 seconds, got {self.rpc_timeout}")
-
-
-RpcBackendOptions = TensorPipeRpcBackendOptions

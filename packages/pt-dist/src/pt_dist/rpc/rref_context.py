@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 
 
 class RRefContext:
-    def __init__(self, agent):
-        self.agent, self.rank = agent, agent.rank
+    """One worker's RRefs; those it makes are ``rref_class`` (pt_dist.rpc.RRef: torch's surface over rref.RRef)."""
+
+    def __init__(self, agent, rref_class: type[RRef] = RRef):
+        self.agent, self.rank, self.rref_class = agent, agent.rank, rref_class
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self.owners: dict[tuple, object] = {}
@@ -45,7 +47,7 @@ class RRefContext:
         with self._lock:
             r = self.owners.get(rref_id)
             if r is None:
-                r = self.owners[rref_id] = RRef._make(self.agent, self.rank, rref_id, None)
+                r = self.owners[rref_id] = self.rref_class._make(self.agent, self.rank, rref_id, None)
                 self.forks.setdefault(rref_id, set())
             return r
 
@@ -86,7 +88,7 @@ class RRefContext:
             if parent != self.rank:
                 self.agent.request(parent, ("rref_accept", fork_id))
             return r
-        user = RRef._make(self.agent, owner, rref_id, fork_id)
+        user = self.rref_class._make(self.agent, owner, rref_id, fork_id)
         if parent == owner:  # the owner added this fork when it sent it
             self.confirm(fork_id, user)
             return user
@@ -130,7 +132,7 @@ class RRefContext:
             rref = self.owner_rref(rref_id)
             self.agent.submit(_run_local, rref, func, args, kwargs, ctx)
             return rref
-        user = RRef._make(self.agent, dst, rref_id, rref_id)
+        user = self.rref_class._make(self.agent, dst, rref_id, rref_id)
         user._creation = self.agent.request(dst, ("remote", func, args, kwargs, rref_id, rref_id), timeout, ctx)
         with self._lock:
             self.pending_users[rref_id] = user

@@ -1,2 +1,3 @@
-"""Compatibility for ``torch.distributed.rpc``: the parts of its surface that query or tune the running agent
-rather than make calls (``agent_queries.py``); ``pt_dist.rpc`` re-exports them under torch's names."""
+"""Compatibility for ``torch.distributed.rpc``: torch's surface over pt_dist/rpc/ (``init_rpc``'s signature, the
+RRef proxies and conveniences, ``async_execution``, the agent queries); ``pt_dist.rpc`` re-exports them under
+torch's names."""

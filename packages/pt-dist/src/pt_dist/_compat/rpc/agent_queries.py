@@ -5,9 +5,9 @@ bindings in torch/csrc/distributed/rpc/init.cpp). Functions over the core's agen
 
 from __future__ import annotations
 
-from pt_dist.rpc.api import _to_rank
 from pt_dist.rpc.options import WorkerInfo
 from pt_dist.rpc.rpc_agent import get_current_rpc_agent
+from pt_dist.rpc.worker import _to_rank
 
 
 def get_worker_info(worker_name: str | None = None) -> WorkerInfo:
