@@ -9,7 +9,14 @@ from typing import Any
 
 import torch
 
-from .planner_helpers import _is_dtensor
+from pt_dist import distributed_c10d as c10d
+from pt_dist.object_collectives import broadcast_object_list
+from pt_dist.tensor import DTensor
+from pt_dist.tensor._utils import compute_local_shape_and_global_offset
+
+
+def _is_dtensor(value) -> bool:
+    return isinstance(value, DTensor)
 
 
 def _map_tensors(value: Any, fn):
@@ -25,14 +32,12 @@ def _map_tensors(value: Any, fn):
 def _gather_state_dict(state_dict: dict, cpu_offload: bool = False, ranks_only: tuple = ()) -> dict:
     """Every DTensor replaced by its full tensor (collective: every rank walks the dict in the same order);
     with ``ranks_only`` the result is kept on those global ranks and ``{}`` elsewhere."""
-    import pt_dist
-
     def full(t):
         t = t.full_tensor() if _is_dtensor(t) else t
         return t.cpu() if cpu_offload else t
 
     out = _map_tensors(state_dict, full)
-    if ranks_only and pt_dist.is_initialized() and pt_dist.get_rank() not in ranks_only:
+    if ranks_only and c10d.is_initialized() and c10d.get_rank() not in ranks_only:
         return {}
     return out
 
@@ -40,8 +45,6 @@ def _gather_state_dict(state_dict: dict, cpu_offload: bool = False, ranks_only: 
 def _offload_state_dict_to_cpu(state_dict: dict) -> dict:
     def cpu(t):
         if _is_dtensor(t):
-            from pt_dist.tensor import DTensor
-
             return DTensor.from_local(t.to_local().cpu(), t.device_mesh, t.placements, run_check=False,
                                       shape=t.shape, stride=t.stride())
         return t.cpu()
@@ -57,9 +60,6 @@ def _target_device(local, device):
 
 def _local_block(full: torch.Tensor, like, device=None):
     """``full`` cut to the block ``like`` (a DTensor) holds on this rank, as a DTensor like it."""
-    from pt_dist.tensor import DTensor
-    from pt_dist.tensor._utils import compute_local_shape_and_global_offset
-
     if any(p.is_partial() for p in like.placements):
         raise ValueError(f"cannot cut a full tensor into a Partial DTensor ({like.placements})")
     if tuple(full.shape) != tuple(like.shape):
@@ -96,12 +96,10 @@ def _broadcast_state_dict(full_state_dict: dict, local_state_dict: dict, device=
                           cpu_offload: bool = False) -> None:
     """Rank 0's ``full_state_dict`` to every rank, a tensor at a time, each kept only as the part this rank's
     ``local_state_dict`` holds (flat dicts; in place; collective over the world)."""
-    import pt_dist
-
-    rank0 = pt_dist.get_rank() == 0
+    rank0 = c10d.get_rank() == 0
     skeleton = [{k: ("tensor", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ("value", v)
                  for k, v in full_state_dict.items()} if rank0 else None]
-    pt_dist.broadcast_object_list(skeleton, src=0)
+    broadcast_object_list(skeleton, src=0)
     missing = sorted(set(local_state_dict) - set(skeleton[0]))
     if strict and missing:
         raise RuntimeError(f"broadcast_from_rank0: rank 0's state dict lacks {missing[:8]}")
@@ -112,5 +110,5 @@ def _broadcast_state_dict(full_state_dict: dict, local_state_dict: dict, device=
         t = full_state_dict[key] if rank0 else None
         t = t.full_tensor() if rank0 and _is_dtensor(t) else t
         buf = t.detach().cpu().contiguous() if rank0 else torch.empty(entry[1], dtype=entry[2])
-        pt_dist.broadcast(buf, src=0)
+        c10d.broadcast(buf, src=0)
         local_state_dict[key] = _place(buf, local_state_dict[key], device) if key in local_state_dict else buf
