@@ -64,8 +64,8 @@ class DeepSpeedEngine(torch.nn.Module):
         self.global_steps = 0
         self.global_samples = 0
         self.skipped_steps = 0
-        self._step_applied = False
-        self._stepped = False  # get_global_grad_norm is None until the first optimizer step, as DeepSpeed's
+        self._step_applied = False  # whether the last step() updated the parameters
+        self._stepped = False  # whether any optimizer step ran (the norm is None before, as DeepSpeed's)
 
     def _configure_zero_optimizer(self, basic):
         cfg, z = self._config, self._config.zero
@@ -94,40 +94,12 @@ class DeepSpeedEngine(torch.nn.Module):
             if not is_zero_param(t) and t.numel():
                 dist.broadcast(t.data, src=src, group=self.dp_process_group)
 
-    # --- the batch triangle -------------------------------------------------------------------
-    def train_batch_size(self) -> int:
-        return self._config.train_batch_size
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        return self._config.train_micro_batch_size_per_gpu
-
+    # --- gradient accumulation -----------------------------------------------------------------
     def gradient_accumulation_steps(self) -> int:
         return self._config.gradient_accumulation_steps
 
     def is_gradient_accumulation_boundary(self) -> bool:
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
-
-    def steps_per_print(self) -> int | None:
-        return self._config.steps_per_print
-
-    def zero_optimization_stage(self) -> int:
-        return self._config.zero.stage
-
-    @property
-    def config(self) -> DeepSpeedConfig:
-        return self._config
-
-    def was_step_applied(self) -> bool:
-        """Whether the last ``step()`` updated the parameters (False off a boundary or on an fp16 overflow)."""
-        return self._step_applied
-
-    def get_lr(self) -> list[float]:
-        return [g["lr"] for g in self.optimizer.param_groups]
-
-    def get_global_grad_norm(self):
-        """The last step's gradient norm: a 0-dim tensor at ZeRO stages 1-3, a float at stage 0, inf after an
-        overflow, None before the first step (DeepSpeed's types)."""
-        return self.optimizer.get_global_grad_norm() if self._stepped else None
 
     # --- the training step --------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
@@ -162,10 +134,11 @@ class DeepSpeedEngine(torch.nn.Module):
             else:
                 self.skipped_steps += 1
             self.global_steps += 1
-            self.global_samples += self.train_batch_size()
-            every = self.steps_per_print()
+            self.global_samples += self._config.train_batch_size
+            every = self._config.steps_per_print
             if every is not None and self.global_steps % every == 0 and self.global_rank == 0:
-                logger.info("step=%d, skipped=%d, lr=%s", self.global_steps, self.skipped_steps, self.get_lr())
+                logger.info("step=%d, skipped=%d, lr=%s", self.global_steps, self.skipped_steps,
+                            [g["lr"] for g in self.optimizer.param_groups])
         self.micro_steps += 1
 
     def zero_grad(self) -> None:

@@ -242,6 +242,10 @@ class DeepSpeedConfig(core.DeepSpeedConfig):
     scheduler_name: str | None = None
     scheduler_params: dict = field(default_factory=dict)
 
+    @property
+    def zero_optimization_stage(self) -> int:
+        return self.zero.stage
+
     @classmethod
     def load(cls, config: dict | str | os.PathLike, world_size: int) -> DeepSpeedConfig:
         raw = copy.deepcopy(core.read_config(config))

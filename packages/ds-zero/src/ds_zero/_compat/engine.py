@@ -26,6 +26,34 @@ class DeepSpeedEngineAPI:
         """Returns ``(load_path, client_state)``, or ``(None, None)`` when there is no ``latest`` (as DeepSpeed)."""
         return checkpoint.load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
 
+    def train_batch_size(self) -> int:
+        return self._config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._config.train_micro_batch_size_per_gpu
+
+    def steps_per_print(self) -> int | None:
+        return self._config.steps_per_print
+
+    def zero_optimization_stage(self) -> int:
+        return self._config.zero.stage
+
+    @property
+    def config(self):
+        return self._config
+
+    def get_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def was_step_applied(self) -> bool:
+        """Whether the last ``step()`` updated the parameters (False off a boundary or on an fp16 overflow)."""
+        return self._step_applied
+
+    def get_global_grad_norm(self):
+        """The last step's gradient norm: a 0-dim tensor at ZeRO stages 1-3, a float at stage 0, inf after an
+        overflow, None before the first step (DeepSpeed's types)."""
+        return self.optimizer.get_global_grad_norm() if self._stepped else None
+
     def fp16_enabled(self) -> bool:
         return self._config.fp16.enabled
 

@@ -271,7 +271,7 @@ class PipelineEngine(DeepSpeedEngine):
         else:
             self.skipped_steps += 1
         self.global_steps += 1
-        self.global_samples += self.train_batch_size()
+        self.global_samples += self._config.train_batch_size
         self.micro_steps += self.micro_batches
 
     _INSTRUCTION_MAP = {

@@ -259,10 +259,6 @@ class DeepSpeedConfig:
     aio: AioConfig = field(default_factory=AioConfig)
     raw: dict = field(default_factory=dict)  # the config as given, saved with checkpoints
 
-    @property
-    def zero_optimization_stage(self) -> int:
-        return self.zero.stage
-
     @classmethod
     def load(cls, config: dict | str | os.PathLike, world_size: int) -> DeepSpeedConfig:
         raw = copy.deepcopy(read_config(config))

@@ -294,13 +294,6 @@ class ZeroOptimizerBase(abc.ABC):
             out.extend(v for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
         return out
 
-    def optimizer_memory(self) -> tuple[dict, dict]:
-        """(device-side, host-side) tensors of the optimizer: masters, their grads, moments."""
-        states = list(self.master_partitions) + self.optimizer_state_tensors()
-        if self.offload:
-            return {"optimizer_states": []}, {"optimizer_states": states, "gradients": list(self.fp32_grads)}
-        return {"optimizer_states": states}, {}
-
     def close(self) -> None:
         self.get_global_grad_norm()
         if self.grad_offloader is not None:

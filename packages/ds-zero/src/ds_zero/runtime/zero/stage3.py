@@ -229,20 +229,6 @@ class DeepSpeedZeroOptimizer_Stage3(ZeroOptimizerBase):  # noqa: N801 - DeepSpee
             return super()._load_masters(saved)
         self.nvme.write_state(saved, None)
 
-    def memory_tensors(self) -> dict:
-        live = [p.data for ps in self.fp16_groups for p in ps if p.ds_status != ZeroParamStatus.NOT_AVAILABLE]
-        resident = [] if self.offload_param else list(self.flat_partitions)
-        device_states, _ = self.optimizer_memory()
-        return {"parameters": resident + live, "gradients": list(self.grad_partitions), **device_states}
-
-    def offloaded_tensors(self) -> dict:
-        host = dict(self.optimizer_memory()[1])
-        if self.offload_param and self.nvme is None:
-            host["parameters"] = list(self.flat_partitions)
-        if self.nvme is not None:
-            host.update(self.nvme.host_tensors())
-        return host
-
     def layout(self) -> dict:
         return {"kind": "chunked", "partition_count": self.world_size,
                 "numels": [[p.ds_numel for p in ps] for ps in self.fp16_groups],

@@ -175,14 +175,6 @@ class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
                 dist.all_gather_into_tensor(recv, send, group=self.dp_process_group)
                 rows[:, start:start + send.numel()].copy_(recv.view(self.world_size, -1))
 
-    def memory_tensors(self) -> dict:
-        grads = self.grad_partitions if self.partition_grads else self.flat_grads
-        device_states, _ = self.optimizer_memory()
-        return {"parameters": list(self.flat_groups), "gradients": list(grads), **device_states}
-
-    def offloaded_tensors(self) -> dict:
-        return self.optimizer_memory()[1]
-
     def layout(self) -> dict:
         """Enough to rebuild full params from all ranks' master partitions (zero_to_fp32)."""
         return {"kind": "flat", "partition_count": self.world_size if self.partition_optimizer else 1,
