@@ -5,7 +5,8 @@ The ``LLMEngine`` is driven by one background thread, which alone touches it: co
 request's ``RequestStream``. Requests are checked and tokenized (``LLMEngine.process_request``, in a worker
 thread) before they are queued, so ``add_requests`` raises for a bad one and a server can answer 400 before it
 starts a response. Waiting requests are bounded (``max_waiting_requests``): past it ``add_requests`` raises
-``QueueFullError`` at once (the server answers 429) instead of letting the queue grow without bound.
+``QueueFullError`` (the server answers 429; checked after the request's own checks, so a bad request is a 400 in any
+state) instead of letting the queue grow without bound.
 """
 
 from __future__ import annotations
