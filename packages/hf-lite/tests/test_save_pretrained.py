@@ -39,8 +39,8 @@ def test_saved_files_get_the_umask_mode(tmp_path, umask_022, trained_tokenizer_d
 
 @pytest.mark.parametrize("exchange", ["renameat2", "rename_fallback"])
 def test_a_crash_mid_save_leaves_the_previous_checkpoint_whole(exchange, tmp_path, monkeypatch):
-    import hf_lite.checkpoint_utils as checkpoint_utils
     import hf_lite._infra.atomic_io as utils
+    import hf_lite.checkpoint_utils as checkpoint_utils
 
     if exchange == "rename_fallback":
         monkeypatch.setattr(utils, "_exchange", lambda a, b: False)
@@ -64,8 +64,8 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_whole(exchange, tmp_pat
 
 @pytest.mark.parametrize("exchange", ["renameat2", "rename_fallback"])
 def test_the_new_checkpoint_appears_whole_and_other_files_stay(exchange, tmp_path, monkeypatch):
-    import hf_lite.modeling_utils as modeling_utils
     import hf_lite._infra.atomic_io as utils
+    import hf_lite.modeling_utils as modeling_utils
 
     if exchange == "rename_fallback":
         monkeypatch.setattr(utils, "_exchange", lambda a, b: False)

@@ -13,14 +13,9 @@ def gelu_new(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
-ACT2FN = {
-    "gelu_new": gelu_new,
-    "gelu_pytorch_tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),
-    "gelu": nn.functional.gelu,
-    "relu": nn.functional.relu,
-    "silu": nn.functional.silu,
-    "swish": nn.functional.silu,
-}
+ACT2FN = {"gelu_new": gelu_new, "gelu_pytorch_tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),
+          "gelu": nn.functional.gelu, "relu": nn.functional.relu, "silu": nn.functional.silu,
+          "swish": nn.functional.silu}
 
 
 def get_activation(name: str):

@@ -8,29 +8,16 @@ import torch
 import torch.nn.functional as F
 
 
-def attention_forward(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    output_attentions: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def attention_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+                      scaling: float, dropout: float = 0.0,
+                      output_attentions: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(batch, heads, q, d)`` queries over ``(batch, kv_heads, k, d)`` keys/values; kv heads are shared by query
     groups (GQA). ``attention_mask`` is a bool ``(batch|1, 1, q, k)`` mask, or None for plain causal attention."""
     q_len, kv_len = query.shape[-2], key.shape[-2]
     if not output_attentions:
-        out = F.scaled_dot_product_attention(
-            query,
-            key,
-            value,
-            attn_mask=attention_mask,
-            dropout_p=dropout,
-            is_causal=attention_mask is None and q_len > 1,
-            scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1],
-        )
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                             is_causal=attention_mask is None and q_len > 1, scale=scaling,
+                                             enable_gqa=query.shape[1] != key.shape[1])
         return out, None
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)

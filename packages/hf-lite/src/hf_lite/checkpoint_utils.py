@@ -33,17 +33,12 @@ def add_variant(name: str, variant: str | None) -> str:
     return f"{stem}.{variant}.{ext}"
 
 
-def _shard_pattern(variant: str | None) -> re.Pattern:
-    stem = re.escape(add_variant(SAFE_WEIGHTS_NAME, variant)[: -len(".safetensors")])
-    return re.compile(rf"^{stem}-\d{{5}}-of-\d{{5}}\.safetensors$")
-
-
-def is_weight_file(name: str, variant: str | None) -> bool:
+def is_weight_file(name: str, variant: str | None, single: str = SAFE_WEIGHTS_NAME,
+                   index: str = SAFE_WEIGHTS_INDEX_NAME) -> bool:
     """A file a save of this ``variant`` writes (or leaves stale): its single file, a shard, or its index."""
-    return (
-        name in (add_variant(SAFE_WEIGHTS_NAME, variant), add_variant(SAFE_WEIGHTS_INDEX_NAME, variant))
-        or _shard_pattern(variant).match(name) is not None
-    )
+    single, index = add_variant(single, variant), add_variant(index, variant)
+    stem, ext = single.rsplit(".", 1)
+    return name in (single, index) or re.match(rf"^{re.escape(stem)}-\d{{5}}-of-\d{{5}}\.{ext}$", name) is not None
 
 
 def convert_file_size_to_int(size: int | str) -> int:
@@ -83,13 +78,8 @@ def split_state_dict_into_shards(state_dict: dict[str, torch.Tensor], max_shard_
     return shards
 
 
-def save_state_dict(
-    state_dict: dict[str, torch.Tensor],
-    save_directory: str,
-    max_shard_size: int | str = "5GB",
-    metadata=None,
-    variant: str | None = None,
-) -> list[str]:
+def save_state_dict(state_dict: dict[str, torch.Tensor], save_directory: str, max_shard_size: int | str = "5GB",
+                    metadata=None, variant: str | None = None) -> list[str]:
     """Write ``state_dict`` into ``save_directory`` as one file, or shards + index (transformers' layout)."""
     metadata = {"format": "pt", **(metadata or {})}
     tensors, storages = {}, set()
@@ -99,23 +89,26 @@ def save_state_dict(
         storage = (tensor.device, tensor.untyped_storage().data_ptr())
         tensors[key] = tensor.clone() if storage in storages else tensor
         storages.add(storage)
+    single, index = add_variant(SAFE_WEIGHTS_NAME, variant), add_variant(SAFE_WEIGHTS_INDEX_NAME, variant)
+    return write_shards(tensors, max_shard_size, save_directory, single, index,
+                        lambda part: safetensors_save(part, metadata=metadata))
+
+
+def write_shards(tensors: dict[str, torch.Tensor], max_shard_size, directory: str, single: str, index_name: str,
+                 serialize) -> list[str]:
+    """``single``, or ``stem-0000i-of-0000n.ext`` shards and the ``index_name`` weight map, each file written whole."""
     shards = split_state_dict_into_shards(tensors, max_shard_size)
-    single = add_variant(SAFE_WEIGHTS_NAME, variant)
-    if len(shards) == 1:
-        names = [single]
-    else:
-        stem = single[: -len(".safetensors")]
-        names = [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    stem, ext = single.rsplit(".", 1)
+    count = len(shards)
+    names = [single] if count == 1 else [f"{stem}-{i + 1:05d}-of-{count:05d}.{ext}" for i in range(count)]
     weight_map = {}
     for name, keys in zip(names, shards):
-        data = safetensors_save({k: tensors[k] for k in keys}, metadata=metadata)
-        atomic_write_bytes(os.path.join(save_directory, name), data)
-        weight_map.update({k: name for k in keys})
-    if len(shards) > 1:
+        atomic_write_bytes(os.path.join(directory, name), serialize({k: tensors[k] for k in keys}))
+        weight_map.update(dict.fromkeys(keys, name))
+    if count > 1:
         total = sum(tensor_nbytes(t) for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        index_path = os.path.join(save_directory, add_variant(SAFE_WEIGHTS_INDEX_NAME, variant))
-        atomic_write_text(index_path, json.dumps(index, indent=2) + "\n")
+        atomic_write_text(os.path.join(directory, index_name), json.dumps(index, indent=2) + "\n")
     return names
 
 

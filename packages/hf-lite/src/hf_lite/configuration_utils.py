@@ -21,19 +21,9 @@ CONFIG_NAME = "config.json"
 # What ``PretrainedConfig.__init__`` sets, read by the library; a subclass whose ``__init__`` never calls it (as
 # transformers' ``NoSuperInitConfig`` test) still answers with these defaults.
 _BASE_DEFAULTS: dict[str, Any] = {
-    "bos_token_id": None,
-    "eos_token_id": None,
-    "pad_token_id": None,
-    "tie_word_embeddings": True,
-    "use_cache": True,
-    "architectures": None,
-    "dtype": None,
-    "is_encoder_decoder": False,
-    "output_hidden_states": False,
-    "output_attentions": False,
-    "return_dict": True,
-    "chunk_size_feed_forward": 0,
-    "problem_type": None,
+    "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "tie_word_embeddings": True, "use_cache": True,
+    "architectures": None, "dtype": None, "is_encoder_decoder": False, "output_hidden_states": False,
+    "output_attentions": False, "return_dict": True, "chunk_size_feed_forward": 0, "problem_type": None,
 }
 
 
@@ -93,26 +83,12 @@ class PretrainedConfig:
             return copy.copy(_BASE_DEFAULTS[key])
         raise AttributeError(f"{type(self).__name__} has no attribute {key!r}")
 
-    def __init__(
-        self,
-        *,
-        vocab_size: int | None = None,
-        bos_token_id: int | None = None,
-        eos_token_id: int | list[int] | None = None,
-        pad_token_id: int | None = None,
-        tie_word_embeddings: bool = True,
-        use_cache: bool = True,
-        architectures: list[str] | None = None,
-        dtype: str | torch.dtype | None = None,
-        torch_dtype: str | torch.dtype | None = None,
-        is_encoder_decoder: bool = False,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-        return_dict: bool = True,
-        chunk_size_feed_forward: int = 0,
-        problem_type: str | None = None,
-        **kwargs,
-    ):
+    def __init__(self, *, vocab_size: int | None = None, bos_token_id: int | None = None,
+                 eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
+                 tie_word_embeddings: bool = True, use_cache: bool = True, architectures: list[str] | None = None,
+                 dtype: str | torch.dtype | None = None, torch_dtype: str | torch.dtype | None = None,
+                 is_encoder_decoder: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,
+                 return_dict: bool = True, chunk_size_feed_forward: int = 0, problem_type: str | None = None, **kwargs):
         if vocab_size is not None:
             self.vocab_size = vocab_size
         self.bos_token_id = bos_token_id
@@ -188,13 +164,8 @@ class PretrainedConfig:
             raise OSError(f"{file} is not valid JSON: {err}") from err
 
     @classmethod
-    def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        subfolder: str = "",
-        return_unused_kwargs: bool = False,
-        **kwargs,
-    ):
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "",
+                        return_unused_kwargs: bool = False, **kwargs):
         trust_remote_code = pop_hub_kwargs(kwargs)
         config_dict = cls.get_config_dict(pretrained_model_name_or_path, subfolder=subfolder)
         check_remote_code(config_dict, trust_remote_code, pretrained_model_name_or_path)

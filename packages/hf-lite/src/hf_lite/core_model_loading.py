@@ -77,20 +77,16 @@ def checkpoint_float_dtype(files: dict[str, list[str]]) -> torch.dtype | None:
     return None
 
 
-def rename_checkpoint_keys(
-    checkpoint_keys: list[str], model_keys: set[str], prefix: str
-) -> tuple[dict[str, str], list[str]]:
+def rename_checkpoint_keys(checkpoint_keys: list[str], model_keys: set[str],
+                           prefix: str) -> tuple[dict[str, str], list[str]]:
     """``{checkpoint key: model key}`` for the keys that load, and the checkpoint keys that do not.
 
     A checkpoint without one ``prefix.`` key loaded into a model that has the base model under ``prefix`` is a
     base-model checkpoint: each key goes into the base model first (a head module may share a name with a base
     module, e.g. ``linear``). Otherwise a key loads as is, else with ``prefix.`` stripped, else added."""
     dot = f"{prefix}." if prefix else None
-    base_into_head = (
-        dot is not None
-        and not any(k.startswith(dot) for k in checkpoint_keys)
-        and any(k.startswith(dot) for k in model_keys)
-    )
+    base_into_head = (dot is not None and not any(k.startswith(dot) for k in checkpoint_keys)
+                     and any(k.startswith(dot) for k in model_keys))
     claimed: dict[str, str] = {}
     unexpected = []
     for key in checkpoint_keys:
@@ -171,12 +167,8 @@ def load_checkpoint(model: nn.Module, files: dict[str, list[str]], ignore_mismat
             for ckpt_key, key in pairs:
                 params[key].copy_(tensors.pop(ckpt_key))
     skipped = {m[0] for m in mismatched}
-    return {
-        "missing_keys": [k for k in not_loaded if k not in skipped],
-        "unexpected_keys": unexpected,
-        "mismatched_keys": mismatched,
-        "error_msgs": [],
-    }
+    return {"missing_keys": [k for k in not_loaded if k not in skipped], "unexpected_keys": unexpected,
+            "mismatched_keys": mismatched, "error_msgs": []}
 
 
 def _initialise(model: nn.Module, keys: list[str]) -> None:
@@ -191,20 +183,12 @@ def _initialise(model: nn.Module, keys: list[str]) -> None:
 def log_loading_info(model: nn.Module, path: str, info: dict) -> None:
     name = type(model).__name__
     if info["unexpected_keys"]:
-        logger.warning(
-            "Some weights of the model checkpoint at %s were not used when initializing %s: %s",
-            path,
-            name,
-            info["unexpected_keys"],
-        )
+        logger.warning("Some weights of the model checkpoint at %s were not used when initializing %s: %s", path, name,
+                       info["unexpected_keys"])
     if info["missing_keys"]:
-        logger.warning(
-            "Some weights of %s were not initialized from the model checkpoint at %s and are newly "
-            "initialized: %s\nYou should probably TRAIN this model on a down-stream task.",
-            name,
-            path,
-            info["missing_keys"],
-        )
+        logger.warning("Some weights of %s were not initialized from the model checkpoint at %s and are newly "
+                       "initialized: %s\nYou should probably TRAIN this model on a down-stream task.", name, path,
+                       info["missing_keys"])
     if info["mismatched_keys"]:
         detail = ", ".join(f"{k}: checkpoint {a} vs model {b}" for k, a, b in info["mismatched_keys"])
         logger.warning("Some weights of %s were re-initialized because of shape mismatches: %s", name, detail)

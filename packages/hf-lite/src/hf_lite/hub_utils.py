@@ -9,25 +9,9 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-HUB_KWARGS = (
-    "cache_dir",
-    "revision",
-    "token",
-    "use_auth_token",
-    "force_download",
-    "local_files_only",
-    "proxies",
-    "resume_download",
-    "mirror",
-    "code_revision",
-    "_commit_hash",
-    "_from_auto",
-    "_from_pipeline",
-    "user_agent",
-    "low_cpu_mem_usage",
-    "from_flax",
-    "adapter_kwargs",
-)
+HUB_KWARGS = ("cache_dir", "revision", "token", "use_auth_token", "force_download", "local_files_only", "proxies",
+              "resume_download", "mirror", "code_revision", "_commit_hash", "_from_auto", "_from_pipeline",
+              "user_agent", "low_cpu_mem_usage", "from_flax", "adapter_kwargs")
 
 
 def pop_hub_kwargs(kwargs: dict) -> bool:

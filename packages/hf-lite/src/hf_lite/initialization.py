@@ -8,22 +8,8 @@ from collections.abc import Iterator
 
 import torch
 
-_INIT_FUNCTIONS = [
-    "uniform_",
-    "normal_",
-    "trunc_normal_",
-    "constant_",
-    "ones_",
-    "zeros_",
-    "eye_",
-    "dirac_",
-    "xavier_uniform_",
-    "xavier_normal_",
-    "kaiming_uniform_",
-    "kaiming_normal_",
-    "orthogonal_",
-    "sparse_",
-]
+_INIT_FUNCTIONS = ["uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                   "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_"]
 _state = {"init_weights": True}
 
 

@@ -24,12 +24,8 @@ def ForCausalLMLoss(  # noqa: N802 -- transformers' name, looked up through LOSS
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:].contiguous()
     logits = logits.float()
     reduction = "sum" if num_items_in_batch is not None else "mean"
-    loss = F.cross_entropy(
-        logits.view(-1, vocab_size or logits.shape[-1]),
-        shift_labels.view(-1).to(logits.device),
-        ignore_index=ignore_index,
-        reduction=reduction,
-    )
+    loss = F.cross_entropy(logits.view(-1, vocab_size or logits.shape[-1]), shift_labels.view(-1).to(logits.device),
+                           ignore_index=ignore_index, reduction=reduction)
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
@@ -59,11 +55,6 @@ def causal_lm_output(model, base_output, labels=None, logits_to_keep: int = 0, r
     loss = None
     if labels is not None:
         loss = model.loss_function(logits, labels, vocab_size=model.config.vocab_size, **loss_kwargs)
-    out = CausalLMOutputWithPast(
-        loss=loss,
-        logits=logits,
-        past_key_values=base_output.past_key_values,
-        hidden_states=base_output.hidden_states,
-        attentions=base_output.attentions,
-    )
+    out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=base_output.past_key_values,
+                                 hidden_states=base_output.hidden_states, attentions=base_output.attentions)
     return out if _return_dict(model, return_dict) else out.to_tuple()

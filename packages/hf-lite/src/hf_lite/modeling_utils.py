@@ -119,7 +119,7 @@ class PreTrainedModel(nn.Module):
 
     def _tied_keys(self) -> set[str]:
         """State-dict keys naming a tensor another key already names: the declared ``_tied_weights_keys`` targets
-        and any tie a model makes in its own ``tie_weights``. They are saved once and re-tied on load."""
+       and any tie a model makes in its own ``tie_weights``. They are saved once and re-tied on load."""
         declared = set(self._tied_weights_keys) if getattr(self.config, "tie_word_embeddings", False) else set()
         by_tensor: dict[int, list[str]] = {}
         for key, tensor in self.state_dict(keep_vars=True).items():
@@ -145,9 +145,8 @@ class PreTrainedModel(nn.Module):
         skip = set()
         if exclude_embeddings:
             skip = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)}
-        return sum(
-            p.numel() for p in self.parameters() if id(p) not in skip and (p.requires_grad or not only_trainable)
-        )
+        return sum(p.numel() for p in self.parameters() if id(p) not in skip
+                  and (p.requires_grad or not only_trainable))
 
     def _output_flags(self, output_attentions, output_hidden_states) -> tuple[bool, bool]:
         """``None`` reads the config, as in transformers."""
@@ -164,9 +163,8 @@ class PreTrainedModel(nn.Module):
         """6 x tokens x parameters per forward + backward (Kaplan et al. 2020, sec. 2.1), what the Trainer logs."""
         return 6 * self.estimate_tokens(input_dict) * self.num_parameters(exclude_embeddings=exclude_embeddings)
 
-    def resize_token_embeddings(
-        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> nn.Embedding:
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
         """Grow/shrink the vocabulary; new rows start at the mean of the old ones (transformers' ``mean_resizing``)."""
         old = self.get_input_embeddings()
         if new_num_tokens is None and pad_to_multiple_of is None:
@@ -263,15 +261,9 @@ class PreTrainedModel(nn.Module):
             hook.remove()
 
     # ------------------------------------------------------------------ saving
-    def save_pretrained(
-        self,
-        save_directory: str | os.PathLike,
-        is_main_process: bool = True,
-        state_dict: dict[str, torch.Tensor] | None = None,
-        max_shard_size: int | str = "5GB",
-        safe_serialization: bool = True,
-        variant: str | None = None,
-    ) -> None:
+    def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True,
+                        state_dict: dict[str, torch.Tensor] | None = None, max_shard_size: int | str = "5GB",
+                        safe_serialization: bool = True, variant: str | None = None) -> None:
         """Write config.json, generation_config.json and the weights (safetensors, or ``pytorch_model.bin`` with
         ``safe_serialization=False``); the directory changes in one step.
 
@@ -286,11 +278,8 @@ class PreTrainedModel(nn.Module):
         tied, shared = self._tied_keys(), {}
         for key, tensor in state_dict.items():
             shared.setdefault((tensor.device, tensor.untyped_storage().data_ptr()), []).append(key)
-        state_dict = {
-            k: v
-            for k, v in state_dict.items()
-            if k not in tied or len(shared[(v.device, v.untyped_storage().data_ptr())]) == 1
-        }
+        state_dict = {k: v for k, v in state_dict.items() if k not in tied
+                     or len(shared[(v.device, v.untyped_storage().data_ptr())]) == 1}
         self.config.architectures = [type(self).__name__]
         self.config.dtype = self.dtype
 
@@ -324,21 +313,10 @@ class PreTrainedModel(nn.Module):
         return model
 
     @classmethod
-    def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        *model_args,
-        config: PretrainedConfig | None = None,
-        dtype=None,
-        torch_dtype=None,
-        device_map=None,
-        output_loading_info: bool = False,
-        ignore_mismatched_sizes: bool = False,
-        subfolder: str = "",
-        variant: str | None = None,
-        use_safetensors: bool | None = None,
-        **kwargs,
-    ):
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args,
+                        config: PretrainedConfig | None = None, dtype=None, torch_dtype=None, device_map=None,
+                        output_loading_info: bool = False, ignore_mismatched_sizes: bool = False, subfolder: str = "",
+                        variant: str | None = None, use_safetensors: bool | None = None, **kwargs):
         """Kwargs naming config attributes override config.json; any other goes to the model's ``__init__``.
         The hub kwargs (``cache_dir``, ``revision``, ``token``...) change nothing on a local directory."""
         trust_remote_code = pop_hub_kwargs(kwargs)
@@ -346,9 +324,8 @@ class PreTrainedModel(nn.Module):
         if not os.path.isdir(path):
             raise OSError(f"{path!r} is not a local directory (hf-lite does not download from a hub)")
         if config is None:
-            config, model_kwargs = cls.config_class.from_pretrained(
-                path, return_unused_kwargs=True, trust_remote_code=trust_remote_code, **kwargs
-            )
+            config, model_kwargs = cls.config_class.from_pretrained(path, return_unused_kwargs=True,
+                                                                    trust_remote_code=trust_remote_code, **kwargs)
         else:
             config, model_kwargs = copy.deepcopy(config), kwargs
         requested = _resolve_dtype(dtype, torch_dtype) or "auto"

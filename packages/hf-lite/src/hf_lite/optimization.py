@@ -51,24 +51,17 @@ def get_linear_schedule_with_warmup(optimizer, num_warmup_steps: int, num_traini
     return LambdaLR(optimizer, fn, last_epoch=last_epoch)
 
 
-def get_cosine_schedule_with_warmup(
-    optimizer, num_warmup_steps: int, num_training_steps: int, num_cycles: float = 0.5, last_epoch: int = -1
-):
-    fn = partial(
-        _cosine_with_warmup,
-        num_warmup_steps=num_warmup_steps,
-        num_training_steps=num_training_steps,
-        num_cycles=num_cycles,
-    )
+def get_cosine_schedule_with_warmup(optimizer, num_warmup_steps: int, num_training_steps: int, num_cycles: float = 0.5,
+                                    last_epoch: int = -1):
+    fn = partial(_cosine_with_warmup, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps,
+                 num_cycles=num_cycles)
     return LambdaLR(optimizer, fn, last_epoch=last_epoch)
 
 
-TYPE_TO_SCHEDULER_FUNCTION = {
-    SchedulerType.LINEAR: get_linear_schedule_with_warmup,
-    SchedulerType.COSINE: get_cosine_schedule_with_warmup,
-    SchedulerType.CONSTANT: get_constant_schedule,
-    SchedulerType.CONSTANT_WITH_WARMUP: get_constant_schedule_with_warmup,
-}
+TYPE_TO_SCHEDULER_FUNCTION = {SchedulerType.LINEAR: get_linear_schedule_with_warmup,
+                              SchedulerType.COSINE: get_cosine_schedule_with_warmup,
+                              SchedulerType.CONSTANT: get_constant_schedule,
+                              SchedulerType.CONSTANT_WITH_WARMUP: get_constant_schedule_with_warmup}
 
 
 def get_scheduler(name, optimizer, num_warmup_steps=None, num_training_steps=None, scheduler_specific_kwargs=None):
@@ -92,9 +85,8 @@ def get_scheduler(name, optimizer, num_warmup_steps=None, num_training_steps=Non
         raise TypeError(
             f"lr_scheduler_type='{name.value}' got unexpected lr_scheduler_kwargs {sorted(set(kwargs) - allowed)}"
         )
-    return TYPE_TO_SCHEDULER_FUNCTION[name](
-        optimizer, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps, **kwargs
-    )
+    return TYPE_TO_SCHEDULER_FUNCTION[name](optimizer, num_warmup_steps=num_warmup_steps,
+                                            num_training_steps=num_training_steps, **kwargs)
 
 
 # transformers' ALL_LAYERNORM_LAYERS plus these name patterns: biases and every kind of norm weight get no decay.
@@ -108,9 +100,8 @@ def get_parameter_names(model: nn.Module, forbidden_layer_types, forbidden_layer
     for name, child in model.named_children():
         for n in get_parameter_names(child, forbidden_layer_types, forbidden_layer_names):
             full = f"{name}.{n}"
-            if not isinstance(child, tuple(forbidden_layer_types)) and not any(
-                p.search(full.lower()) for p in patterns
-            ):
+            if not isinstance(child,
+                              tuple(forbidden_layer_types)) and not any(p.search(full.lower()) for p in patterns):
                 result.append(full)
     result += [k for k in model._parameters if not any(p.search(k.lower()) for p in patterns)]
     return result

@@ -1,5 +1,5 @@
-"""The byte-level BPE part of the ``tokenizers`` library's tokenizer.json, read into ``ByteLevelBPE`` arguments and
-written back (transformers' ``convert_slow_tokenizer`` goes the same way for GPT-2).
+"""The byte-level BPE part of the ``tokenizers`` library's tokenizer.json, read into ``ByteLevelBPE`` arguments
+(``GPT2Tokenizer`` writes it back: ``_compat/tokenization_gpt2.py``).
 
 Two pre-tokenizers are byte-level BPE: GPT-2's (``ByteLevel`` with its built-in regex) and the Llama 3 / GPT-4 kind
 (``Sequence[Split(regex, "Isolated"), ByteLevel(use_regex=False)]``); the regex is all that differs.
@@ -43,46 +43,8 @@ def read_byte_level_bpe(spec: dict, path: str) -> dict:
     if model.get("byte_fallback"):
         raise ValueError(f"{path}: BPE byte_fallback is not byte-level BPE; use PreTrainedTokenizerFast")
     pattern, add_prefix_space = _split_pattern(spec.get("pre_tokenizer") or {}, path)
-    added = [
-        {"content": t["content"], "id": t["id"], "special": t.get("special", False)}
-        for t in spec.get("added_tokens", [])
-    ]
-    return {
-        "vocab": model["vocab"],
-        "merges": model["merges"],
-        "added_tokens": added,
-        "add_prefix_space": add_prefix_space,
-        "split_pattern": pattern,
-        "ignore_merges": model.get("ignore_merges", False),
-        "post_processor": spec.get("post_processor"),
-    }
-
-
-def write_byte_level_bpe(vocab, merges, added, add_prefix_space, split_pattern, ignore_merges, post_processor):
-    byte_level = {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": True, "use_regex": True}
-    pre = byte_level
-    if split_pattern != GPT2_SPLIT_PATTERN:
-        split = {"type": "Split", "pattern": {"Regex": split_pattern}, "behavior": "Isolated", "invert": False}
-        pre = {"type": "Sequence", "pretokenizers": [split, {**byte_level, "use_regex": False}]}
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": pre,
-        "post_processor": post_processor or byte_level,
-        "decoder": byte_level,
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": ignore_merges,
-            "vocab": vocab,
-            "merges": merges,
-        },
-    }
+    added = [{"content": t["content"], "id": t["id"],
+              "special": t.get("special", False)} for t in spec.get("added_tokens", [])]
+    return {"vocab": model["vocab"], "merges": model["merges"], "added_tokens": added,
+            "add_prefix_space": add_prefix_space, "split_pattern": pattern,
+            "ignore_merges": model.get("ignore_merges", False), "post_processor": spec.get("post_processor")}

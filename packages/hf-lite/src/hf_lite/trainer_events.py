@@ -145,11 +145,8 @@ class CallbackHandler(TrainerCallback):
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
         self.train_dataloader = self.eval_dataloader = None
         if not any(isinstance(cb, DefaultFlowCallback) for cb in self.callbacks):
-            logger.warning(
-                "The Trainer has no DefaultFlowCallback: nothing will decide when to log, evaluate or save. "
-                "Callbacks: %s",
-                self.callback_list,
-            )
+            logger.warning("The Trainer has no DefaultFlowCallback: nothing will decide when to log, evaluate or save. "
+                           "Callbacks: %s", self.callback_list)
 
     def add_callback(self, callback) -> None:
         cb = callback() if isinstance(callback, type) else callback
@@ -171,33 +168,6 @@ class CallbackHandler(TrainerCallback):
     def callback_list(self) -> str:
         return ", ".join(type(cb).__name__ for cb in self.callbacks)
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        control.should_training_stop = False
-        return self.call_event("on_train_begin", args, state, control)
-
-    def on_epoch_begin(self, args, state, control, **kwargs):
-        control.should_epoch_stop = False
-        return self.call_event("on_epoch_begin", args, state, control)
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        control.should_log = control.should_evaluate = control.should_save = False
-        return self.call_event("on_step_begin", args, state, control)
-
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        control.should_evaluate = False
-        return self.call_event("on_evaluate", args, state, control, metrics=metrics)
-
-    def on_save(self, args, state, control, **kwargs):
-        control.should_save = False
-        return self.call_event("on_save", args, state, control)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        control.should_log = False
-        return self.call_event("on_log", args, state, control, logs=logs)
-
-    def on_predict(self, args, state, control, metrics, **kwargs):
-        return self.call_event("on_predict", args, state, control, metrics=metrics)
-
     def call_event(self, event, args, state, control, **kwargs):
         for callback in self.callbacks:
             result = getattr(callback, event)(
@@ -217,17 +187,24 @@ class CallbackHandler(TrainerCallback):
         return control
 
 
-def _plain_event(name):
+# The switches an event resets before the callbacks see it (transformers' CallbackHandler does it per event method).
+_RESETS = {"on_train_begin": ("should_training_stop",), "on_epoch_begin": ("should_epoch_stop",),
+           "on_step_begin": ("should_log", "should_evaluate", "should_save"), "on_evaluate": ("should_evaluate",),
+           "on_save": ("should_save",), "on_log": ("should_log",)}
+
+
+def _handler_event(name):
     def event(self, args, state, control, **kwargs):
+        for switch in _RESETS.get(name, ()):
+            setattr(control, switch, False)
         return self.call_event(name, args, state, control, **kwargs)
 
     event.__name__ = name
     return event
 
 
-for _name in EVENTS:  # the events without switches to reset just forward
-    if _name not in vars(CallbackHandler):
-        setattr(CallbackHandler, _name, _plain_event(_name))
+for _name in EVENTS:
+    setattr(CallbackHandler, _name, _handler_event(_name))
 
 
 class DefaultFlowCallback(TrainerCallback):
@@ -238,26 +215,17 @@ class DefaultFlowCallback(TrainerCallback):
             control.should_log = True
         if args.logging_strategy == IntervalStrategy.STEPS and state.global_step % state.logging_steps == 0:
             control.should_log = True
-        if (
-            args.eval_strategy == IntervalStrategy.STEPS
-            and state.global_step % state.eval_steps == 0
-            and args.eval_delay <= state.global_step
-        ):
+        if (args.eval_strategy == IntervalStrategy.STEPS and state.global_step % state.eval_steps == 0
+           and args.eval_delay <= state.global_step):
             control.should_evaluate = True
-        if (
-            args.save_strategy == SaveStrategy.STEPS
-            and state.save_steps > 0
-            and state.global_step % state.save_steps == 0
-        ):
+        if (args.save_strategy == SaveStrategy.STEPS and state.save_steps > 0
+           and state.global_step % state.save_steps == 0):
             control.should_save = True
         if state.global_step >= state.max_steps:
             control.should_training_stop = True
             # A final evaluation/save when the last step is not on the interval (transformers 5).
-            if (
-                args.eval_strategy == IntervalStrategy.STEPS
-                and state.global_step % state.eval_steps != 0
-                and args.eval_delay <= state.global_step
-            ):
+            if (args.eval_strategy == IntervalStrategy.STEPS and state.global_step % state.eval_steps != 0
+               and args.eval_delay <= state.global_step):
                 control.should_evaluate = True
             if args.save_strategy == SaveStrategy.STEPS:
                 control.should_save = True

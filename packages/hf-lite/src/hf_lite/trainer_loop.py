@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import logging
 import math
 import os
-import random
 import shutil
 import sys
 import time
@@ -37,12 +37,17 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, default_collate
 
-from ._infra.atomic_io import atomic_write_text, replace_directory, torch_save_synced
-from .checkpoint_utils import resolve_weight_files
-from .core_model_loading import load_checkpoint
+from ._infra.atomic_io import atomic_write_text, replace_directory
 from .loss_utils import ForCausalLMLoss
 from .modeling_utils import PreTrainedModel
 from .optimization import get_decay_parameter_names, get_scheduler
+from .trainer_checkpoint import (
+    load_model_weights,
+    load_optimizer_and_scheduler,
+    load_rng_state,
+    load_trainer_state,
+    save_training_state,
+)
 from .trainer_distributed import DataParallelPlugin
 from .trainer_events import CallbackHandler, DefaultFlowCallback, ExportableState, TrainerControl, TrainerState
 from .trainer_pt_utils import (
@@ -52,19 +57,16 @@ from .trainer_pt_utils import (
     nested_concat,
     nested_cpu,
     nested_detach,
+    nested_map,
     nested_numpify,
 )
 from .trainer_utils import (
-    OPTIMIZER_NAME,
     PREFIX_CHECKPOINT_DIR,
-    SCALER_NAME,
-    SCHEDULER_NAME,
     TRAINER_STATE_NAME,
     TRAINING_ARGS_NAME,
     EvalLoopOutput,
     EvalPrediction,
     OptimizerNames,
-    PredictionOutput,
     SaveStrategy,
     TrainOutput,
     detensorize,
@@ -109,44 +111,18 @@ class Trainer:
             raise TypeError(f"optimizers[0] must be a torch.optim.Optimizer, got {type(self.optimizer).__name__}")
         self._created_lr_scheduler = False
         self.scaler = None
-        self._validate_args()
-        self.callback_handler = CallbackHandler(
-            [DefaultFlowCallback, *(callbacks or [])], model, processing_class, self.optimizer, self.lr_scheduler
-        )
+        self.callback_handler = CallbackHandler([DefaultFlowCallback, *(callbacks or [])], model, processing_class,
+                                                self.optimizer, self.lr_scheduler)
         if args.should_save:
             os.makedirs(args.output_dir, exist_ok=True)
         self.control = TrainerControl()
-        self.state = TrainerState(
-            is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero()
-        )
+        self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
+                                  is_world_process_zero=self.is_world_process_zero())
         self.is_in_train = False
         self.current_flos = 0
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
         if getattr(model, "config", None) is not None:
             model.config.use_cache = args.use_cache
-
-    def _validate_args(self) -> None:
-        args = self.args
-        if args.eval_strategy != "no" and self.eval_dataset is None:
-            raise ValueError(
-                f"eval_strategy={args.eval_strategy.value!r} but no eval_dataset was passed to the "
-                "Trainer: pass one or set eval_strategy='no'"
-            )
-        if args.load_best_model_at_end and self.eval_dataset is None:
-            raise ValueError("load_best_model_at_end=True needs an eval_dataset")
-        if self.train_dataset is not None and not has_length(self.train_dataset) and args.max_steps <= 0:
-            raise ValueError("The train_dataset has no length (an IterableDataset): set max_steps to a positive value")
-        if args.fp16 and args.device.type == "cpu" and not hasattr(torch.amp, "GradScaler"):
-            raise ValueError("fp16=True on CPU needs torch.amp.GradScaler (torch >= 2.3)")
-
-    def add_callback(self, callback) -> None:
-        self.callback_handler.add_callback(callback)
-
-    def pop_callback(self, callback):
-        return self.callback_handler.pop_callback(callback)
-
-    def remove_callback(self, callback) -> None:
-        self.callback_handler.remove_callback(callback)
 
     def is_local_process_zero(self) -> bool:
         return self.args.local_process_index == 0
@@ -205,9 +181,6 @@ class Trainer:
             eval_dataset = self.eval_dataset[eval_dataset]
         return self._eval_loader(eval_dataset if eval_dataset is not None else self.eval_dataset)
 
-    def get_test_dataloader(self, test_dataset) -> tuple[DataLoader, int]:
-        return self._eval_loader(test_dataset)
-
     def _eval_loader(self, dataset) -> tuple[DataLoader, int]:
         args, world, rank = self.args, self.parallelism.world_size, self.parallelism.process_index
         kwargs = self._loader_kwargs()
@@ -244,13 +217,10 @@ class Trainer:
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         if self.lr_scheduler is None:
             args = self.args
-            self.lr_scheduler = get_scheduler(
-                args.lr_scheduler_type,
-                optimizer or self.optimizer,
-                num_warmup_steps=args.get_warmup_steps(num_training_steps),
-                num_training_steps=num_training_steps,
-                scheduler_specific_kwargs=args.lr_scheduler_kwargs,
-            )
+            self.lr_scheduler = get_scheduler(args.lr_scheduler_type, optimizer or self.optimizer,
+                                              num_warmup_steps=args.get_warmup_steps(num_training_steps),
+                                              num_training_steps=num_training_steps,
+                                              scheduler_specific_kwargs=args.lr_scheduler_kwargs)
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
@@ -277,7 +247,7 @@ class Trainer:
                 kwargs = args.gradient_checkpointing_kwargs
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
             if resume is not None:
-                self._load_from_checkpoint(resume)
+                load_model_weights(self.model, resume)
             return self._inner_training_loop(resume, ignore_keys_for_eval)
         finally:
             self.is_in_train = False
@@ -306,7 +276,7 @@ class Trainer:
         self.state.compute_steps(args, max_steps)
         epochs_trained, steps_trained_in_epoch = 0, 0
         if resume is not None:
-            self.state = self._load_trainer_state(resume)
+            self.state = load_trainer_state(resume)
             self._load_callback_state()
             epochs_trained = self.state.global_step // updates_per_epoch
             if not args.ignore_data_skip:
@@ -323,7 +293,7 @@ class Trainer:
         if args.fp16:
             self.scaler = torch.amp.GradScaler(args.device.type)
         if resume is not None:
-            self._load_optimizer_and_scheduler(resume)
+            load_optimizer_and_scheduler(resume, args, plugin, self.optimizer, self.lr_scheduler, self.scaler)
         for attr in ("model", "optimizer", "lr_scheduler"):
             setattr(self.callback_handler, attr, getattr(self, attr))
         self.callback_handler.train_dataloader = train_dataloader
@@ -363,13 +333,13 @@ class Trainer:
         elif hasattr(dataloader.dataset, "set_epoch"):
             dataloader.dataset.set_epoch(epoch)
         if resume is not None and skip == 0:
-            self._load_rng_state(resume)  # before the iterator draws its base seed, as in the uninterrupted run
+            load_rng_state(resume, args)  # before the iterator draws its base seed, as in the uninterrupted run
         epoch_iterator = iter(dataloader)
         if not isinstance(batch_sampler, SkipBatchSampler):
             for _ in range(skip):  # an iterable dataset cannot seek: read and drop what was trained on
                 next(epoch_iterator, None)
         if resume is not None and skip > 0:
-            self._load_rng_state(resume)
+            load_rng_state(resume, args)
         remainder = steps_in_epoch % gas or gas
         for update_step in range(skip // gas, updates_per_epoch):
             num_batches = gas if update_step != updates_per_epoch - 1 else remainder
@@ -411,12 +381,7 @@ class Trainer:
 
     def get_batch_samples(self, epoch_iterator, num_batches: int):
         """Up to ``num_batches`` batches, and the number of label tokens they hold on all ranks together."""
-        batches = []
-        for _ in range(num_batches):
-            try:
-                batches.append(next(epoch_iterator))
-            except StopIteration:
-                break
+        batches = list(itertools.islice(epoch_iterator, num_batches))
         return batches, self._get_num_items_in_batch(batches)
 
     def _get_num_items_in_batch(self, batches, distributed: bool = True):
@@ -436,16 +401,9 @@ class Trainer:
         return count
 
     def _prepare_inputs(self, inputs):
-        def move(data):
-            if isinstance(data, dict):
-                return type(data)({k: move(v) for k, v in data.items()})
-            if isinstance(data, (list, tuple)):
-                return type(data)(move(v) for v in data)
-            return data.to(self.args.device) if torch.is_tensor(data) else data
-
         if len(inputs) == 0:
             raise ValueError("The batch received was empty: does the dataset hold keys model.forward accepts?")
-        return move(inputs)
+        return nested_map(lambda t: t.to(self.args.device), inputs)
 
     def compute_loss_context_manager(self):
         if self.args.bf16 or self.args.fp16:
@@ -459,9 +417,8 @@ class Trainer:
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
-        scaled_for_accumulation = (
-            self.model_accepts_loss_kwargs and num_items_in_batch is not None
-        ) or self.compute_loss_func is not None
+        scaled_for_accumulation = (self.model_accepts_loss_kwargs
+                                  and num_items_in_batch is not None) or self.compute_loss_func is not None
         if not scaled_for_accumulation:  # a per-batch mean: average the accumulated micro-batches
             loss = loss / self.current_gradient_accumulation_steps
         self.parallelism.backward(self.scaler.scale(loss) if self.scaler is not None else loss, model)
@@ -481,10 +438,10 @@ class Trainer:
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs[0]
         if (
             model.training  # evaluation normalises per batch and combines the ranks itself
-            and self.args.average_tokens_across_devices
-            and num_items_in_batch is not None
-            and self.parallelism.world_size > 1
-            and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
+           and self.args.average_tokens_across_devices
+           and num_items_in_batch is not None
+           and self.parallelism.world_size > 1
+           and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
         ):
             loss = loss * self.parallelism.world_size  # the count covers all ranks; the reduction averages them
         return (loss, outputs) if return_outputs else loss
@@ -644,13 +601,6 @@ class Trainer:
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
 
-    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
-        """Predictions (numpy logits, right-padded with -100 to one length), labels if present, and metrics."""
-        output = self._run_evaluation(self.get_test_dataloader(test_dataset), "Prediction", ignore_keys,
-                                      metric_key_prefix)
-        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=output.metrics)
-        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
-
     def _run_evaluation(self, loader_and_padding, description, ignore_keys, metric_key_prefix,
                         prediction_loss_only=None) -> EvalLoopOutput:
         """``evaluation_loop`` with speed metrics; the main process's metrics for everyone (timings differ by rank,
@@ -793,8 +743,7 @@ class Trainer:
                 os.makedirs(stage, exist_ok=True)
             plugin.barrier()  # the staging directory exists before other ranks write into it
             if not args.save_only_model:
-                self._save_optimizer_and_scheduler(stage)
-                torch_save_synced(_rng_states(), os.path.join(stage, _rng_file(args)))
+                save_training_state(stage, args, plugin, self.optimizer, self.lr_scheduler, self.scaler)
             self._track_best_checkpoint(final)
             if args.should_save:
                 for cb in self._stateful_callbacks():
@@ -826,71 +775,7 @@ class Trainer:
             if best == final or os.path.isdir(best):
                 self.state.best_model_checkpoint = best
 
-    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
-        plugin, args = self.parallelism, self.args
-        sharded = plugin.sharded_optimizer_state
-        if sharded or args.should_save:
-            path = os.path.join(output_dir, _optimizer_file(args, sharded))
-            torch_save_synced(plugin.optimizer_state_dict(self.optimizer), path)
-        if args.should_save:
-            torch_save_synced(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
-            if self.scaler is not None:
-                torch_save_synced(self.scaler.state_dict(), os.path.join(output_dir, SCALER_NAME))
-
     # ------------------------------------------------------------------ resume
-    def _load_from_checkpoint(self, checkpoint: str) -> None:
-        """Weights into ``self.model`` (every rank reads them, before wrapping)."""
-        model, files = self.model, resolve_weight_files(checkpoint)
-        if isinstance(model, PreTrainedModel):
-            info = load_checkpoint(model, files, ignore_mismatched_sizes=False)
-            model.tie_weights()
-            bad = {k: v for k, v in info.items() if k != "error_msgs" and v}
-            if bad:
-                raise ValueError(f"checkpoint {checkpoint!r} does not fit {type(model).__name__}: {bad}")
-        else:
-            from safetensors.torch import load_file
-
-            model.load_state_dict({k: v for file in files for k, v in load_file(file).items()})
-
-    def _load_optimizer_and_scheduler(self, checkpoint: str) -> None:
-        plugin, args = self.parallelism, self.args
-        path = os.path.join(checkpoint, _optimizer_file(args, plugin.sharded_optimizer_state))
-        if not os.path.isfile(path):
-            raise ValueError(f"{checkpoint!r} has no {os.path.basename(path)}: it was saved with save_only_model=True "
-                             f"or another world size ({args.world_size} now); it cannot be resumed from")
-        plugin.load_optimizer_state_dict(self.optimizer, torch.load(path, map_location=args.device, weights_only=True))
-        self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, SCHEDULER_NAME), weights_only=True))
-        scaler_path = os.path.join(checkpoint, SCALER_NAME)
-        if self.scaler is not None and os.path.isfile(scaler_path):
-            self.scaler.load_state_dict(torch.load(scaler_path, weights_only=True))
-
-    def _load_rng_state(self, checkpoint: str) -> None:
-        path = os.path.join(checkpoint, _rng_file(self.args))
-        if not os.path.isfile(path):
-            logger.warning("No %s in %s: the random state is not restored (resuming with another world size?)",
-                           os.path.basename(path), checkpoint)
-            return
-        states = torch.load(path, weights_only=False)  # python's RNG state is a tuple; written by this Trainer
-        random.setstate(states["python"])
-        numpy = sys.modules.get("numpy")
-        if numpy is not None and "numpy" in states:
-            numpy.random.set_state(states["numpy"])
-        torch.random.set_rng_state(states["cpu"])
-        if torch.cuda.is_available() and "cuda" in states:
-            torch.cuda.random.set_rng_state_all(states["cuda"])
-
-    def _load_trainer_state(self, checkpoint: str) -> TrainerState:
-        path = os.path.join(checkpoint, TRAINER_STATE_NAME)
-        if not os.path.isfile(path):
-            raise ValueError(f"resume_from_checkpoint={checkpoint!r} has no {TRAINER_STATE_NAME}: not a Trainer "
-                             "checkpoint (or an incomplete one)")
-        state = TrainerState.load_from_json(path)
-        if state.best_model_checkpoint is not None and not os.path.isdir(state.best_model_checkpoint):
-            logger.warning("The best checkpoint %s recorded in %s no longer exists; ignoring it",
-                           state.best_model_checkpoint, path)
-            state.best_model_checkpoint = None
-        return state
-
     def _load_callback_state(self) -> None:
         """Restore ExportableState callbacks (EarlyStoppingCallback's counter, TrainerControl) from the state, when
         ``restore_callback_states_from_checkpoint`` (off by default, as in transformers)."""
@@ -908,29 +793,6 @@ class Trainer:
         best = self.state.best_model_checkpoint
         logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
         model = self.parallelism.unwrap_model(self.model_wrapped)
-        if isinstance(model, PreTrainedModel):
-            info = load_checkpoint(model, resolve_weight_files(best), ignore_mismatched_sizes=False)
-            model.tie_weights()
-            if info["missing_keys"] or info["unexpected_keys"]:
-                raise ValueError(f"best checkpoint {best!r} does not fit the model: {info}")
-        else:
+        if not isinstance(model, PreTrainedModel):
             self.model = self.model_wrapped = model
-            self._load_from_checkpoint(best)
-
-
-def _optimizer_file(args, sharded: bool) -> str:
-    return f"rank{args.process_index}-of-{args.world_size}-{OPTIMIZER_NAME}" if sharded else OPTIMIZER_NAME
-
-
-def _rng_file(args) -> str:
-    return "rng_state.pth" if args.world_size <= 1 else f"rng_state_{args.process_index}.pth"
-
-
-def _rng_states() -> dict:
-    states = {"python": random.getstate(), "cpu": torch.random.get_rng_state()}
-    numpy = sys.modules.get("numpy")  # numpy's RNG matters only if something loaded numpy
-    if numpy is not None:
-        states["numpy"] = numpy.random.get_state()
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.random.get_rng_state_all()
-    return states
+        load_model_weights(model, best)

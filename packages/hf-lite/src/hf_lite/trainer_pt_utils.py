@@ -9,48 +9,40 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset
 
 
-def find_batch_size(tensors) -> int | None:
+def nested_map(fn, tensors):
+    """``fn`` on every tensor of nested lists, tuples and dicts; the containers keep their types."""
     if isinstance(tensors, (list, tuple)):
-        for t in tensors:
-            found = find_batch_size(t)
-            if found is not None:
-                return found
-    elif isinstance(tensors, Mapping):
-        for value in tensors.values():
-            found = find_batch_size(value)
-            if found is not None:
-                return found
-    elif torch.is_tensor(tensors):
-        return tensors.shape[0] if tensors.dim() >= 1 else None
-    return None
+        return type(tensors)(nested_map(fn, t) for t in tensors)
+    if isinstance(tensors, Mapping):
+        return type(tensors)({k: nested_map(fn, v) for k, v in tensors.items()})
+    return fn(tensors) if torch.is_tensor(tensors) else tensors
+
+
+def find_batch_size(tensors) -> int | None:
+    """The first dimension of the first tensor with one, depth first."""
+    if isinstance(tensors, Mapping):
+        tensors = list(tensors.values())
+    if isinstance(tensors, (list, tuple)):
+        return next((found for t in tensors if (found := find_batch_size(t)) is not None), None)
+    return tensors.shape[0] if torch.is_tensor(tensors) and tensors.dim() >= 1 else None
 
 
 def nested_detach(tensors):
-    if isinstance(tensors, (list, tuple)):
-        return type(tensors)(nested_detach(t) for t in tensors)
-    if isinstance(tensors, Mapping):
-        return type(tensors)({k: nested_detach(v) for k, v in tensors.items()})
-    return tensors.detach() if torch.is_tensor(tensors) else tensors
+    return nested_map(torch.Tensor.detach, tensors)
 
 
 def nested_cpu(tensors):
-    if isinstance(tensors, (list, tuple)):
-        return type(tensors)(nested_cpu(t) for t in tensors)
-    if isinstance(tensors, Mapping):
-        return type(tensors)({k: nested_cpu(v) for k, v in tensors.items()})
-    return tensors.cpu() if torch.is_tensor(tensors) else tensors
+    return nested_map(torch.Tensor.cpu, tensors)
 
 
 def nested_numpify(tensors):
     """Tensors -> numpy arrays (bfloat16, which numpy lacks, as float32), as transformers' ``nested_numpify``."""
-    if isinstance(tensors, (list, tuple)):
-        return type(tensors)(nested_numpify(t) for t in tensors)
-    if isinstance(tensors, Mapping):
-        return type(tensors)({k: nested_numpify(v) for k, v in tensors.items()})
-    if not torch.is_tensor(tensors):
-        return tensors
-    t = tensors.detach().cpu()
-    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+    def numpify(t):
+        t = t.detach().cpu()
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+    return nested_map(numpify, tensors)
 
 
 def torch_pad_and_concatenate(a: torch.Tensor, b: torch.Tensor, padding_index: int = -100) -> torch.Tensor:
@@ -98,9 +90,8 @@ class IterableDatasetShard(IterableDataset):
     examples it yields its own ``batch_size``. A short last round is completed from the first examples unless
     ``drop_last`` (as transformers' ``IterableDatasetShard``), so every rank makes the same number of steps."""
 
-    def __init__(
-        self, dataset, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1, process_index: int = 0
-    ):
+    def __init__(self, dataset, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1,
+                 process_index: int = 0):
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
         self.num_processes, self.process_index = num_processes, process_index
         self.epoch = 0

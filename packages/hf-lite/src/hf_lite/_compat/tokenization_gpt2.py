@@ -11,7 +11,7 @@ import os
 from .._infra.atomic_io import atomic_write_text
 from ..byte_level_bpe import GPT2_SPLIT_PATTERN, ByteLevelBPE
 from ..hub_utils import pop_hub_kwargs
-from ..tokenizer_json import read_byte_level_bpe, write_byte_level_bpe
+from ..tokenizer_json import read_byte_level_bpe
 from .tokenization_utils import PreTrainedTokenizer
 from .tokenization_utils_base import TOKENIZER_FILE
 
@@ -144,3 +144,34 @@ class GPT2Tokenizer(PreTrainedTokenizer, reads_byte_level_files=True):
             # tokenizer.json as written, which transformers 5 loads for TokenizersBackend.
             config["tokenizer_class"] = "TokenizersBackend"
         return config
+
+
+def write_byte_level_bpe(vocab, merges, added, add_prefix_space, split_pattern, ignore_merges, post_processor):
+    """tokenizer.json as the ``tokenizers`` library writes a byte-level BPE, so the Rust side loads our files."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": True, "use_regex": True}
+    pre = byte_level
+    if split_pattern != GPT2_SPLIT_PATTERN:
+        split = {"type": "Split", "pattern": {"Regex": split_pattern}, "behavior": "Isolated", "invert": False}
+        pre = {"type": "Sequence", "pretokenizers": [split, {**byte_level, "use_regex": False}]}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": pre,
+        "post_processor": post_processor or byte_level,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": ignore_merges,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }

@@ -11,9 +11,11 @@ import json
 import logging
 import os
 
+import torch
+
 from .._infra.atomic_io import atomic_write_text
 from ..trainer_loop import Trainer as TrainerLoop
-from ..trainer_utils import TRAINER_STATE_NAME
+from ..trainer_utils import TRAINER_STATE_NAME, PredictionOutput, has_length
 from .data_collator import DataCollatorWithPadding, default_data_collator
 from .integrations import get_reporting_integration_callbacks
 from .torch_ddp import TorchDDPPlugin, destroy_distributed, init_distributed
@@ -29,6 +31,21 @@ def _format(key: str, value):
     if key == "total_flos":
         return f"{value / 1e9:.0f}GF" if value >= 1e9 else f"{value:.0f}"
     return f"{value:.4g}" if isinstance(value, float) else value
+
+
+def _check_datasets(args, train_dataset, eval_dataset) -> None:
+    """What the arguments need of the datasets, checked at construction."""
+    if args.eval_strategy != "no" and eval_dataset is None:
+        raise ValueError(
+            f"eval_strategy={args.eval_strategy.value!r} but no eval_dataset was passed to the "
+            "Trainer: pass one or set eval_strategy='no'"
+        )
+    if args.load_best_model_at_end and eval_dataset is None:
+        raise ValueError("load_best_model_at_end=True needs an eval_dataset")
+    if train_dataset is not None and not has_length(train_dataset) and args.max_steps <= 0:
+        raise ValueError("The train_dataset has no length (an IterableDataset): set max_steps to a positive value")
+    if args.fp16 and args.device.type == "cpu" and not hasattr(torch.amp, "GradScaler"):
+        raise ValueError("fp16=True on CPU needs torch.amp.GradScaler (torch >= 2.3)")
 
 
 class Trainer(TrainerLoop):
@@ -49,6 +66,7 @@ class Trainer(TrainerLoop):
         self._owns_process_group = init_distributed(args)
         if args.get_process_log_level() >= 0:
             logging.getLogger("hf_lite").setLevel(args.get_process_log_level())
+        _check_datasets(args, train_dataset, eval_dataset)
         if data_collator is None:
             pad = hasattr(processing_class, "pad")
             data_collator = DataCollatorWithPadding(processing_class) if pad else default_data_collator
@@ -59,6 +77,22 @@ class Trainer(TrainerLoop):
             compute_metrics, callbacks, optimizers, preprocess_logits_for_metrics,
             parallelism if parallelism is not None else TorchDDPPlugin(),
         )
+
+    def add_callback(self, callback) -> None:
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback):
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback) -> None:
+        self.callback_handler.remove_callback(callback)
+
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
+        """Predictions (numpy logits, right-padded with -100 to one length), labels if present, and metrics."""
+        output = self._run_evaluation(self._eval_loader(test_dataset), "Prediction", ignore_keys,
+                                      metric_key_prefix)
+        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=output.metrics)
+        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
 
     def end(self) -> None:
         """Call once at the very end of a script: destroys the process group the Trainer created under torchrun

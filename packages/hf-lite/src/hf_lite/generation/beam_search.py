@@ -63,15 +63,8 @@ def beam_search(model, input_ids, attention_mask, position_ids, processors, crit
     flat_running = input_ids
     step_ids, step_pos = input_ids, position_ids
     while True:
-        out = model(
-            input_ids=step_ids,
-            attention_mask=attention_mask,
-            position_ids=step_pos,
-            past_key_values=cache,
-            use_cache=gc.use_cache,
-            logits_to_keep=1,
-            return_dict=True,
-        )
+        out = model(input_ids=step_ids, attention_mask=attention_mask, position_ids=step_pos, past_key_values=cache,
+                    use_cache=gc.use_cache, logits_to_keep=1, return_dict=True)
         logits = out.logits[:, -1].to(dtype=torch.float32, copy=True)
         log_probs = processors(flat_running, torch.log_softmax(logits, dim=-1))
         if all_scores is not None:
@@ -146,11 +139,8 @@ def beam_search(model, input_ids, attention_mask, position_ids, processors, crit
     generated = int((beam_indices + 1).bool().sum(dim=1).max())
     sequences = sequences[:, : prompt_len + generated]
     if gc.return_dict_in_generate:
-        return GenerateBeamDecoderOnlyOutput(
-            sequences=sequences,
-            sequences_scores=beam_scores if gc.output_scores else None,
-            scores=all_scores,
-            beam_indices=beam_indices[:, :generated],
-            past_key_values=cache,
-        )
+        return GenerateBeamDecoderOnlyOutput(sequences=sequences,
+                                             sequences_scores=beam_scores if gc.output_scores else None,
+                                             scores=all_scores, beam_indices=beam_indices[:, :generated],
+                                             past_key_values=cache)
     return sequences

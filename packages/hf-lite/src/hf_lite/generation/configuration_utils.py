@@ -13,36 +13,17 @@ GENERATION_CONFIG_NAME = "generation_config.json"
 
 _DEFAULTS: dict[str, Any] = {
     # length
-    "max_length": 20,
-    "max_new_tokens": None,
-    "min_length": 0,
-    "min_new_tokens": None,
-    "early_stopping": False,
-    "max_time": None,
-    "stop_strings": None,
+    "max_length": 20, "max_new_tokens": None, "min_length": 0, "min_new_tokens": None, "early_stopping": False,
+    "max_time": None, "stop_strings": None,
     # strategy
-    "do_sample": False,
-    "num_beams": 1,
-    "use_cache": True,
+    "do_sample": False, "num_beams": 1, "use_cache": True,
     # logits manipulation
-    "temperature": 1.0,
-    "top_k": 50,
-    "top_p": 1.0,
-    "min_p": None,
-    "repetition_penalty": 1.0,
-    "length_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
-    "bad_words_ids": None,
-    "suppress_tokens": None,
-    "remove_invalid_values": False,
+    "temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None, "repetition_penalty": 1.0, "length_penalty": 1.0,
+    "no_repeat_ngram_size": 0, "bad_words_ids": None, "suppress_tokens": None, "remove_invalid_values": False,
     # output
-    "num_return_sequences": 1,
-    "output_scores": False,
-    "return_dict_in_generate": False,
+    "num_return_sequences": 1, "output_scores": False, "return_dict_in_generate": False,
     # special tokens
-    "pad_token_id": None,
-    "bos_token_id": None,
-    "eos_token_id": None,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
 }
 
 
@@ -133,9 +114,8 @@ class GenerationConfig:
     @classmethod
     def from_model_config(cls, model_config) -> GenerationConfig:
         """Special tokens (and any generation keys) from a model config, as transformers does."""
-        config_dict = {
-            key: getattr(model_config, key, None) for key in ("bos_token_id", "eos_token_id", "pad_token_id")
-        }
+        config_dict = {key: getattr(model_config, key,
+                                    None) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
         for key in _DEFAULTS:
             if key not in config_dict and key in model_config.__dict__:
                 config_dict[key] = getattr(model_config, key)

@@ -94,10 +94,8 @@ class GenerationMixin:
         else:
             right_padded = bool((input_ids[:, -1] == gc._pad_token_tensor).any())
         if right_padded:
-            logger.warning(
-                "A decoder-only architecture is being used, but right-padding was detected! For correct "
-                "generation results, please set `padding_side='left'` when initializing the tokenizer."
-            )
+            logger.warning("A decoder-only architecture is being used, but right-padding was detected! For correct "
+                           "generation results, please set `padding_side='left'` when initializing the tokenizer.")
 
     @staticmethod
     def _prepare_attention_mask_for_generation(input_ids: torch.Tensor, gc: GenerationConfig) -> torch.Tensor:
@@ -160,16 +158,9 @@ class GenerationMixin:
 
     # ------------------------------------------------------------------ entry point
     @torch.no_grad()
-    def generate(
-        self,
-        inputs: torch.LongTensor | None = None,
-        generation_config: GenerationConfig | None = None,
-        logits_processor: LogitsProcessorList | None = None,
-        stopping_criteria: StoppingCriteriaList | None = None,
-        streamer=None,
-        tokenizer=None,
-        **kwargs,
-    ):
+    def generate(self, inputs: torch.LongTensor | None = None, generation_config: GenerationConfig | None = None,
+                 logits_processor: LogitsProcessorList | None = None,
+                 stopping_criteria: StoppingCriteriaList | None = None, streamer=None, tokenizer=None, **kwargs):
         base = generation_config if generation_config is not None else self.generation_config
         gc = copy.deepcopy(base if base is not None else GenerationConfig())
         has_default_max_length = kwargs.get("max_length") is None and gc.max_length == 20 and gc.max_new_tokens is None
@@ -236,15 +227,8 @@ class GenerationMixin:
             streamer.put(input_ids.cpu())
         step_ids, step_pos = input_ids, position_ids
         while True:
-            out = self(
-                input_ids=step_ids,
-                attention_mask=attention_mask,
-                position_ids=step_pos,
-                past_key_values=cache,
-                use_cache=gc.use_cache,
-                logits_to_keep=1,
-                return_dict=True,
-            )
+            out = self(input_ids=step_ids, attention_mask=attention_mask, position_ids=step_pos, past_key_values=cache,
+                       use_cache=gc.use_cache, logits_to_keep=1, return_dict=True)
             logits = out.logits[:, -1].to(dtype=torch.float32, copy=True)
             next_scores = processors(input_ids, logits)
             if scores is not None:

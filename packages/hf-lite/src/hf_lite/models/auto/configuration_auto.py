@@ -21,10 +21,8 @@ class AutoConfig:
     @staticmethod
     def _lookup(model_type: str) -> type[PretrainedConfig]:
         if model_type not in CONFIG_MAPPING:
-            raise ValueError(
-                f"Unrecognized model_type {model_type!r}. Should be one of {sorted(CONFIG_MAPPING)} "
-                "(or register it with AutoConfig.register)."
-            )
+            raise ValueError(f"Unrecognized model_type {model_type!r}. Should be one of {sorted(CONFIG_MAPPING)} "
+                             "(or register it with AutoConfig.register).")
         return CONFIG_MAPPING[model_type]
 
     @classmethod
@@ -32,13 +30,8 @@ class AutoConfig:
         return cls._lookup(model_type)(*args, **kwargs)
 
     @classmethod
-    def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        subfolder: str = "",
-        return_unused_kwargs: bool = False,
-        **kwargs,
-    ):
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "",
+                        return_unused_kwargs: bool = False, **kwargs):
         trust_remote_code = pop_hub_kwargs(kwargs)
         config_dict = PretrainedConfig.get_config_dict(pretrained_model_name_or_path, subfolder=subfolder)
         check_remote_code(config_dict, trust_remote_code, pretrained_model_name_or_path)

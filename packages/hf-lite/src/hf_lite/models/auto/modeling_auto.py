@@ -43,13 +43,10 @@ class _BaseAutoModelClass:
         if config is None:
             load_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _LOAD_KWARGS}
             # Config attributes override config.json; what is left goes to the model's __init__ (transformers).
-            config, kwargs = AutoConfig.from_pretrained(
-                pretrained_model_name_or_path,
-                subfolder=load_kwargs.get("subfolder", ""),
-                return_unused_kwargs=True,
-                trust_remote_code=trust_remote_code,
-                **kwargs,
-            )
+            config, kwargs = AutoConfig.from_pretrained(pretrained_model_name_or_path,
+                                                        subfolder=load_kwargs.get("subfolder", ""),
+                                                        return_unused_kwargs=True, trust_remote_code=trust_remote_code,
+                                                        **kwargs)
             kwargs.update(load_kwargs)
         model_class = cls._model_class(config)
         return model_class.from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
@@ -66,16 +63,8 @@ class _BaseAutoModelClass:
         cls._model_mapping[config_class] = model_class
 
 
-_LOAD_KWARGS = {
-    "torch_dtype",
-    "dtype",
-    "device_map",
-    "output_loading_info",
-    "ignore_mismatched_sizes",
-    "subfolder",
-    "variant",
-    "use_safetensors",
-}
+_LOAD_KWARGS = {"torch_dtype", "dtype", "device_map", "output_loading_info", "ignore_mismatched_sizes", "subfolder",
+                "variant", "use_safetensors"}
 
 
 class AutoModel(_BaseAutoModelClass):

@@ -132,20 +132,9 @@ class GPT2Model(GPT2PreTrainedModel):
     def set_input_embeddings(self, value):
         self.wte = value
 
-    def forward(
-        self,
-        input_ids=None,
-        past_key_values=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        use_cache=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        cache=None,
-    ) -> BaseModelOutputWithPast:
+    def forward(self, input_ids=None, past_key_values=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                cache=None) -> BaseModelOutputWithPast:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         config = self.config
@@ -172,12 +161,9 @@ class GPT2Model(GPT2PreTrainedModel):
             hidden, weights = block(hidden, mask, past_key_values if use_cache else None, output_attentions)
             all_attn.append(weights)
         hidden = self.ln_f(hidden)
-        out = BaseModelOutputWithPast(
-            last_hidden_state=hidden,
-            past_key_values=past_key_values if use_cache else None,
-            hidden_states=(*all_hidden, hidden) if output_hidden_states else None,
-            attentions=tuple(all_attn) if output_attentions else None,
-        )
+        out = BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values if use_cache else None,
+                                      hidden_states=(*all_hidden, hidden) if output_hidden_states else None,
+                                      attentions=tuple(all_attn) if output_attentions else None)
         return out if _return_dict(self, return_dict) else out.to_tuple()
 
 
@@ -191,33 +177,12 @@ class GPT2LMHeadModel(GPT2PreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids=None,
-        past_key_values=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        use_cache=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        logits_to_keep: int = 0,
-        cache=None,
-        **loss_kwargs,
-    ) -> CausalLMOutputWithPast:
-        out = self.transformer(
-            input_ids=input_ids,
-            past_key_values=past_key_values if past_key_values is not None else cache,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
+    def forward(self, input_ids=None, past_key_values=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, logits_to_keep: int = 0, cache=None, **loss_kwargs) -> CausalLMOutputWithPast:
+        out = self.transformer(input_ids=input_ids,
+                               past_key_values=past_key_values if past_key_values is not None else cache,
+                               attention_mask=attention_mask, token_type_ids=token_type_ids, position_ids=position_ids,
+                               inputs_embeds=inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
+                               output_hidden_states=output_hidden_states, return_dict=True)
         return causal_lm_output(self, out, labels, logits_to_keep, return_dict, **loss_kwargs)

@@ -18,40 +18,17 @@ _ROPE_REQUIRED = {
 class LlamaConfig(PretrainedConfig):
     model_type = "llama"
 
-    def __init__(
-        self,
-        vocab_size: int = 32000,
-        hidden_size: int = 4096,
-        intermediate_size: int = 11008,
-        num_hidden_layers: int = 32,
-        num_attention_heads: int = 32,
-        num_key_value_heads: int | None = None,
-        hidden_act: str = "silu",
-        max_position_embeddings: int = 2048,
-        initializer_range: float = 0.02,
-        rms_norm_eps: float = 1e-6,
-        pad_token_id: int | None = None,
-        bos_token_id: int | None = 1,
-        eos_token_id: int | list[int] | None = 2,
-        tie_word_embeddings: bool = False,
-        rope_theta: float | None = None,
-        rope_scaling: dict | None = None,
-        rope_parameters: dict | None = None,
-        attention_bias: bool = False,
-        attention_dropout: float = 0.0,
-        mlp_bias: bool = False,
-        head_dim: int | None = None,
-        **kwargs,
-    ):
+    def __init__(self, vocab_size: int = 32000, hidden_size: int = 4096, intermediate_size: int = 11008,
+                 num_hidden_layers: int = 32, num_attention_heads: int = 32, num_key_value_heads: int | None = None,
+                 hidden_act: str = "silu", max_position_embeddings: int = 2048, initializer_range: float = 0.02,
+                 rms_norm_eps: float = 1e-6, pad_token_id: int | None = None, bos_token_id: int | None = 1,
+                 eos_token_id: int | list[int] | None = 2, tie_word_embeddings: bool = False,
+                 rope_theta: float | None = None, rope_scaling: dict | None = None, rope_parameters: dict | None = None,
+                 attention_bias: bool = False, attention_dropout: float = 0.0, mlp_bias: bool = False,
+                 head_dim: int | None = None, **kwargs):
         kwargs.pop("pretraining_tp", None)
-        super().__init__(
-            vocab_size=vocab_size,
-            pad_token_id=pad_token_id,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings,
-            **kwargs,
-        )
+        super().__init__(vocab_size=vocab_size, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+                         eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.num_hidden_layers = num_hidden_layers
@@ -94,16 +71,8 @@ class LlamaConfig(PretrainedConfig):
         return None if self.rope_parameters["rope_type"] == "default" else self.rope_parameters
 
     def _validate(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "max_position_embeddings",
-            "head_dim",
-        ):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "max_position_embeddings", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"LlamaConfig.{name} must be a positive int, got {value!r}")

@@ -110,14 +110,8 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
-    def forward(
-        self,
-        hidden_states,
-        position_embeddings,
-        attention_mask=None,
-        cache: DynamicCache | None = None,
-        output_attentions=False,
-    ):
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, cache: DynamicCache | None = None,
+                output_attentions=False):
         bsz, q_len, _ = hidden_states.shape
         q = self.q_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
@@ -141,9 +135,8 @@ class LlamaDecoderLayer(GradientCheckpointingLayer):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None, output_attentions=False):
-        attn, weights = self.self_attn(
-            self.input_layernorm(hidden_states), position_embeddings, attention_mask, cache, output_attentions
-        )
+        attn, weights = self.self_attn(self.input_layernorm(hidden_states), position_embeddings, attention_mask, cache,
+                                       output_attentions)
         h = hidden_states + attn
         return h + self.mlp(self.post_attention_layernorm(h)), weights
 
@@ -184,19 +177,9 @@ class LlamaModel(LlamaPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        position_ids=None,
-        past_key_values=None,
-        inputs_embeds=None,
-        use_cache=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        cache=None,
-    ) -> BaseModelOutputWithPast:
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
+                use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                cache=None) -> BaseModelOutputWithPast:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -219,12 +202,9 @@ class LlamaModel(LlamaPreTrainedModel):
             hidden, weights = layer(hidden, position_embeddings, mask, cache_arg, output_attentions)
             all_attn.append(weights)
         hidden = self.norm(hidden)
-        out = BaseModelOutputWithPast(
-            last_hidden_state=hidden,
-            past_key_values=past_key_values if use_cache else None,
-            hidden_states=(*all_hidden, hidden) if output_hidden_states else None,
-            attentions=tuple(all_attn) if output_attentions else None,
-        )
+        out = BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values if use_cache else None,
+                                      hidden_states=(*all_hidden, hidden) if output_hidden_states else None,
+                                      attentions=tuple(all_attn) if output_attentions else None)
         return out if _return_dict(self, return_dict) else out.to_tuple()
 
 
@@ -238,31 +218,11 @@ class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        position_ids=None,
-        past_key_values=None,
-        inputs_embeds=None,
-        labels=None,
-        use_cache=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        logits_to_keep: int = 0,
-        cache=None,
-        **loss_kwargs,
-    ) -> CausalLMOutputWithPast:
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values if past_key_values is not None else cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
+                labels=None, use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                logits_to_keep: int = 0, cache=None, **loss_kwargs) -> CausalLMOutputWithPast:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=past_key_values if past_key_values is not None else cache,
+                         inputs_embeds=inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
+                         output_hidden_states=output_hidden_states, return_dict=True)
         return causal_lm_output(self, out, labels, logits_to_keep, return_dict, **loss_kwargs)
