@@ -8,7 +8,7 @@ being measured. Latency: the mean round trip of ``--calls`` empty ``rpc_sync`` c
 returning nothing); throughput: ``--tensors`` ``rpc_async`` calls each carrying a 1 MiB float32 tensor to a
 function that returns None, all in flight at once, MiB/s from first send to last answer. Both agents move
 tensors between processes on one host with a single cross-memory copy where they can (TensorPipe's cma
-channel; ours: rpc/cma_channel.py). Each figure is the median over ``--reps``; the ratio is the median of the
+channel; ours: _infra/rpc_cma.py). Each figure is the median over ``--reps``; the ratio is the median of the
 per-rep ratios. The last line splits our latency by whether ours ran first in the rep or right after
 TensorPipe (whose spinning leaves the vCPUs awake).
 
