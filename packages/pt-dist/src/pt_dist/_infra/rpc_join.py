@@ -1,5 +1,5 @@
 """Graceful shutdown's termination detection: torch's ``_wait_all_workers`` and ``TensorPipeAgent::join``, over
-the store. ``pt_dist.rpc.api.shutdown(graceful=True)`` calls ``graceful(agent, timeout)`` before closing.
+the store. ``shutdown(graceful=True)`` (pt_dist/rpc/worker.py) calls ``graceful(agent, timeout)`` before closing.
 
 Every worker (1) reaches shutdown (a store barrier), (2) deletes its user RRefs (torch's
 ``_delete_all_user_and_unforked_owner_rrefs``), (3) waits until nothing is pending or being served here and

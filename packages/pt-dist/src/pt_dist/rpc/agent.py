@@ -81,9 +81,12 @@ class RpcAgent:
                                          f"({reason}); the worker is gone"))
 
     def _deliver(self, dst: int, msg: Message) -> None:
-        if dst == self.rank:  # served on the pool (a peer's request is served by its connection's reader)
+        if dst == self.rank:  # a request is served on the pool (a peer's, by its connection's reader)
             msg.tensors = [t.detach().clone() for t in msg.tensors]  # a copy, as a remote call would see
-            self.submit(self._serve, dst, msg) if msg.kind == REQUEST else self._on_response(dst, msg)
+            if msg.kind == REQUEST:
+                self.submit(self._serve, dst, msg)
+            else:
+                self._on_response(dst, msg)
         else:  # a peer still in init_rpc may not have connected yet: wait for it, not fail
             self.connections.send(dst, msg, self.options.rpc_timeout or None)
 

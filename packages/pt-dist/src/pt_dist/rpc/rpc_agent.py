@@ -1,7 +1,7 @@
 """The process's current RPC agent: torch's ``RpcAgent::setCurrentRpcAgent`` / ``getCurrentRpcAgent`` (rpc_agent.h).
 
-``init_rpc`` sets it before any peer can reach this worker, ``shutdown`` clears it; an ``RRef`` made here and
-the calls in api.py find the agent through it, so nothing below ``api.py`` imports ``api.py``.
+``init_rpc`` (worker.py) sets it before any peer can reach this worker, ``shutdown`` clears it; the calls and
+an ``RRef(value)`` made here find the agent through it, so rref.py needs nothing of worker.py.
 """
 
 from __future__ import annotations
