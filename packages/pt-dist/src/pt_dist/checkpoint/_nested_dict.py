@@ -18,38 +18,29 @@ FLATTEN_MAPPING = dict[str, OBJ_PATH]
 def _is_leaf(value: Any) -> bool:
     if isinstance(value, Mapping):
         return False
-    if not isinstance(value, list):
-        return True
-    return all(_is_leaf(v) and not isinstance(v, torch.Tensor) for v in value)
+    return not isinstance(value, list) or all(_is_leaf(v) and not isinstance(v, torch.Tensor) for v in value)
 
 
-def traverse_state_dict(state_dict: Mapping, visitor) -> None:
-    """``visitor(path, value)`` for every leaf, in the dicts' order."""
+def flatten_state_dict(state_dict: Mapping) -> tuple[dict[str, Any], FLATTEN_MAPPING]:
+    """Every leaf under its dotted key, in the dicts' order, and each key's path."""
+    flat: dict[str, Any] = {}
+    mapping: FLATTEN_MAPPING = {}
+
     def walk(path: OBJ_PATH, value: Any) -> None:
-        if isinstance(value, Mapping):
+        if _is_leaf(value):
+            key = ".".join(map(str, path))
+            if key in flat:
+                raise ValueError(f"duplicated flatten key {key}")
+            flat[key], mapping[key] = value, path
+        elif isinstance(value, Mapping):
             for k, v in value.items():
                 walk(path + (str(k),), v)
-        elif _is_leaf(value):
-            visitor(path, value)
         else:
             for i, v in enumerate(value):
                 walk(path + (i,), v)
 
     for key, value in state_dict.items():
         walk((str(key),), value)
-
-
-def flatten_state_dict(state_dict: Mapping) -> tuple[dict[str, Any], FLATTEN_MAPPING]:
-    flat: dict[str, Any] = {}
-    mapping: FLATTEN_MAPPING = {}
-
-    def keep(path: OBJ_PATH, value: Any) -> None:
-        key = ".".join(map(str, path))
-        if key in flat:
-            raise ValueError(f"duplicated flatten key {key}")
-        flat[key], mapping[key] = value, path
-
-    traverse_state_dict(state_dict, keep)
     return flat, mapping
 
 
@@ -65,10 +56,9 @@ def set_element(root: dict, path: OBJ_PATH, value: Any) -> None:
             if node[key] is None:
                 node[key] = empty
             node = node[key]
-    last = path[-1]
-    if isinstance(last, int):
-        node.extend([None] * (last + 1 - len(node)))
-    node[last] = value
+    if isinstance(path[-1], int):
+        node.extend([None] * (path[-1] + 1 - len(node)))
+    node[path[-1]] = value
 
 
 def unflatten_state_dict(state_dict: dict[str, Any], mapping: FLATTEN_MAPPING) -> dict:

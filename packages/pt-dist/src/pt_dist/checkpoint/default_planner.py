@@ -20,45 +20,31 @@ import torch
 
 from ._dedup_save_plans import dedup_save_plans
 from ._nested_dict import flatten_state_dict, set_element
-from .metadata import (
-    STATE_DICT_TYPE,
-    BytesStorageMetadata,
-    Metadata,
-    MetadataIndex,
-    StorageMeta,
-    TensorStorageMetadata,
-)
+from .metadata import STATE_DICT_TYPE, BytesStorageMetadata, Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
 from .planner import LoadPlan, LoadPlanner, ReadItem, SavePlan, SavePlanner, WriteItem, WriteItemType
-from .planner_helpers import _create_read_items, _create_write_items, _holds_shard, _is_dtensor
+from .planner_helpers import _create_read_items, _create_write_items, _holds_shard
 from .utils import find_state_dict_object, narrow_tensor_by_index
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "DefaultLoadPlanner",
-    "DefaultSavePlanner",
-    "create_default_global_load_plan",
-    "create_default_global_save_plan",
-    "create_default_local_load_plan",
-    "create_default_local_save_plan",
-]
+__all__ = ["DefaultLoadPlanner", "DefaultSavePlanner", "create_default_global_load_plan",
+           "create_default_global_save_plan", "create_default_local_load_plan", "create_default_local_save_plan"]
 
 
 class DefaultSavePlanner(SavePlanner):
     def __init__(self, flatten_state_dict: bool = True, flatten_sharded_tensors: bool = True,
                  dedup_replicated_tensors: bool | None = None, dedup_save_to_lowest_rank: bool = False,
                  enable_plan_caching: bool = False) -> None:
-        # flatten_sharded_tensors re-chunks nested ShardedTensors (2-D FSDP): pt_dist has none, so either value
-        # plans the same
-        self.flatten_state_dict, self.flatten_sharded_tensors = flatten_state_dict, flatten_sharded_tensors
-        self.dedup_save_to_lowest_rank = dedup_save_to_lowest_rank
-        self.mappings: dict = {}
-        if dedup_replicated_tensors is not None:
-            logger.warning("DefaultSavePlanner's `dedup_replicated_tensors` argument is being deprecated, and no "
-                           "longer has any effect. Please remove this argument from your call.")
+        """``flatten_sharded_tensors`` re-chunks torch's nested ShardedTensors (2-D FSDP), which pt_dist has none
+        of: either value plans the same. ``dedup_replicated_tensors`` is deprecated in torch (no effect)."""
         if enable_plan_caching:
             raise ValueError("DefaultSavePlanner(enable_plan_caching=True) is not supported by pt_dist: every save "
                              "plans afresh")
+        if dedup_replicated_tensors is not None:
+            logger.warning("DefaultSavePlanner's `dedup_replicated_tensors` argument is being deprecated, and no "
+                           "longer has any effect. Please remove this argument from your call.")
+        self.flatten_state_dict, self.flatten_sharded_tensors = flatten_state_dict, flatten_sharded_tensors
+        self.dedup_save_to_lowest_rank, self.mappings = dedup_save_to_lowest_rank, {}
 
     def set_up_planner(self, state_dict: STATE_DICT_TYPE, storage_meta: StorageMeta | None = None,
                        is_coordinator: bool = False) -> None:
@@ -67,19 +53,16 @@ class DefaultSavePlanner(SavePlanner):
         self.state_dict, self.is_coordinator = state_dict, is_coordinator
 
     def create_local_plan(self) -> SavePlan:
-        plan = create_default_local_save_plan(self.state_dict, self.is_coordinator)
-        if self.flatten_state_dict:
-            plan = dataclasses.replace(plan, planner_data=self.mappings)
-        self.plan = plan
-        return plan
+        self.plan = create_default_local_save_plan(self.state_dict, self.is_coordinator)
+        if self.flatten_state_dict:  # (the nested-dict paths of the flat keys, for load to rebuild the nesting)
+            self.plan = dataclasses.replace(self.plan, planner_data=self.mappings)
+        return self.plan
 
     def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
-        deduped = dedup_save_plans(all_plans, self.dedup_save_to_lowest_rank)
-        global_plan, metadata = create_default_global_save_plan(deduped)
+        global_plan, metadata = create_default_global_save_plan(
+            dedup_save_plans(all_plans, self.dedup_save_to_lowest_rank))
         if self.flatten_state_dict:
-            merged = {}
-            for p in global_plan:
-                merged.update(p.planner_data or {})
+            merged = {k: path for p in global_plan for k, path in (p.planner_data or {}).items()}
             metadata = dataclasses.replace(metadata, planner_data=merged)
         errors = _validate_global_plan(global_plan, metadata)
         if errors:
@@ -92,18 +75,17 @@ class DefaultSavePlanner(SavePlanner):
         return new_plan
 
     def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
-        obj = self.lookup_object(write_item.index)
-        return self.transform_object(write_item, obj)
+        return self.transform_object(write_item, self.lookup_object(write_item.index))
 
     def lookup_object(self, index: MetadataIndex) -> Any:
         return find_state_dict_object(self.state_dict, index)
 
     def transform_object(self, write_item: WriteItem, object: Any):
-        if write_item.type == WriteItemType.BYTE_IO:
-            buf = io.BytesIO()
-            torch.save(object, buf)
-            return buf
-        return object
+        if write_item.type != WriteItemType.BYTE_IO:
+            return object
+        buf = io.BytesIO()
+        torch.save(object, buf)
+        return buf
 
 
 class DefaultLoadPlanner(LoadPlanner):
@@ -112,9 +94,7 @@ class DefaultLoadPlanner(LoadPlanner):
     def __init__(self, flatten_state_dict: bool = True, flatten_sharded_tensors: bool = True,
                  allow_partial_load: bool = False) -> None:
         self.flatten_state_dict, self.flatten_sharded_tensors = flatten_state_dict, flatten_sharded_tensors
-        self.allow_partial_load = allow_partial_load
-        self.original_state_dict: dict = {}
-        self.mappings: dict = {}
+        self.allow_partial_load, self.original_state_dict, self.mappings = allow_partial_load, {}, {}
 
     def set_up_planner(self, state_dict: STATE_DICT_TYPE, metadata: Metadata | None = None,
                        is_coordinator: bool = False) -> None:
@@ -156,12 +136,8 @@ class DefaultLoadPlanner(LoadPlanner):
 
 def create_default_local_save_plan(state_dict: dict[str, Any], is_coordinator: bool) -> SavePlan:
     """Every value this rank holds (the coordinator's dedup decides who writes a replicated one)."""
-    items = []
-    for fqn, obj in state_dict.items():
-        if _is_dtensor(obj) and not _holds_shard(obj):
-            continue
-        items += _create_write_items(fqn, obj)
-    return SavePlan(items)
+    return SavePlan([item for fqn, obj in state_dict.items() if _holds_shard(obj)
+                     for item in _create_write_items(fqn, obj)])
 
 
 def create_default_global_save_plan(all_plans: list[SavePlan],
@@ -176,19 +152,19 @@ def create_default_global_save_plan(all_plans: list[SavePlan],
                 raise AssertionError(f"{item.index.fqn!r} is written twice (two ranks with different values?)")
             if item.type == WriteItemType.BYTE_IO:
                 md[item.index.fqn] = BytesStorageMetadata()
-                new_items.append(item)
-                continue
-            tmd = md.setdefault(item.index.fqn, TensorStorageMetadata(
-                properties=item.tensor_data.properties, size=item.tensor_data.size, chunks=[]))
-            if rewrite_index_hints:
-                item = dataclasses.replace(item, index=dataclasses.replace(item.index, index=len(tmd.chunks)))
-            tmd.chunks.append(item.tensor_data.chunk)
+            else:
+                tmd = md.setdefault(item.index.fqn, TensorStorageMetadata(
+                    properties=item.tensor_data.properties, size=item.tensor_data.size, chunks=[]))
+                if rewrite_index_hints:
+                    item = dataclasses.replace(item, index=dataclasses.replace(item.index, index=len(tmd.chunks)))
+                tmd.chunks.append(item.tensor_data.chunk)
             new_items.append(item)
         new_plans.append(dataclasses.replace(plan, items=new_items))
     return new_plans, Metadata(md)
 
 
 def create_default_local_load_plan(state_dict: dict[str, Any], metadata: Metadata, strict: bool = True) -> LoadPlan:
+    """Per key this rank holds: the reads that fill its chunk(s) from the saved chunks they overlap."""
     requests = []
     for fqn, obj in state_dict.items():
         if fqn not in metadata.state_dict_metadata:
@@ -196,13 +172,10 @@ def create_default_local_load_plan(state_dict: dict[str, Any], metadata: Metadat
                 raise RuntimeError(f"Missing key in checkpoint state_dict: {fqn}.")
             continue
         md = metadata.state_dict_metadata[fqn]
-        if isinstance(md, TensorStorageMetadata) and isinstance(obj, torch.Tensor):
-            size = torch.Size(obj.shape)  # (a DTensor's is its global shape)
-            if md.size != size:
-                raise ValueError(f"Size mismatch between saved {md.size} and current: {size} for {fqn}")
-        if _is_dtensor(obj) and not _holds_shard(obj):
-            continue
-        requests += _create_read_items(fqn, md, obj)
+        if isinstance(md, TensorStorageMetadata) and isinstance(obj, torch.Tensor) and md.size != obj.shape:
+            raise ValueError(f"Size mismatch between saved {md.size} and current: {obj.shape} for {fqn}")
+        if _holds_shard(obj):
+            requests += _create_read_items(fqn, md, obj)
     return LoadPlan(requests)
 
 

@@ -4,23 +4,22 @@ bytes, at a byte offset), then the coordinator writes ``.metadata``: the pickled
 its file, offset and length (``_StorageInfo``), and per file its size and CRC-32.
 
 Atomic: data files never reuse a name (the save's token is in it), every file is fsynced, and ``.metadata`` is
-written to a temporary name and renamed over the old one only after every rank's data is on disk. So a save
-killed at any point leaves the previous checkpoint in the directory as it was; the commit then removes data
-files no checkpoint references. A missing, truncated or altered data file is an error naming it.
+written to a temporary name and renamed over the old one only after every rank's data is on disk
+(``pt_dist/_infra/atomic_io.py``). So a save killed at any point leaves the previous checkpoint in the directory
+as it was; the commit then removes data files no checkpoint references. A missing, truncated or altered data file
+is an error naming it. ``.metadata`` is written in ``METADATA_FORMAT``, which
+``pt_dist/_compat/checkpoint/torch_format.py`` makes torch's, so torch's ``dcp.load`` reads a pt_dist checkpoint
+and pt_dist reads torch's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
-import logging
-import mmap
 import os
-import queue
-import threading
 import uuid
-import zlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -29,13 +28,14 @@ from typing import Any
 import torch
 from torch.futures import Future
 
-from . import _metadata_pickle
+from pt_dist._infra import renamed_pickle
+from pt_dist._infra.atomic_io import BufferView, DurableFile, atomic_write, fsync_dir, read_checked
+
+from . import metadata as md
 from .metadata import Metadata, StorageMeta
 from .planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem, SavePlan, SavePlanner, WriteItem, WriteItemType
 from .storage import StorageReader, StorageWriter, WriteResult
 from .utils import narrow_tensor_by_index
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["FileSystemReader", "FileSystemWriter", "SerializationFormat"]
 
@@ -54,9 +54,6 @@ class _StorageInfo:
     length: int
     transform_descriptors: Sequence[str] | None = None
 
-    def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if v is not None}
-
 
 @dataclass
 class _StoragePrefix:
@@ -68,12 +65,11 @@ class SerializationFormat(Enum):
     SAFETENSORS = "safetensors"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the directory entries (new names, the rename) survive a crash too
-    finally:
-        os.close(fd)
+# How ``.metadata`` names and encodes its classes (``pt_dist/_infra/renamed_pickle.py``): as they are, until
+# ``pt_dist/_compat/checkpoint/torch_format.py`` makes it torch's names and encodings (pt_dist.checkpoint imports it)
+METADATA_FORMAT: dict = {"names": {cls: (cls.__module__, cls.__qualname__) for cls in (
+    md.BytesStorageMetadata, md.ChunkStorageMetadata, md.Metadata, md.MetadataIndex, md.StorageMeta,
+    md.TensorProperties, md.TensorStorageMetadata, _StorageInfo)}, "states": {}, "builds": {}}
 
 
 class FileSystemWriter(StorageWriter):
@@ -81,23 +77,17 @@ class FileSystemWriter(StorageWriter):
                  thread_count: int = 1, per_thread_copy_ahead: int = 10_000_000, cache_staged_state_dict: bool = False,
                  overwrite: bool = True, _extensions=None,
                  serialization_format: SerializationFormat = SerializationFormat.TORCH_SAVE) -> None:
-        """``per_thread_copy_ahead`` is how far torch copies GPU tensors ahead of writing; here each tensor is
-        copied to the CPU when its turn comes, so it changes nothing."""
-        if thread_count < 1:
-            raise ValueError(f"FileSystemWriter: thread_count must be >= 1, got {thread_count}")
-        if cache_staged_state_dict:
-            raise ValueError("FileSystemWriter: cache_staged_state_dict=True (async_save's staging) is not supported")
-        if _extensions:
-            raise ValueError(f"FileSystemWriter: stream extensions are not supported, got {_extensions!r}")
-        if serialization_format is not SerializationFormat.TORCH_SAVE:
-            raise ValueError(f"FileSystemWriter: only SerializationFormat.TORCH_SAVE is supported, got "
-                             f"{serialization_format!r}")
-        self.path = Path(path)
-        self.single_file_per_rank, self.sync_files, self.thread_count = single_file_per_rank, sync_files, thread_count
-        self.per_thread_copy_ahead, self.overwrite = per_thread_copy_ahead, overwrite
-        self.serialization_format = serialization_format
-        self.save_id = str(uuid.uuid4())
-        self.rank: int | None = None
+        """``thread_count`` files are written at a time. ``per_thread_copy_ahead`` is how far torch copies GPU
+        tensors ahead of writing; here each tensor is copied to the CPU when its turn comes, so it changes nothing.
+        torch's async staging, stream extensions and safetensors are refused."""
+        if thread_count < 1 or cache_staged_state_dict or _extensions or \
+                serialization_format is not SerializationFormat.TORCH_SAVE:
+            raise ValueError(f"FileSystemWriter: not supported: thread_count={thread_count}, cache_staged_state_dict="
+                             f"{cache_staged_state_dict} (async_save's staging), _extensions={_extensions!r}, "
+                             f"serialization_format={serialization_format!r} (TORCH_SAVE only)")
+        self.path, self.single_file_per_rank, self.sync_files = Path(path), single_file_per_rank, sync_files
+        self.thread_count, self.per_thread_copy_ahead, self.overwrite = thread_count, per_thread_copy_ahead, overwrite
+        self.serialization_format, self.save_id, self.rank = serialization_format, str(uuid.uuid4()), None
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
@@ -109,11 +99,9 @@ class FileSystemWriter(StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         self.path.mkdir(parents=True, exist_ok=True)
-        if (self.path / _metadata_fn).exists():
-            if not self.overwrite:
-                raise RuntimeError(f"Checkpoint already exists and self.overwrite={self.overwrite}.")
-            logger.info("replacing the checkpoint in %s (it stays loadable until this save commits)", self.path)
-        return plan
+        if (self.path / _metadata_fn).exists() and not self.overwrite:
+            raise RuntimeError(f"Checkpoint already exists and self.overwrite={self.overwrite}.")
+        return plan  # (an existing checkpoint stays loadable until this save commits)
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         token = self.save_id.split("-")[0]  # (the coordinator's: one token names every rank's files)
@@ -121,89 +109,50 @@ class FileSystemWriter(StorageWriter):
                 else p for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        prefix = plan.storage_data.prefix
-        if self.single_file_per_rank:
-            buckets = _split_by_size(self.thread_count, plan.items)
-        else:
-            buckets = [[item] for item in plan.items]
-        jobs = [(f"{prefix}{n}{DEFAULT_SUFFIX}", bucket) for n, bucket in enumerate(buckets)]
-        results: list = [None] * len(jobs)
-        pending: queue.SimpleQueue = queue.SimpleQueue()
-        for k in range(len(jobs)):
-            pending.put(k)
-
-        def worker() -> None:  # (thread_count files at a time; this thread is one of the writers)
-            while True:
-                try:
-                    k = pending.get_nowait()
-                except queue.Empty:
-                    return
-                try:
-                    results[k] = self._write_file(*jobs[k], planner)
-                except BaseException as e:  # (re-raised below, in the calling thread)
-                    results[k] = e
-
-        threads = [threading.Thread(target=worker) for _ in range(min(self.thread_count, len(jobs)) - 1)]
-        for t in threads:
-            t.start()
-        worker()
-        for t in threads:
-            t.join()
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
+        """This rank's items in ``thread_count`` files of about equal size (or one file per item), that many
+        written at a time."""
+        buckets = _split_by_size(self.thread_count, plan.items) if self.single_file_per_rank else \
+            [[item] for item in plan.items]
+        jobs = [(f"{plan.storage_data.prefix}{n}{DEFAULT_SUFFIX}", bucket) for n, bucket in enumerate(buckets)]
+        with ThreadPoolExecutor(max(1, min(self.thread_count, len(jobs)))) as pool:
+            results = list(pool.map(lambda job: self._write_file(*job, planner), jobs))
         if self.sync_files and jobs:
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
         fut: Future = Future()
         fut.set_result([wr for rs in results for wr in rs])
         return fut
 
     def _write_file(self, name: str, items: list[WriteItem], planner: SavePlanner) -> list[WriteResult]:
         """Bytes items first, then tensors (torch's order); the last result carries the file's size and CRC."""
-        out, offset, crc = [], 0, 0
-        with open(self.path / name, "wb") as f:
+        out = []
+        with DurableFile(self.path / name, sync=self.sync_files) as f:
             for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
                 data = planner.resolve_data(item)
-                if item.type == WriteItemType.BYTE_IO:
-                    blob = data.getbuffer()
-                else:
+                if item.type != WriteItemType.BYTE_IO:
                     tensor = data.detach().cpu()
                     if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
                         tensor = tensor.clone()  # a view: save its elements, not the storage it looks into
-                    buf = io.BytesIO()
-                    torch.save(tensor, buf)
-                    blob = buf.getbuffer()
-                f.write(blob)
-                crc = zlib.crc32(blob, crc)
+                    data = io.BytesIO()
+                    torch.save(tensor, data)
+                blob = data.getbuffer()
                 out.append(WriteResult(index=item.index, size_in_bytes=len(blob),
-                                       storage_data=_StorageInfo(name, offset, len(blob))))
-                offset += len(blob)
-            if self.sync_files:
-                f.flush()
-                os.fsync(f.fileno())
-        out.append(WriteResult(index=None, size_in_bytes=offset, storage_data=(_FILES_KEY, name, offset, crc)))
+                                       storage_data=_StorageInfo(name, f.write(blob), len(blob))))
+        out.append(WriteResult(index=None, size_in_bytes=f.size, storage_data=(_FILES_KEY, name, f.size, f.crc)))
         return out
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """The commit (coordinator): ``.metadata`` written aside, fsynced, renamed into place; then stale files go."""
         storage_md, files = {}, {}
         for wr in (wr for rank in results for wr in rank):
-            if wr.index is None and isinstance(wr.storage_data, tuple) and wr.storage_data[0] == _FILES_KEY:
+            if wr.index is None:  # a file's (_FILES_KEY, name, size, crc)
                 files[wr.storage_data[1]] = wr.storage_data[2:]
             else:
                 storage_md[wr.index] = wr.storage_data
         storage_md[_FILES_KEY] = files
-        metadata.version, metadata.storage_data, metadata.storage_meta = CURRENT_DCP_VERSION, storage_md, \
-            self.storage_meta()
-        tmp = self.path / f"{_metadata_fn}.{self.save_id}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(_metadata_pickle.dumps(metadata))
-            if self.sync_files:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, self.path / _metadata_fn)
-        if self.sync_files:
-            _fsync_dir(self.path)
+        metadata.version, metadata.storage_data = CURRENT_DCP_VERSION, storage_md
+        metadata.storage_meta = self.storage_meta()
+        data = renamed_pickle.dumps(metadata, METADATA_FORMAT["names"], METADATA_FORMAT["states"])
+        atomic_write(self.path / _metadata_fn, data, sync=self.sync_files)
         live = {info.relative_path for k, info in storage_md.items() if k != _FILES_KEY} | set(files)
         for stale in self.path.iterdir():
             if (stale.name.startswith("__") and stale.name.endswith(DEFAULT_SUFFIX) and stale.name not in live) or (
@@ -245,40 +194,11 @@ def _validate_path(checkpoint_id) -> bool:
     return any(p.exists() and os.access(p, os.W_OK) for p in Path(checkpoint_id).parents)
 
 
-class _BufferView(io.RawIOBase):
-    """A read-only, seekable file over a slice of the mapped file: ``torch.load`` reads a blob where it lies."""
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self._view, self._pos = view, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        n = max(0, min(len(b), len(self._view) - self._pos))
-        memoryview(b).cast("B")[:n] = self._view[self._pos: self._pos + n]
-        self._pos += n
-        return n
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._pos = max(0, {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence] + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-
 class FileSystemReader(StorageReader):
     def __init__(self, path: str | os.PathLike, _extension_registry=None) -> None:
         if _extension_registry is not None:
             raise ValueError("FileSystemReader: stream extensions are not supported")
-        self.path = Path(path)
-        self.storage_data: dict = {}
-        self.load_id = str(uuid.uuid4())
+        self.path, self.storage_data, self.load_id = Path(path), {}, str(uuid.uuid4())
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self.storage_data = {}
@@ -288,20 +208,15 @@ class FileSystemReader(StorageReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self.path / _metadata_fn
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+        if not path.exists():
             raise FileNotFoundError(f"no complete checkpoint at {self.path}: {_metadata_fn} missing (a save that "
-                                    f"never finished?)") from None
-        metadata = _metadata_pickle.loads(data)
-        if metadata.storage_meta is None:
-            metadata.storage_meta = StorageMeta()
+                                    f"never finished?)")
+        metadata = renamed_pickle.loads(path.read_bytes(), METADATA_FORMAT["names"], METADATA_FORMAT["builds"])
+        metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        if metadata.storage_data is None:
-            raise AssertionError("storage_data must not be None in metadata")
         self.storage_data = dict(metadata.storage_data)
         self._files = self.storage_data.pop(_FILES_KEY, None)  # (None: a checkpoint torch wrote)
 
@@ -312,6 +227,8 @@ class FileSystemReader(StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """File by file: each item's blob is read where it lies in the mapped file, narrowed to the requested
+        box and copied into the tensor the planner resolves."""
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
@@ -323,8 +240,7 @@ class FileSystemReader(StorageReader):
                 if req.type == LoadItemType.BYTE_IO:
                     planner.load_bytes(req, io.BytesIO(piece))  # (a copy: a planner may keep or getvalue() it)
                     continue
-                piece = _BufferView(piece)
-                tensor = torch.load(piece, map_location="cpu", weights_only=True)
+                tensor = torch.load(BufferView(piece), map_location="cpu", weights_only=True)
                 tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
                 target = planner.resolve_tensor(req).detach()
                 if target.size() != tensor.size():
@@ -338,22 +254,9 @@ class FileSystemReader(StorageReader):
     def _read_file(self, name: str) -> memoryview:
         """The whole data file, mapped, checked against the size and CRC-32 the save recorded."""
         path = self.path / name
-        try:
-            f = open(path, "rb")
-        except FileNotFoundError:
-            raise FileNotFoundError(f"checkpoint data file {path} is missing") from None
-        with f:
-            size_on_disk = os.fstat(f.fileno()).st_size
-            blob = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size_on_disk else b"")
-        if self._files is not None:
-            if name not in self._files:
-                raise ValueError(f"checkpoint data file {path} has no checksum in {_metadata_fn}")
-            size, crc = self._files[name]
-            if len(blob) != size:
-                raise ValueError(f"checkpoint data file {path} is corrupt: {len(blob)} bytes, the save wrote {size}")
-            if zlib.crc32(blob) != crc:
-                raise ValueError(f"checkpoint data file {path} is corrupt: its CRC-32 differs from the save's")
-        return blob
+        if self._files is not None and name not in self._files:
+            raise ValueError(f"checkpoint data file {path} has no checksum in {_metadata_fn}")
+        return read_checked(path, "checkpoint data file", None if self._files is None else self._files[name])
 
     @property
     def checkpoint_id(self) -> str | os.PathLike:

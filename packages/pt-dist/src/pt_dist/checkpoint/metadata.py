@@ -1,8 +1,9 @@
 """What a checkpoint holds (torch/distributed/checkpoint/metadata.py): per state-dict key, a tensor's global size,
 dtype and the chunks (offsets, sizes) it was saved in, or a bytes entry for any other object.
 
-The field names are torch's, and the ``.metadata`` file stores these classes under torch's module paths
-(``_metadata_pickle.py``), so a checkpoint written here is torch's format and torch's is ours.
+The field names are torch's, and the ``.metadata`` file stores these classes under torch's module paths and
+encodings (``pt_dist/_compat/checkpoint/torch_format.py``), so a checkpoint written here is torch's format and
+torch's is ours.
 """
 
 from __future__ import annotations
@@ -10,20 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import torch
 
-__all__ = [
-    "BytesStorageMetadata",
-    "ChunkStorageMetadata",
-    "Metadata",
-    "MetadataIndex",
-    "StorageMeta",
-    "TensorProperties",
-    "TensorStorageMetadata",
-]
+__all__ = ["BytesStorageMetadata", "ChunkStorageMetadata", "Metadata", "MetadataIndex", "StorageMeta",
+           "TensorProperties", "TensorStorageMetadata"]
 
 
 @dataclass
@@ -34,23 +27,9 @@ class ChunkStorageMetadata:
     sizes: torch.Size
 
 
-class _MEM_FORMAT_ENCODING(Enum):
-    """torch.memory_format does not pickle: the file stores this code (torch's own encoding)."""
-
-    TORCH_CONTIGUOUS_FORMAT = 0
-    TORCH_CHANNELS_LAST = 1
-    TORCH_PRESERVE_FORMAT = 2
-
-
-_FORMATS = {torch.contiguous_format: _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT,
-            torch.channels_last: _MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST,
-            torch.preserve_format: _MEM_FORMAT_ENCODING.TORCH_PRESERVE_FORMAT}
-_DECODE = {code: fmt for fmt, code in _FORMATS.items()}
-
-
 @dataclass
 class TensorProperties:
-    """How to rebuild a tensor: its dtype (the other fields are kept for torch's format)."""
+    """How to rebuild a tensor: its dtype (the other fields are torch's, kept for its format)."""
 
     dtype: torch.dtype = field(default_factory=torch.get_default_dtype)
     layout: torch.layout = field(default=torch.strided)
@@ -58,15 +37,6 @@ class TensorProperties:
     memory_format: torch.memory_format = field(default=torch.contiguous_format)
     pin_memory: bool = False
     strides: tuple[int, ...] | None = None
-
-    def __getstate__(self):
-        return (self.dtype, self.layout, self.requires_grad, _FORMATS[self.memory_format], self.pin_memory,
-                self.strides)
-
-    def __setstate__(self, state) -> None:
-        self.dtype, self.layout, self.requires_grad, encoding, self.pin_memory = state[:5]
-        self.strides = state[5] if len(state) > 5 else None
-        self.memory_format = _DECODE[_MEM_FORMAT_ENCODING(encoding)]
 
     @staticmethod
     def create_from_tensor(tensor: torch.Tensor) -> TensorProperties:

@@ -20,18 +20,8 @@ import torch
 
 from .metadata import STATE_DICT_TYPE, ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta, TensorProperties
 
-__all__ = [
-    "BytesIOWriteData",
-    "LoadItemType",
-    "LoadPlan",
-    "LoadPlanner",
-    "ReadItem",
-    "SavePlan",
-    "SavePlanner",
-    "TensorWriteData",
-    "WriteItem",
-    "WriteItemType",
-]
+__all__ = ["BytesIOWriteData", "LoadItemType", "LoadPlan", "LoadPlanner", "ReadItem", "SavePlan", "SavePlanner",
+           "TensorWriteData", "WriteItem", "WriteItemType"]
 
 
 class WriteItemType(Enum):

@@ -13,41 +13,27 @@ from typing import Any
 
 import torch
 
+from pt_dist.tensor._api import DTensor
+from pt_dist.tensor._utils import compute_local_shape_and_global_offset
+
 from .metadata import BytesStorageMetadata, ChunkStorageMetadata, MetadataIndex, TensorProperties, TensorStorageMetadata
 from .planner import LoadItemType, ReadItem, TensorWriteData, WriteItem, WriteItemType
 
 __all__ = ["create_read_items_for_chunk_list"]
 
 
-def _dtensor_cls():
-    """pt_dist's DTensor class, imported on first use (the checkpoint code does not need it otherwise)."""
-    try:
-        from pt_dist.tensor import DTensor
-    except ImportError:  # (pt_dist.tensor not built)
-        return None
-    return DTensor
-
-
-def _is_dtensor(obj: Any) -> bool:
-    cls = _dtensor_cls()
-    return cls is not None and isinstance(obj, cls)
-
-
 def _holds_shard(obj) -> bool:
     """False for a DTensor on a mesh this rank is not part of (it has nothing of it to save or load)."""
-    coordinate = getattr(obj.device_mesh, "get_coordinate", None)
-    return coordinate is None or coordinate() is not None
+    return not isinstance(obj, DTensor) or obj.device_mesh.get_coordinate() is not None
 
 
-def _chunk_of_dtensor(tensor) -> ChunkStorageMetadata:
-    from pt_dist.tensor._utils import compute_local_shape_and_global_offset
-
+def _chunk_of_dtensor(tensor: DTensor) -> ChunkStorageMetadata:
     sizes, offsets = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
     return ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
 
 
 def _create_chunk_list(obj) -> list[ChunkStorageMetadata]:
-    if _is_dtensor(obj):
+    if isinstance(obj, DTensor):
         return [_chunk_of_dtensor(obj)]
     if isinstance(obj, torch.Tensor):
         return [ChunkStorageMetadata(offsets=torch.Size([0] * obj.dim()), sizes=obj.size())]
@@ -55,7 +41,7 @@ def _create_chunk_list(obj) -> list[ChunkStorageMetadata]:
 
 
 def _create_write_items(fqn: str, obj: Any) -> list[WriteItem]:
-    if _is_dtensor(obj):
+    if isinstance(obj, DTensor):
         chunk = _chunk_of_dtensor(obj)
         data = TensorWriteData(chunk=chunk, properties=TensorProperties.create_from_tensor(obj.to_local()),
                                size=torch.Size(obj.shape))

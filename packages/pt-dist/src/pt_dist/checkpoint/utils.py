@@ -1,10 +1,5 @@
 """Small helpers torch keeps in checkpoint/utils.py: find a value by ``MetadataIndex``, narrow a tensor to a
-box, and ``_DistWrapper``, the object collectives a save and a load coordinate with (here over pt_dist's
-groups: ``gather_object``, ``scatter_object_list``, ``broadcast_object_list``, ``all_gather_object``).
-
-Every step runs inside a try: a rank that fails sends its exception instead of its result, so all ranks raise
-the same ``CheckpointException`` (naming each failed rank and its error) instead of some hanging.
-"""
+box, and ``_DistWrapper``, the group a save and a load coordinate over."""
 
 from __future__ import annotations
 
@@ -13,9 +8,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from .api import CheckpointException, _wrap_exception
+from pt_dist import distributed_c10d as c10d
+from pt_dist._infra import collective_steps
+from pt_dist.object_collectives import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
+from pt_dist.tensor._api import DTensor
+
 from .metadata import MetadataIndex
-from .planner_helpers import _is_dtensor
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -34,7 +32,7 @@ def find_state_dict_object(state_dict: dict, index: MetadataIndex) -> Any:
     if index.fqn not in state_dict:
         raise ValueError(f"Could not find FQN: '{index.fqn}'")
     obj = state_dict[index.fqn]
-    if _is_dtensor(obj):
+    if isinstance(obj, DTensor):
         return obj.to_local()
     if isinstance(obj, torch.Tensor):
         if index.offset is not None and any(index.offset):
@@ -46,11 +44,11 @@ def find_state_dict_object(state_dict: dict, index: MetadataIndex) -> Any:
 
 
 class _DistWrapper:
-    """Collectives with error propagation over one pt_dist group (or none: one process, ``use_dist=False``)."""
+    """One pt_dist group (or one process, ``use_dist=False``) with the coordinator's rank in it: torch's object
+    collectives over it, and the save's and load's collective steps (``pt_dist/_infra/collective_steps.py``:
+    each rank's part run in a try, any rank's failure raised on every rank)."""
 
     def __init__(self, group, use_dist: bool, coordinator_rank: int = 0):
-        from pt_dist import distributed_c10d as c10d
-
         self.use_dist = use_dist
         self.group = (group or c10d.group.WORLD) if use_dist else None
         self.rank = self.group.rank() if use_dist else 0
@@ -58,103 +56,44 @@ class _DistWrapper:
         self.coordinator_rank = coordinator_rank
         self.is_coordinator = self.rank == coordinator_rank
 
-    def _global(self, group_rank: int) -> int:
-        from pt_dist import distributed_c10d as c10d
-
-        return c10d.get_global_rank(self.group, group_rank)
+    def _coordinator(self) -> int:
+        return c10d.get_global_rank(self.group, self.coordinator_rank)
 
     def gather_object(self, obj):
         if not self.use_dist:
             return [obj]
-        from pt_dist.object_collectives import gather_object
-
         out = [None] * self.world_size if self.is_coordinator else None
-        gather_object(obj, out, dst=self._global(self.coordinator_rank), group=self.group)
+        gather_object(obj, out, dst=self._coordinator(), group=self.group)
         return out
 
     def scatter_object(self, objects):
         if not self.use_dist:
             return objects[0]
-        from pt_dist.object_collectives import scatter_object_list
-
         out = [None]
-        scatter_object_list(out, objects if self.is_coordinator else None,
-                            src=self._global(self.coordinator_rank), group=self.group)
+        scatter_object_list(out, objects if self.is_coordinator else None, src=self._coordinator(), group=self.group)
         return out[0]
 
     def broadcast_object(self, obj):
         if not self.use_dist:
             return obj
-        from pt_dist.object_collectives import broadcast_object_list
-
         box = [obj if self.is_coordinator else None]
-        broadcast_object_list(box, src=self._global(self.coordinator_rank), group=self.group)
+        broadcast_object_list(box, src=self._coordinator(), group=self.group)
         return box[0]
 
     def all_gather_object(self, obj) -> list:
         if not self.use_dist:
             return [obj]
-        from pt_dist.object_collectives import all_gather_object
-
         out = [None] * self.world_size
         all_gather_object(out, obj, group=self.group)
         return out
 
     def reduce_scatter(self, step: str, map_fun: Callable[[], T], reduce_fun: Callable[[list[T]], list[R]]) -> R:
         """Each rank maps, the coordinator reduces the list, each rank gets its element back."""
-        local = _attempt(map_fun)
-        results = None
-        gathered = self.gather_object(local)
-        if self.is_coordinator:
-            failures = _failures(gathered)
-            if not failures:
-                reduced = _attempt(lambda: reduce_fun(gathered))
-                if isinstance(reduced, _Failed):
-                    failures = {self.rank: reduced.wrapped}
-            results = ([CheckpointException(step, failures)] * self.world_size if failures else reduced)
-        result = self.scatter_object(results)
-        if isinstance(result, CheckpointException):
-            raise result
-        return result
+        return collective_steps.reduce_scatter(self, step, map_fun, reduce_fun)
 
     def all_reduce(self, step: str, map_fun: Callable[[], T], reduce_fun: Callable[[list[T]], R]) -> R:
         """Each rank maps, the coordinator reduces, every rank gets the reduction."""
-        local = _attempt(map_fun)
-        gathered = self.gather_object(local)
-        result = None
-        if self.is_coordinator:
-            failures = _failures(gathered)
-            if not failures:
-                reduced = _attempt(lambda: reduce_fun(gathered))
-                failures = {self.rank: reduced.wrapped} if isinstance(reduced, _Failed) else {}
-            result = CheckpointException(step, failures) if failures else reduced
-        result = self.broadcast_object(result)
-        if isinstance(result, CheckpointException):
-            raise result
-        return result
+        return collective_steps.all_reduce(self, step, map_fun, reduce_fun)
 
     def all_gather(self, step: str, map_fun: Callable[[], T]) -> list[T]:
-        gathered = self.all_gather_object(_attempt(map_fun))
-        failures = _failures(gathered)
-        if failures:
-            raise CheckpointException(step, failures)
-        return gathered
-
-
-class _Failed:
-    """A step's exception in picklable form (the exception, or its text if it does not pickle)."""
-
-    def __init__(self, wrapped):
-        self.wrapped = wrapped
-
-
-def _attempt(fun):
-    try:
-        return fun()
-    except Exception as e:  # (sent to the coordinator: every rank raises it)
-        return _Failed(_wrap_exception(e))
-
-
-def _failures(results: list) -> dict:
-    return {rank: r.wrapped for rank, r in enumerate(results) if isinstance(r, _Failed)}
-
+        return collective_steps.all_gather(self, step, map_fun)

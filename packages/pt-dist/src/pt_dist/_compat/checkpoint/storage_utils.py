@@ -1,8 +1,12 @@
-"""Which storage a ``checkpoint_id`` means (torch's checkpoint/_storage_utils.py): a path -> the file system."""
+"""Which storage a ``checkpoint_id`` means (torch's checkpoint/_storage_utils.py): a path -> the file system;
+and whether a save or load is collective (one process when pt_dist is not initialised, as torch's)."""
 
 from __future__ import annotations
 
-from .filesystem import FileSystemReader, FileSystemWriter
+import logging
+
+from pt_dist import distributed_c10d as c10d
+from pt_dist.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 
 
 def _storage_setup(storage, checkpoint_id, reader: bool = False):
@@ -22,13 +26,9 @@ def _storage_setup(storage, checkpoint_id, reader: bool = False):
 
 
 def _use_dist(no_dist: bool, op: str) -> bool:
-    from pt_dist import distributed_c10d as c10d
-
     if no_dist:
         return False
     if not c10d.is_initialized():
-        import logging
-
         logging.getLogger(__name__).warning("pt_dist is not initialized: assuming the intent is to %s in a single "
                                             "process.", op)
         return False

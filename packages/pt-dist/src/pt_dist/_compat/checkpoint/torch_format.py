@@ -1,0 +1,58 @@
+"""torch's ``.metadata`` format: the checkpoint's classes pickled under torch's module paths
+(``torch.distributed.checkpoint.metadata``, ``...filesystem._StorageInfo``) and with torch's encodings (a
+``TensorProperties`` as its state tuple, the memory format as torch's ``_MEM_FORMAT_ENCODING``; a
+``_StorageInfo`` without its None fields), so torch's ``dcp.load`` reads a pt_dist checkpoint as its own and
+pt_dist reads torch's, neither importing the other. Importing this installs it in the core's
+``filesystem.METADATA_FORMAT`` (``pt_dist.checkpoint`` does)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+
+from pt_dist.checkpoint import filesystem
+from pt_dist.checkpoint.metadata import TensorProperties
+
+_TORCH = "torch.distributed.checkpoint"
+
+
+class _MEM_FORMAT_ENCODING(Enum):  # noqa: N801 - torch's name, which the file records
+    """How torch's ``TensorProperties.__getstate__`` records the memory format."""
+
+    TORCH_CONTIGUOUS_FORMAT = 0
+    TORCH_CHANNELS_LAST = 1
+    TORCH_PRESERVE_FORMAT = 2
+
+
+_ENCODE = {torch.contiguous_format: _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT,
+           torch.channels_last: _MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST,
+           torch.preserve_format: _MEM_FORMAT_ENCODING.TORCH_PRESERVE_FORMAT}
+_DECODE = {code: fmt for fmt, code in _ENCODE.items()}
+
+
+def _properties_state(p: TensorProperties) -> tuple:
+    return p.dtype, p.layout, p.requires_grad, _ENCODE[p.memory_format], p.pin_memory, p.strides
+
+
+def _build_properties(p: TensorProperties, state: tuple) -> None:
+    p.dtype, p.layout, p.requires_grad, encoding, p.pin_memory = state[:5]
+    p.strides = state[5] if len(state) > 5 else None  # (older torch wrote five fields)
+    p.memory_format = _DECODE[_MEM_FORMAT_ENCODING(encoding)]
+
+
+def _storage_info_state(info) -> dict:
+    return {k: v for k, v in vars(info).items() if v is not None}
+
+
+def install(fmt: dict) -> None:
+    """torch's names and encodings into ``fmt`` (the core's ``filesystem.METADATA_FORMAT``)."""
+    for cls in list(fmt["names"]):
+        fmt["names"][cls] = (f"{_TORCH}.{'filesystem' if cls is filesystem._StorageInfo else 'metadata'}",
+                             cls.__name__)
+    fmt["names"][_MEM_FORMAT_ENCODING] = (f"{_TORCH}.metadata", "_MEM_FORMAT_ENCODING")
+    fmt["states"].update({TensorProperties: _properties_state, filesystem._StorageInfo: _storage_info_state})
+    fmt["builds"][TensorProperties] = _build_properties
+
+
+install(filesystem.METADATA_FORMAT)
