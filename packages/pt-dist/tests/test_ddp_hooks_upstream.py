@@ -18,11 +18,9 @@ from pt_dist.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from pt_dist.nn.parallel import DistributedDataParallel, GradBucket
 from torch import nn
 
-from harness import run_ranks
-
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_testutil as dutil  # noqa: E402
-import ptdist_testutil as util  # noqa: E402
+import upstream_cases  # noqa: E402
 
 
 def test_invalid_powerSGD_state():  # noqa: N802 - torch's name
@@ -138,18 +136,9 @@ def ddp_hooks_file(c, pg):
     c.true(f"is_last flags {flags}", len(flags) > 2 and flags[-1] and not any(flags[:-1]))
 
 
-def _hooks(rank, world, backend):
-    util.join(rank, world, backend, timeout=60)
-    try:
-        c = dutil.Case(rank, world)
-        comm_hook_checks(c, pt_dist.group.WORLD)
-        ddp_hooks_file(c, pt_dist.group.WORLD)
-        return c.fails
-    finally:
-        util.leave()
+CASES = (comm_hook_checks, ddp_hooks_file)
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
-def test_upstream_comm_hook_cases(backend):
-    for fails in run_ranks(_hooks, 2, backend, backend=None, timeout=240):
-        assert not fails, fails[:5]
+@upstream_cases.parametrize(CASES, expect=2, backends=("tcp", "shm", "gloo"))
+def test_upstream_comm_hook_cases(backend, case, request):
+    upstream_cases.check(request, world=2, timeout=240)

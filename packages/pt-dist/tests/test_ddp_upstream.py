@@ -9,6 +9,7 @@ and come back as a list of failures."""
 from __future__ import annotations
 
 import copy
+import os
 import random
 import sys
 from contextlib import nullcontext
@@ -25,11 +26,9 @@ from pt_dist.nn.parallel.bucketing import _DEFAULT_FIRST_BUCKET_BYTES, _compute_
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from harness import run_ranks
-
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_testutil as dutil  # noqa: E402
-import ptdist_testutil as util  # noqa: E402
+import upstream_cases  # noqa: E402
 
 # -- ComputeBucketAssignmentTest -------------------------------------------------------------------------------
 
@@ -304,7 +303,8 @@ def buffer_sync_multi_forward_with_batchnorm(c, pg):
     c.true("two forwards, one backward", model.module[0].weight.grad is not None)
 
 
-def save_load_checkpoint(c, pg, path):
+def save_load_checkpoint(c, pg):
+    path = os.path.join(c.scratch, "model.checkpoint")
     class TestModel(nn.Module):
         def __init__(self):
             super().__init__()
@@ -352,6 +352,8 @@ def save_load_checkpoint(c, pg, path):
 
 def reducer_cases(c, pg):
     """test_c10d_gloo.py's ReducerTest on a world-1 group."""
+    pg = pt_dist.new_group([c.rank], use_local_synchronization=True)
+
     def mixed():
         model = ReducerModule().float()
         model.fc1.double()
@@ -417,26 +419,11 @@ def broadcast_reassigned_buffer(c, pg):
             c.equal("reassigned buffer broadcast", bufs[0], buf, rtol=0, atol=0)
 
 
-CASES = [ddp_with_process_group, ddp_checkpointing_cases, global_local_unused_params_grad,
+CASES = (ddp_with_process_group, ddp_checkpointing_cases, global_local_unused_params_grad,
          find_unused_parameters_when_unused_parameters_empty, ignored_output, dataclass_output,
-         buffer_sync_multi_forward_with_batchnorm, broadcast_reassigned_buffer]
+         buffer_sync_multi_forward_with_batchnorm, broadcast_reassigned_buffer, save_load_checkpoint, reducer_cases)
 
 
-def _upstream(rank, world, backend, path):
-    util.join(rank, world, backend, timeout=60)
-    try:
-        c = dutil.Case(rank, world)
-        for case in CASES:
-            case(c, pt_dist.group.WORLD)
-        save_load_checkpoint(c, pt_dist.group.WORLD, path)
-        solo = pt_dist.new_group([rank], use_local_synchronization=True)  # ReducerTest's world-1 group
-        reducer_cases(c, solo)
-        return c.fails
-    finally:
-        util.leave()
-
-
-@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
-def test_upstream_ddp_cases(backend, tmp_path):
-    for fails in run_ranks(_upstream, 2, backend, str(tmp_path / "model.checkpoint"), backend=None, timeout=240):
-        assert not fails, fails[:5]
+@upstream_cases.parametrize(CASES, expect=10, backends=("tcp", "shm", "gloo"))
+def test_upstream_ddp_cases(backend, case, request):
+    upstream_cases.check(request, world=2, timeout=240)

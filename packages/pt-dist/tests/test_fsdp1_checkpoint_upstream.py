@@ -29,7 +29,6 @@ from functools import partial
 from pathlib import Path
 
 import pt_dist
-import pytest
 import torch
 import torch.distributed.algorithms._checkpoint.checkpoint_wrapper as cw
 from pt_dist.fsdp import (
@@ -43,10 +42,8 @@ from pt_dist.fsdp import FullyShardedDataParallel as FSDP
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from harness import run_ranks
-
 sys.path.insert(0, str(Path(__file__).parent))
-import ddp_testutil as dutil  # noqa: E402
+import upstream_cases  # noqa: E402
 
 _saved_on_cpu = []
 
@@ -262,12 +259,9 @@ def state_dict_cases(c, pg):
                 c.equal(f"{what}: loaded", a, b, rtol=0, atol=0)
 
 
-def _cases(rank, world, backend):
-    return dutil.run_cases(rank, world, backend, (
-        fsdp_wrapping_cases, end_to_end_cases, submodule_cases, state_dict_cases))
+CASES = (fsdp_wrapping_cases, end_to_end_cases, submodule_cases, state_dict_cases)
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_upstream_fsdp1_checkpoint_cases(backend):
-    for fails in run_ranks(_cases, 2, backend, backend=None, timeout=180):
-        assert not fails, "\n".join(f[:300] for f in fails[:12])
+@upstream_cases.parametrize(CASES, expect=4)
+def test_upstream_fsdp1_checkpoint_cases(backend, case, request):
+    upstream_cases.check(request, world=2, timeout=180)

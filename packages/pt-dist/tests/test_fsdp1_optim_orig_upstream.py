@@ -13,7 +13,6 @@ import warnings
 from pathlib import Path
 
 import pt_dist
-import pytest
 import torch
 from pt_dist.fsdp import (
     FullOptimStateDictConfig,
@@ -25,10 +24,8 @@ from pt_dist.fsdp import (
 from pt_dist.fsdp import FullyShardedDataParallel as FSDP
 from torch import nn
 
-from harness import run_ranks
-
 sys.path.insert(0, str(Path(__file__).parent))
-import ddp_testutil as dutil  # noqa: E402
+import upstream_cases  # noqa: E402
 from test_fsdp1_optim_upstream import Nested, _pair, _same_flat_state, _train, _value  # noqa: E402
 
 
@@ -145,11 +142,9 @@ def trec_cases(c, pg):
     _same_named(c, "loaded back", osds[0], FSDP.optim_state_dict(models[1], optims[1]))
 
 
-def _cases(rank, world, backend):
-    return dutil.run_cases(rank, world, backend, (orig_load_cases, no_grad_cases, trec_cases))
+CASES = (orig_load_cases, no_grad_cases, trec_cases)
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_upstream_fsdp1_optim_state_use_orig_params_cases(backend):
-    for fails in run_ranks(_cases, 2, backend, backend=None, timeout=180):
-        assert not fails, "\n".join(f[:300] for f in fails[:12])
+@upstream_cases.parametrize(CASES, expect=3)
+def test_upstream_fsdp1_optim_state_use_orig_params_cases(backend, case, request):
+    upstream_cases.check(request, world=2, timeout=180)

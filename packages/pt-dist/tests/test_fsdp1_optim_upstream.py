@@ -24,7 +24,6 @@ import warnings
 from pathlib import Path
 
 import pt_dist
-import pytest
 import torch
 from pt_dist.fsdp import (
     FullOptimStateDictConfig,
@@ -38,10 +37,8 @@ from pt_dist.fsdp import (
 from pt_dist.fsdp import FullyShardedDataParallel as FSDP
 from torch import nn
 
-from harness import run_ranks
-
 sys.path.insert(0, str(Path(__file__).parent))
-import ddp_testutil as dutil  # noqa: E402
+import upstream_cases  # noqa: E402
 
 
 class Nested(nn.Module):
@@ -397,13 +394,10 @@ def edge_cases(c, pg):
         _same_flat_state(c, f"NO_SHARD round trip use_orig_params={orig}", got, want)
 
 
-def _cases(rank, world, backend):
-    return dutil.run_cases(rank, world, backend, (
-        nested_cases, keys_cases, invalid_cases, load_cases, halve_cases, unmanaged_cases, rekey_cases,
-        warning_cases, edge_cases))
+CASES = (nested_cases, keys_cases, invalid_cases, load_cases, halve_cases, unmanaged_cases, rekey_cases,
+         warning_cases, edge_cases)
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_upstream_fsdp1_optim_state_cases(backend):
-    for fails in run_ranks(_cases, 2, backend, backend=None, timeout=180):
-        assert not fails, "\n".join(f[:300] for f in fails[:12])
+@upstream_cases.parametrize(CASES, expect=9)
+def test_upstream_fsdp1_optim_state_cases(backend, case, request):
+    upstream_cases.check(request, world=2, timeout=180)

@@ -30,7 +30,6 @@ import sys
 from pathlib import Path
 
 import pt_dist
-import pytest
 import torch
 from pt_dist.fsdp import (
     CPUOffload,
@@ -45,10 +44,8 @@ from pt_dist.fsdp import FullyShardedDataParallel as FSDP
 from pt_dist.tensor import DTensor
 from torch import nn
 
-from harness import run_ranks
-
 sys.path.insert(0, str(Path(__file__).parent))
-import ddp_testutil as dutil  # noqa: E402
+import upstream_cases  # noqa: E402
 
 FULL, SHARDED, LOCAL = StateDictType.FULL_STATE_DICT, StateDictType.SHARDED_STATE_DICT, StateDictType.LOCAL_STATE_DICT
 KINDS = (FULL, SHARDED, LOCAL)
@@ -316,11 +313,6 @@ CASES = (shared_parameters_cases, rank0_offload_flow_cases, basic_save_load_case
          after_forward_cases, world_size_one_cases)
 
 
-def _cases(rank, world, backend):
-    return dutil.run_cases(rank, world, backend, CASES, seed=0)
-
-
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_fsdp1_state_dict_upstream(backend):
-    for fails in run_ranks(_cases, 2, backend, backend=None, timeout=180):
-        assert not fails, fails[:8]
+@upstream_cases.parametrize(CASES, expect=6)
+def test_fsdp1_state_dict_upstream(backend, case, request):
+    upstream_cases.check(request, world=2, timeout=180, seed=0)

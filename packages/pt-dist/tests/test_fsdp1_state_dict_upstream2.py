@@ -40,18 +40,15 @@ import sys
 from pathlib import Path
 
 import pt_dist
-import pytest
 import torch
 from pt_dist.fsdp import FullyShardedDataParallel as FSDP
 from pt_dist.fsdp.wrap import enable_wrap, wrap
 from pt_dist.tensor import DTensor
 from torch import nn
 
-from harness import run_ranks
-
 sys.path.insert(0, str(Path(__file__).parent))
-import ddp_testutil as dutil  # noqa: E402
 import test_fsdp1_state_dict_upstream as base  # noqa: E402
+import upstream_cases  # noqa: E402
 from test_fsdp1_state_dict_upstream import FULL, KINDS, LOCAL, SHARDED, mgr, same, states, zero  # noqa: E402
 
 FP16 = base.FP16
@@ -374,10 +371,6 @@ CASES = (save_load_flow_cases, keys_cases, skip_module_cases, ignored_modules_ca
          sharded_load_new_group_cases)
 
 
-def _cases(rank, world, backend):
-    return dutil.run_cases(rank, world, backend, CASES, seed=0)
-
-
 def local_reshard_cases(c, pg):
     """TestFSDPStateDict4GPUs.test_local_state_dict_reshard (world size 4): each LOCAL flat parameter gathered
     whole, cut anew in two (``chunk(2)``) as rows of a DTensor over ranks 0-1 (upstream's ShardedTensor
@@ -417,17 +410,11 @@ def local_reshard_cases(c, pg):
                sd["_flat_param"].to_local().numel())
 
 
-def _reshard_cases(rank, world, backend):
-    return dutil.run_cases(rank, world, backend, (local_reshard_cases,), seed=0)
+@upstream_cases.parametrize((local_reshard_cases,), expect=1)
+def test_fsdp1_local_state_dict_reshard_4_to_2(backend, case, request):
+    upstream_cases.check(request, world=4, timeout=180, seed=0)
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_fsdp1_local_state_dict_reshard_4_to_2(backend):
-    for fails in run_ranks(_reshard_cases, 4, backend, backend=None, timeout=180):
-        assert not fails, fails[:8]
-
-
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_fsdp1_state_dict_upstream2(backend):
-    for fails in run_ranks(_cases, 2, backend, backend=None, timeout=180):
-        assert not fails, fails[:8]
+@upstream_cases.parametrize(CASES, expect=11)
+def test_fsdp1_state_dict_upstream2(backend, case, request):
+    upstream_cases.check(request, world=2, timeout=180, seed=0)

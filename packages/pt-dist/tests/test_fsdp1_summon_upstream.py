@@ -30,17 +30,14 @@ import sys
 from pathlib import Path
 
 import pt_dist
-import pytest
 import torch
 from pt_dist.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 from pt_dist.fsdp import FullyShardedDataParallel as FSDP
 from pt_dist.fsdp.wrap import enable_wrap, wrap
 from torch import nn
 
-from harness import run_ranks
-
 sys.path.insert(0, str(Path(__file__).parent))
-import ddp_testutil as dutil  # noqa: E402
+import upstream_cases  # noqa: E402
 
 MPS = (MixedPrecision(param_dtype=torch.float16), None)
 RANK0_OFFLOAD_MP = list(itertools.product((True, False), (True, False), MPS))
@@ -378,26 +375,21 @@ def with_grads_none_grads_cases(c, pg):
             c.true(f"{strategy.name}: None inside", all(p.grad is None for p in fsdp.parameters()))
 
 
-def _cases(rank, world, backend):
-    return dutil.run_cases(rank, world, backend, (
-        writeback_cases, shard_value_cases, recursive_cases, from_backward_cases, reshard_after_forward_cases,
-        reshard_outside_cases, single_param_cases, equivalence_cases, non_fsdp_root_cases, unflattened_cases,
-        count_and_value_cases, named_cases, with_grads_core_cases, with_grads_none_grads_cases))
+CASES = (writeback_cases, shard_value_cases, recursive_cases, from_backward_cases, reshard_after_forward_cases,
+         reshard_outside_cases, single_param_cases, equivalence_cases, non_fsdp_root_cases, unflattened_cases,
+         count_and_value_cases, named_cases, with_grads_core_cases, with_grads_none_grads_cases)
 
 
-def _no_shard_cases(rank, world, backend):
+def no_shard_writeback_cases(c, pg):
     """TestSummonFullParamsNoShard: world size 1, CPUOffload off (upstream: not supported unsharded)."""
-    return dutil.run_cases(rank, world, backend, (
-        lambda c, pg: writeback_cases(c, pg, offloads=OFFLOADS[:1]),))
+    writeback_cases(c, pg, offloads=OFFLOADS[:1])
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_upstream_fsdp1_summon_full_params_cases(backend):
-    for fails in run_ranks(_cases, 2, backend, backend=None, timeout=180):
-        assert not fails, "\n".join(f[:300] for f in fails[:12])
+@upstream_cases.parametrize(CASES, expect=14)
+def test_upstream_fsdp1_summon_full_params_cases(backend, case, request):
+    upstream_cases.check(request, world=2, timeout=180)
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_upstream_fsdp1_summon_full_params_no_shard_cases(backend):
-    for fails in run_ranks(_no_shard_cases, 1, backend, backend=None, timeout=120):
-        assert not fails, "\n".join(f[:300] for f in fails[:12])
+@upstream_cases.parametrize((no_shard_writeback_cases,), expect=1)
+def test_upstream_fsdp1_summon_full_params_no_shard_cases(backend, case, request):
+    upstream_cases.check(request, world=1, timeout=120)

@@ -17,17 +17,14 @@ import sys
 from pathlib import Path
 
 import pt_dist
-import pytest
 import torch
 from pt_dist.fsdp import FullStateDictConfig, LocalStateDictConfig, StateDictType
 from pt_dist.fsdp import FullyShardedDataParallel as FSDP
 from pt_dist.fsdp.wrap import enable_wrap, wrap
 from torch import nn
 
-from harness import run_ranks
-
 sys.path.insert(0, str(Path(__file__).parent))
-import ddp_testutil as dutil  # noqa: E402
+import upstream_cases  # noqa: E402
 
 
 def _net():
@@ -277,13 +274,10 @@ def argument_cases(c, pg):
     c.true("offload on the CPU is taken", unit.cpu_offload.offload_params and unit._flat_param.device.type == "cpu")
 
 
-def _cases(rank, world, backend):
-    return dutil.run_cases(rank, world, backend, (
-        grad_acc_cases, grad_acc_interleaved_cases, summon_cases, wrap_api_cases, state_dict_cases,
-        plain_parent_load_cases, checkpoint_cases, argument_cases))
+CASES = (grad_acc_cases, grad_acc_interleaved_cases, summon_cases, wrap_api_cases, state_dict_cases,
+         plain_parent_load_cases, checkpoint_cases, argument_cases)
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_upstream_fsdp1_cases(backend):
-    for fails in run_ranks(_cases, 2, backend, backend=None, timeout=180):
-        assert not fails, fails[:8]
+@upstream_cases.parametrize(CASES, expect=8)
+def test_upstream_fsdp1_cases(backend, case, request):
+    upstream_cases.check(request, world=2, timeout=180)

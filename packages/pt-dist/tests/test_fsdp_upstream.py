@@ -23,11 +23,9 @@ from pt_dist.fsdp import ModuleWrapPolicy, size_based_auto_wrap_policy
 from pt_dist.fsdp.wrap import _recursive_wrap
 from torch import nn
 
-from harness import run_ranks
-
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_testutil as dutil  # noqa: E402
-import ptdist_testutil as util  # noqa: E402
+import upstream_cases  # noqa: E402
 
 
 def _nested_sequential():
@@ -139,7 +137,9 @@ def wrap_cases(c, pg):
         )
 
 
-def flatten_cases(c, solo):
+def flatten_cases(c, pg):
+    """test_fsdp_flatten_params.py, on a world-1 group (upstream's world size 1)."""
+    solo = pt_dist.new_group([c.rank], use_local_synchronization=True)
     for half in (False, True):  # test_partial_flattening
         module = _transformer()
         if half:
@@ -209,8 +209,8 @@ def clip_grad_norm_cases(c, pg):
         torch.manual_seed(0)
         local = dutil.stack()
         fsdp = FSDP(copy.deepcopy(local), process_group=pg, auto_wrap_policy=ModuleWrapPolicy({dutil.Block}))
-        xs, ys = dutil.batches(c.world, 0)
-        (sum(dutil.mse(local, xs[r], ys[r], r) for r in range(c.world)) / c.world).backward()
+        xs, ys = dutil.batches(c.world_size, 0)
+        (sum(dutil.mse(local, xs[r], ys[r], r) for r in range(c.world_size)) / c.world_size).backward()
         dutil.mse(fsdp, xs[c.rank], ys[c.rank], c.rank).backward()
         ref = torch.nn.utils.clip_grad_norm_(local.parameters(), 0.05, norm_type)
         total = fsdp.clip_grad_norm_(0.05, norm_type)
@@ -272,40 +272,10 @@ def train_parity_multi_group(c, pg):
         c.equal("test_train_parity_multi_group loss", losses[1], losses[0], 1e-5, 1e-6)
 
 
-class _Case:
-    def __init__(self, rank, world):
-        self.rank, self.world, self.fails, self.count = rank, world, [], 0
-
-    def equal(self, what, a, b, rtol, atol):
-        self.count += 1
-        if not torch.allclose(a, b, rtol=rtol, atol=atol):
-            self.fails.append(f"rank {self.rank} {what}: {a.flatten()[:4]} != {b.flatten()[:4]}")
-
-    def true(self, what, cond):
-        self.count += 1
-        if not cond:
-            self.fails.append(f"rank {self.rank} {what}")
+CASES = (wrap_cases, flatten_cases, clip_grad_norm_cases, ignored_modules_cases, load_into_local_module,
+         train_parity_multi_group)
 
 
-def _upstream(rank, world, backend):
-    util.join(rank, world, backend, timeout=60)
-    try:
-        c = _Case(rank, world)
-        pg = pt_dist.group.WORLD
-        solo = pt_dist.new_group([rank], use_local_synchronization=True)
-        wrap_cases(c, pg)
-        flatten_cases(c, solo)
-        clip_grad_norm_cases(c, pg)
-        ignored_modules_cases(c, pg)
-        load_into_local_module(c, pg)
-        train_parity_multi_group(c, pg)
-        return c.fails, c.count
-    finally:
-        util.leave()
-
-
-@pytest.mark.parametrize("backend", ["tcp", "shm", "gloo"])
-def test_upstream_fsdp_cases(backend):
-    for fails, count in run_ranks(_upstream, 2, backend, backend=None, timeout=240):
-        assert not fails, fails[:5]
-        assert count > 60, count
+@upstream_cases.parametrize(CASES, expect=6, backends=("tcp", "shm", "gloo"))
+def test_upstream_fsdp_cases(backend, case, request):
+    upstream_cases.check(request, world=2, timeout=240)
