@@ -183,7 +183,7 @@ def _kill_during_save(rank, world, root, where):
         if where == "writing data":
             torch.save = die  # (the first tensor blob: its file is open, half the save is not on disk)
         else:
-            fs.os.replace = die  # every data file written and fsynced, .metadata.tmp too, not yet renamed
+            os.replace = die  # every data file written and fsynced, .metadata.tmp too, not yet renamed
         dcp.save({"w": torch.arange(6.0) * 10, "tag": "B"}, checkpoint_id=root, no_dist=True)
         os._exit(0)  # (not reached)
     _, status = os.waitpid(pid, 0)

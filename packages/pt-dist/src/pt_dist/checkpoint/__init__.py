@@ -1,10 +1,10 @@
 """Distributed checkpoints (torch.distributed.checkpoint): ``save`` / ``load`` of state dicts whose tensors may be
 DTensors, each rank writing its own blocks and reading the blocks it needs, so a checkpoint saved at one world
 size and sharding loads at another; ``pt_dist.checkpoint.state_dict`` makes such state dicts from plain, DDP,
-FSDP and fully_shard models and their optimizers. The files are torch's format (see ``filesystem.py``).
+FSDP and fully_shard models and their optimizers. The files are torch's format (see ``storage.py``).
 
 The mechanism: ``_checkpointer.py`` (the save's and the load's steps), ``default_planner.py`` with
-``planner_helpers.py`` (what each rank writes and reads), ``filesystem.py`` (the files, committed atomically);
+``planner_helpers.py`` (what each rank writes and reads), ``storage.py`` (the files, committed atomically);
 ``save`` / ``load`` with torch's arguments and the state-dict plumbing are in ``pt_dist/_compat/checkpoint/``."""
 
 import pt_dist._compat.checkpoint.torch_format  # noqa: F401  (.metadata in torch's format)

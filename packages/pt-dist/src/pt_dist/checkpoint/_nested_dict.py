@@ -60,9 +60,3 @@ def set_element(root: dict, path: OBJ_PATH, value: Any) -> None:
         node.extend([None] * (path[-1] + 1 - len(node)))
     node[path[-1]] = value
 
-
-def unflatten_state_dict(state_dict: dict[str, Any], mapping: FLATTEN_MAPPING) -> dict:
-    nested: dict = {}
-    for key, value in state_dict.items():
-        set_element(nested, mapping[key], value)
-    return nested

@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
-import math
 from typing import Any
 
 import torch
+
+from pt_dist._infra.chunk_checks import tiling_errors
 
 from ._dedup_save_plans import dedup_save_plans
 from ._nested_dict import flatten_state_dict, set_element
@@ -185,19 +186,6 @@ def create_default_global_load_plan(all_plans: list[LoadPlan]) -> list[LoadPlan]
 
 def _validate_global_plan(global_plan: list[SavePlan], metadata: Metadata) -> list[str]:
     """The chunks of each tensor lie inside it, do not overlap, and (with more than one rank) cover it."""
-    errors = []
-    for key, value in metadata.state_dict_metadata.items():
-        if isinstance(value, BytesStorageMetadata) or len(value.size) == 0:
-            continue
-        volume = 0
-        for i, chunk in enumerate(value.chunks):
-            if any(o < 0 or s < 0 or o + s > n for o, s, n in zip(chunk.offsets, chunk.sizes, value.size)):
-                errors.append(f"key:{key} has out of bounds chunk: tensor-size:{value.size} chunk: {chunk}")
-            volume += math.prod(chunk.sizes)
-            for other in value.chunks[:i]:
-                if all(max(a, b) < min(a + m, b + n)
-                       for a, m, b, n in zip(chunk.offsets, chunk.sizes, other.offsets, other.sizes)):
-                    errors.append(f"key:{key} has overlapping chunks: {chunk} {other}")
-        if len(global_plan) > 1 and volume != math.prod(value.size):
-            errors.append(f"key:{key} invalid fill tensor-volume: {math.prod(value.size)} chunks-volume: {volume}")
-    return errors
+    return [error for key, value in metadata.state_dict_metadata.items()
+            if isinstance(value, TensorStorageMetadata) and len(value.size) > 0
+            for error in tiling_errors(key, value.size, value.chunks, must_cover=len(global_plan) > 1)]

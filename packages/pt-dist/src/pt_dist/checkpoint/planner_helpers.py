@@ -27,30 +27,24 @@ def _holds_shard(obj) -> bool:
     return not isinstance(obj, DTensor) or obj.device_mesh.get_coordinate() is not None
 
 
-def _chunk_of_dtensor(tensor: DTensor) -> ChunkStorageMetadata:
-    sizes, offsets = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
-    return ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
-
-
 def _create_chunk_list(obj) -> list[ChunkStorageMetadata]:
+    """The block this rank holds: a DTensor's local block at its global offset, a plain tensor whole."""
     if isinstance(obj, DTensor):
-        return [_chunk_of_dtensor(obj)]
+        sizes, offsets = compute_local_shape_and_global_offset(obj.shape, obj.device_mesh, obj.placements)
+        return [ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))]
     if isinstance(obj, torch.Tensor):
         return [ChunkStorageMetadata(offsets=torch.Size([0] * obj.dim()), sizes=obj.size())]
     raise ValueError(f"expected a Tensor or DTensor, got {type(obj).__name__}")
 
 
 def _create_write_items(fqn: str, obj: Any) -> list[WriteItem]:
-    if isinstance(obj, DTensor):
-        chunk = _chunk_of_dtensor(obj)
-        data = TensorWriteData(chunk=chunk, properties=TensorProperties.create_from_tensor(obj.to_local()),
-                               size=torch.Size(obj.shape))
-        return [WriteItem(index=MetadataIndex(fqn, chunk.offsets), type=WriteItemType.SHARD, tensor_data=data)]
-    if isinstance(obj, torch.Tensor):
-        chunk = _create_chunk_list(obj)[0]
-        data = TensorWriteData(chunk=chunk, properties=TensorProperties.create_from_tensor(obj), size=obj.size())
-        return [WriteItem(index=MetadataIndex(fqn, chunk.offsets), type=WriteItemType.TENSOR, tensor_data=data)]
-    return [WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO)]
+    if not isinstance(obj, torch.Tensor):
+        return [WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO)]
+    chunk = _create_chunk_list(obj)[0]
+    local, kind = (obj.to_local(), WriteItemType.SHARD) if isinstance(obj, DTensor) else (obj, WriteItemType.TENSOR)
+    data = TensorWriteData(chunk=chunk, properties=TensorProperties.create_from_tensor(local),
+                           size=torch.Size(obj.shape))
+    return [WriteItem(index=MetadataIndex(fqn, chunk.offsets), type=kind, tensor_data=data)]
 
 
 def _overlap(saved: ChunkStorageMetadata, local: ChunkStorageMetadata):

@@ -27,7 +27,7 @@ from pt_dist._compat.checkpoint.state_dict_utils import (
     _gather_state_dict,
     _offload_state_dict_to_cpu,
 )
-from pt_dist.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
+from pt_dist.checkpoint._nested_dict import flatten_state_dict, set_element
 from pt_dist.object_collectives import broadcast_object_list
 
 __all__ = [
@@ -312,6 +312,14 @@ def _split_for(model: nn.Module, optim: torch.optim.Optimizer, osd: dict, strict
         hyper = {k: v for k, v in (saved or {}).items() if k != _PARAMS}
         groups.append({**{k: v for k, v in group.items() if k != _PARAMS}, **hyper, _PARAMS: fqns})
     return {_STATE: state, _PG: groups}
+
+
+def unflatten_state_dict(state_dict: dict[str, Any], mapping: dict) -> dict:
+    """The nested state dict back from a flattened one (torch's ``_nested_dict.unflatten_state_dict``)."""
+    nested: dict = {}
+    for key, value in state_dict.items():
+        set_element(nested, mapping[key], value)
+    return nested
 
 
 def _full_to_local(full: dict, local: dict, options: StateDictOptions) -> dict:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 
 from pt_dist import distributed_c10d as c10d
-from pt_dist.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from pt_dist._compat.checkpoint.filesystem import FileSystemWriter
+from pt_dist.checkpoint.storage import FileSystemReader
 
 
 def _storage_setup(storage, checkpoint_id, reader: bool = False):

@@ -3,7 +3,7 @@
 ``TensorProperties`` as its state tuple, the memory format as torch's ``_MEM_FORMAT_ENCODING``; a
 ``_StorageInfo`` without its None fields), so torch's ``dcp.load`` reads a pt_dist checkpoint as its own and
 pt_dist reads torch's, neither importing the other. Importing this installs it in the core's
-``filesystem.METADATA_FORMAT`` (``pt_dist.checkpoint`` does)."""
+``storage.METADATA_FORMAT`` (``pt_dist.checkpoint`` does)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from enum import Enum
 
 import torch
 
-from pt_dist.checkpoint import filesystem
+from pt_dist.checkpoint import storage
 from pt_dist.checkpoint.metadata import TensorProperties
 
 _TORCH = "torch.distributed.checkpoint"
@@ -46,13 +46,13 @@ def _storage_info_state(info) -> dict:
 
 
 def install(fmt: dict) -> None:
-    """torch's names and encodings into ``fmt`` (the core's ``filesystem.METADATA_FORMAT``)."""
+    """torch's names and encodings into ``fmt`` (the core's ``storage.METADATA_FORMAT``)."""
     for cls in list(fmt["names"]):
-        fmt["names"][cls] = (f"{_TORCH}.{'filesystem' if cls is filesystem._StorageInfo else 'metadata'}",
+        fmt["names"][cls] = (f"{_TORCH}.{'filesystem' if cls is storage._StorageInfo else 'metadata'}",
                              cls.__name__)
     fmt["names"][_MEM_FORMAT_ENCODING] = (f"{_TORCH}.metadata", "_MEM_FORMAT_ENCODING")
-    fmt["states"].update({TensorProperties: _properties_state, filesystem._StorageInfo: _storage_info_state})
+    fmt["states"].update({TensorProperties: _properties_state, storage._StorageInfo: _storage_info_state})
     fmt["builds"][TensorProperties] = _build_properties
 
 
-install(filesystem.METADATA_FORMAT)
+install(storage.METADATA_FORMAT)
