@@ -1,5 +1,6 @@
 """``FullyShardedDataParallel``'s mechanism: each unit's parameters sharded across ranks, gathered only while the
-unit runs (torch's fsdp/_runtime_utils.py hooks, on the unit class of fully_sharded_data_parallel.py).
+unit runs (torch's fsdp/_runtime_utils.py hooks, here as the methods of the unit class that torch keeps in
+fully_sharded_data_parallel.py).
 
 One unit's life per iteration:
 

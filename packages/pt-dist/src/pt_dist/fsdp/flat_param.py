@@ -42,6 +42,8 @@ class ParamInfo:
 
 
 class FlatParamHandle:
+    """One unit's flat parameter: this rank's shard (``flat_param``), the gathered buffer, the gradient's way back."""
+
     def __init__(self, named_params, shard_group, replicate_group, sharded: bool, param_dtype, reduce_dtype):
         """``named_params``: ``(module, attr, clean fqn, parameter)`` for every place a parameter of the unit is
         registered, in module order (a tied parameter appears twice, stored once)."""
