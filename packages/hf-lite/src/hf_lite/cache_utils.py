@@ -35,15 +35,12 @@ class DynamicCache:
         return self.key_cache[layer_idx], self.value_cache[layer_idx]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        if layer_idx >= len(self.key_cache):
-            return 0
-        return self.key_cache[layer_idx].shape[-2]
+        return self.key_cache[layer_idx].shape[-2] if layer_idx < len(self.key_cache) else 0
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: row ``i`` of the new cache is row ``beam_idx[i]`` of the old one."""
-        for i in range(len(self.key_cache)):
-            self.key_cache[i] = self.key_cache[i].index_select(0, beam_idx.to(self.key_cache[i].device))
-            self.value_cache[i] = self.value_cache[i].index_select(0, beam_idx.to(self.value_cache[i].device))
+        self.key_cache = [k.index_select(0, beam_idx.to(k.device)) for k in self.key_cache]
+        self.value_cache = [v.index_select(0, beam_idx.to(v.device)) for v in self.value_cache]
 
     def crop(self, max_length: int) -> None:
         if max_length < 0:

@@ -83,26 +83,14 @@ class PretrainedConfig:
             return copy.copy(_BASE_DEFAULTS[key])
         raise AttributeError(f"{type(self).__name__} has no attribute {key!r}")
 
-    def __init__(self, *, vocab_size: int | None = None, bos_token_id: int | None = None,
-                 eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
-                 tie_word_embeddings: bool = True, use_cache: bool = True, architectures: list[str] | None = None,
-                 dtype: str | torch.dtype | None = None, torch_dtype: str | torch.dtype | None = None,
-                 is_encoder_decoder: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,
-                 return_dict: bool = True, chunk_size_feed_forward: int = 0, problem_type: str | None = None, **kwargs):
+    def __init__(self, *, vocab_size: int | None = None, torch_dtype: str | torch.dtype | None = None, **kwargs):
+        """Every keyword becomes an attribute; the base ones default as ``_BASE_DEFAULTS`` says."""
         if vocab_size is not None:
             self.vocab_size = vocab_size
-        self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id
-        self.pad_token_id = pad_token_id
-        self.tie_word_embeddings = tie_word_embeddings
-        self.use_cache = use_cache
-        self.architectures = architectures
-        # transformers 5 writes "dtype", 4.x wrote "torch_dtype"; both load, as a torch.dtype.
-        self.dtype = dtype if dtype is not None else torch_dtype
-        self.is_encoder_decoder = is_encoder_decoder
-        self.output_hidden_states, self.output_attentions = output_hidden_states, output_attentions
-        self.return_dict, self.chunk_size_feed_forward = return_dict, chunk_size_feed_forward
-        self.problem_type = problem_type
+        for key, default in _BASE_DEFAULTS.items():
+            setattr(self, key, kwargs.pop(key, copy.copy(default)))
+        if self.dtype is None:  # transformers 5 writes "dtype", 4.x wrote "torch_dtype"; both load as a torch.dtype
+            self.dtype = torch_dtype
         kwargs.pop("transformers_version", None)
         kwargs.pop("model_type", None)
         for key, value in kwargs.items():

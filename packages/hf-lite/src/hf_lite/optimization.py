@@ -82,9 +82,8 @@ def get_scheduler(name, optimizer, num_warmup_steps=None, num_training_steps=Non
         raise ValueError(f"{name.value} requires `num_training_steps`, please provide that argument.")
     allowed = {"num_cycles"} if name == SchedulerType.COSINE else set()
     if set(kwargs) - allowed:
-        raise TypeError(
-            f"lr_scheduler_type='{name.value}' got unexpected lr_scheduler_kwargs {sorted(set(kwargs) - allowed)}"
-        )
+        unexpected = sorted(set(kwargs) - allowed)
+        raise TypeError(f"lr_scheduler_type='{name.value}' got unexpected lr_scheduler_kwargs {unexpected}")
     return TYPE_TO_SCHEDULER_FUNCTION[name](optimizer, num_warmup_steps=num_warmup_steps,
                                             num_training_steps=num_training_steps, **kwargs)
 
@@ -100,8 +99,8 @@ def get_parameter_names(model: nn.Module, forbidden_layer_types, forbidden_layer
     for name, child in model.named_children():
         for n in get_parameter_names(child, forbidden_layer_types, forbidden_layer_names):
             full = f"{name}.{n}"
-            if not isinstance(child,
-                              tuple(forbidden_layer_types)) and not any(p.search(full.lower()) for p in patterns):
+            inside_forbidden = isinstance(child, tuple(forbidden_layer_types))
+            if not inside_forbidden and not any(p.search(full.lower()) for p in patterns):
                 result.append(full)
     result += [k for k in model._parameters if not any(p.search(k.lower()) for p in patterns)]
     return result

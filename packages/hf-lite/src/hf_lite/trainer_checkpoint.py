@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import logging
 import os
-import random
-import sys
 
 import torch
 
 from ._infra.atomic_io import torch_save_synced
+from ._infra.rng_state import get_rng_states, set_rng_states
 from .checkpoint_utils import resolve_weight_files
 from .core_model_loading import load_checkpoint
 from .modeling_utils import PreTrainedModel
@@ -32,7 +31,7 @@ def save_training_state(output_dir: str, args, plugin, optimizer, lr_scheduler, 
         torch_save_synced(lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
         if scaler is not None:
             torch_save_synced(scaler.state_dict(), os.path.join(output_dir, SCALER_NAME))
-    torch_save_synced(_rng_states(), os.path.join(output_dir, rng_file(args)))
+    torch_save_synced(get_rng_states(), os.path.join(output_dir, rng_file(args)))
 
 
 def load_model_weights(model, checkpoint: str) -> None:
@@ -68,14 +67,7 @@ def load_rng_state(checkpoint: str, args) -> None:
         logger.warning("No %s in %s: the random state is not restored (resuming with another world size?)",
                        os.path.basename(path), checkpoint)
         return
-    states = torch.load(path, weights_only=False)  # python's RNG state is a tuple; written by this Trainer
-    random.setstate(states["python"])
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and "numpy" in states:
-        numpy.random.set_state(states["numpy"])
-    torch.random.set_rng_state(states["cpu"])
-    if torch.cuda.is_available() and "cuda" in states:
-        torch.cuda.random.set_rng_state_all(states["cuda"])
+    set_rng_states(torch.load(path, weights_only=False))  # python's RNG state is a tuple; written by this Trainer
 
 
 def load_trainer_state(checkpoint: str) -> TrainerState:
@@ -97,13 +89,3 @@ def optimizer_file(args, sharded: bool) -> str:
 
 def rng_file(args) -> str:
     return "rng_state.pth" if args.world_size <= 1 else f"rng_state_{args.process_index}.pth"
-
-
-def _rng_states() -> dict:
-    states = {"python": random.getstate(), "cpu": torch.random.get_rng_state()}
-    numpy = sys.modules.get("numpy")  # numpy's RNG matters only if something loaded numpy
-    if numpy is not None:
-        states["numpy"] = numpy.random.get_state()
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.random.get_rng_state_all()
-    return states

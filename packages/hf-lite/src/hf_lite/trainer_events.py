@@ -211,21 +211,20 @@ class DefaultFlowCallback(TrainerCallback):
     """Decides from the strategies when to log, evaluate, save and stop."""
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == 1 and args.logging_first_step:
+        step = state.global_step
+        if step == 1 and args.logging_first_step:
             control.should_log = True
-        if args.logging_strategy == IntervalStrategy.STEPS and state.global_step % state.logging_steps == 0:
+        if args.logging_strategy == IntervalStrategy.STEPS and step % state.logging_steps == 0:
             control.should_log = True
-        if (args.eval_strategy == IntervalStrategy.STEPS and state.global_step % state.eval_steps == 0
-           and args.eval_delay <= state.global_step):
+        eval_by_steps = args.eval_strategy == IntervalStrategy.STEPS and args.eval_delay <= step
+        if eval_by_steps and step % state.eval_steps == 0:
             control.should_evaluate = True
-        if (args.save_strategy == SaveStrategy.STEPS and state.save_steps > 0
-           and state.global_step % state.save_steps == 0):
+        if args.save_strategy == SaveStrategy.STEPS and state.save_steps > 0 and step % state.save_steps == 0:
             control.should_save = True
-        if state.global_step >= state.max_steps:
+        if step >= state.max_steps:
             control.should_training_stop = True
             # A final evaluation/save when the last step is not on the interval (transformers 5).
-            if (args.eval_strategy == IntervalStrategy.STEPS and state.global_step % state.eval_steps != 0
-               and args.eval_delay <= state.global_step):
+            if eval_by_steps and step % state.eval_steps != 0:
                 control.should_evaluate = True
             if args.save_strategy == SaveStrategy.STEPS:
                 control.should_save = True

@@ -109,8 +109,7 @@ class Trainer:
         self.optimizer, self.lr_scheduler = optimizers
         if self.optimizer is not None and not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizers[0] must be a torch.optim.Optimizer, got {type(self.optimizer).__name__}")
-        self._created_lr_scheduler = False
-        self.scaler = None
+        self._created_lr_scheduler, self.scaler = False, None
         self.callback_handler = CallbackHandler([DefaultFlowCallback, *(callbacks or [])], model, processing_class,
                                                 self.optimizer, self.lr_scheduler)
         if args.should_save:
@@ -118,8 +117,7 @@ class Trainer:
         self.control = TrainerControl()
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
-        self.is_in_train = False
-        self.current_flos = 0
+        self.is_in_train, self.current_flos = False, 0
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
         if getattr(model, "config", None) is not None:
             model.config.use_cache = args.use_cache

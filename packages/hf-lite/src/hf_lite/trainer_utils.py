@@ -23,7 +23,6 @@ TRAINING_ARGS_NAME = "training_args.json"
 OPTIMIZER_NAME = "optimizer.pt"
 SCHEDULER_NAME = "scheduler.pt"
 SCALER_NAME = "scaler.pt"
-_re_checkpoint = re.compile(r"^" + PREFIX_CHECKPOINT_DIR + r"\-(\d+)$")
 
 
 class ExplicitEnum(str, enum.Enum):
@@ -35,28 +34,19 @@ class ExplicitEnum(str, enum.Enum):
 
 
 class IntervalStrategy(ExplicitEnum):
-    NO = "no"
-    STEPS = "steps"
-    EPOCH = "epoch"
+    NO, STEPS, EPOCH = "no", "steps", "epoch"
 
 
 class SaveStrategy(ExplicitEnum):
-    NO = "no"
-    STEPS = "steps"
-    EPOCH = "epoch"
-    BEST = "best"
+    NO, STEPS, EPOCH, BEST = "no", "steps", "epoch", "best"
 
 
 class SchedulerType(ExplicitEnum):
-    LINEAR = "linear"
-    COSINE = "cosine"
-    CONSTANT = "constant"
-    CONSTANT_WITH_WARMUP = "constant_with_warmup"
+    LINEAR, COSINE, CONSTANT, CONSTANT_WITH_WARMUP = "linear", "cosine", "constant", "constant_with_warmup"
 
 
 class OptimizerNames(ExplicitEnum):
-    ADAMW_TORCH = "adamw_torch"
-    ADAMW_TORCH_FUSED = "adamw_torch_fused"
+    ADAMW_TORCH, ADAMW_TORCH_FUSED = "adamw_torch", "adamw_torch_fused"
 
 
 def set_seed(seed: int, deterministic: bool = False) -> None:
@@ -84,17 +74,13 @@ def get_last_checkpoint(folder: str | os.PathLike) -> str | None:
     folder = os.fspath(folder)
     if not os.path.isdir(folder):
         return None
-    found = []
-    for name in os.listdir(folder):
-        match = _re_checkpoint.search(name)
-        path = os.path.join(folder, name)
-        if match is None or not os.path.isdir(path):
-            continue
-        if not os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
+    complete = []
+    for path in sort_checkpoints(folder):
+        if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
+            complete.append(path)
+        else:
             logger.warning("Skipping %s: it has no %s (an incomplete checkpoint)", path, TRAINER_STATE_NAME)
-            continue
-        found.append((int(match.group(1)), path))
-    return max(found)[1] if found else None
+    return complete[-1] if complete else None
 
 
 def sort_checkpoints(output_dir: str, checkpoint_prefix: str = PREFIX_CHECKPOINT_DIR) -> list[str]:
@@ -166,13 +152,8 @@ class EvalPrediction:
     def __init__(self, predictions, label_ids, inputs=None, losses=None):
         self.predictions, self.label_ids, self.inputs, self.losses = predictions, label_ids, inputs, losses
 
-    def __iter__(self):
-        yield self.predictions
-        yield self.label_ids
-        if self.inputs is not None:
-            yield self.inputs
-        if self.losses is not None:
-            yield self.losses
+    def __iter__(self):  # (predictions, label_ids), then inputs and losses when given
+        yield from [self.predictions, self.label_ids, *(x for x in (self.inputs, self.losses) if x is not None)]
 
     def __getitem__(self, idx):
         return tuple(self)[idx]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
@@ -121,14 +122,6 @@ class StopStringCriteria(StoppingCriteria):
         for row in input_ids.tolist():
             tail = row[-self.tail_tokens :]
             text = self.tokenizer.decode(tail)
-            new_from = _common_prefix_length(text, self.tokenizer.decode(tail[:-1]))
+            new_from = len(os.path.commonprefix([text, self.tokenizer.decode(tail[:-1])]))
             done.append(any(text.find(s, max(0, new_from - len(s) + 1)) != -1 for s in self.stop_strings))
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-
-
-def _common_prefix_length(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

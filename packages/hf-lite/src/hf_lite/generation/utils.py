@@ -89,11 +89,8 @@ class GenerationMixin:
         The mask shows right padding (a 0 in the last column); without one, a pad id there (transformers' check)."""
         if getattr(self.config, "is_encoder_decoder", False) or gc._pad_token_tensor is None or input_ids.shape[0] < 2:
             return
-        if attention_mask is not None and attention_mask.shape == input_ids.shape:
-            right_padded = bool((attention_mask[:, -1] == 0).any())
-        else:
-            right_padded = bool((input_ids[:, -1] == gc._pad_token_tensor).any())
-        if right_padded:
+        with_mask = attention_mask is not None and attention_mask.shape == input_ids.shape
+        if bool((attention_mask[:, -1] == 0 if with_mask else input_ids[:, -1] == gc._pad_token_tensor).any()):
             logger.warning("A decoder-only architecture is being used, but right-padding was detected! For correct "
                            "generation results, please set `padding_side='left'` when initializing the tokenizer.")
 
@@ -101,11 +98,8 @@ class GenerationMixin:
     def _prepare_attention_mask_for_generation(input_ids: torch.Tensor, gc: GenerationConfig) -> torch.Tensor:
         pad, eos = gc._pad_token_tensor, gc._eos_token_tensor
         can_infer = pad is not None and bool(torch.isin(pad, input_ids).any())
-        if can_infer and eos is not None:
-            can_infer = not bool(torch.isin(pad, eos).any())
-        if can_infer:
-            return input_ids.ne(pad).long()
-        return torch.ones_like(input_ids, dtype=torch.long)
+        can_infer = can_infer and (eos is None or not bool(torch.isin(pad, eos).any()))
+        return input_ids.ne(pad).long() if can_infer else torch.ones_like(input_ids, dtype=torch.long)
 
     def _get_logits_processor(self, gc, input_len: int, attention_mask, custom, device) -> LogitsProcessorList:
         processors = LogitsProcessorList()
@@ -172,9 +166,8 @@ class GenerationMixin:
             raise ValueError("generate needs `input_ids` as a 2D LongTensor (batch, sequence)")
         attention_mask = model_kwargs.pop("attention_mask", None)
         user_position_ids = model_kwargs.pop("position_ids", None)
-        unknown = set(model_kwargs)
-        if unknown:
-            raise ValueError(f"The following `model_kwargs` are not used by the model: {sorted(unknown)}")
+        if model_kwargs:
+            raise ValueError(f"The following `model_kwargs` are not used by the model: {sorted(model_kwargs)}")
         device = input_ids.device
         self._prepare_special_tokens(gc, device)
         self._warn_if_right_padded(input_ids, attention_mask, gc)
@@ -204,9 +197,8 @@ class GenerationMixin:
         # have one row per beam / returned sequence, as in transformers.
         expand = max(gc.num_beams, gc.num_return_sequences)
         if expand > 1:
-            input_ids = input_ids.repeat_interleave(expand, dim=0)
-            attention_mask = attention_mask.repeat_interleave(expand, dim=0)
-            position_ids = position_ids.repeat_interleave(expand, dim=0)
+            input_ids, attention_mask, position_ids = (t.repeat_interleave(expand, dim=0)
+                                                       for t in (input_ids, attention_mask, position_ids))
         processors = self._get_logits_processor(gc, input_len, attention_mask, logits_processor, device)
         criteria = self._get_stopping_criteria(gc, stopping_criteria, tokenizer)
         if gc.num_beams > 1:
