@@ -5,10 +5,6 @@ are errors naming what hf-lite does not do."""
 
 from __future__ import annotations
 
-import logging
-
-logger = logging.getLogger(__name__)
-
 HUB_KWARGS = ("cache_dir", "revision", "token", "use_auth_token", "force_download", "local_files_only", "proxies",
               "resume_download", "mirror", "code_revision", "_commit_hash", "_from_auto", "_from_pipeline",
               "user_agent", "low_cpu_mem_usage", "from_flax", "adapter_kwargs")

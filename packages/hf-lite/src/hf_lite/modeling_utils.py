@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import logging
 import os
 
 import torch
@@ -27,8 +26,6 @@ from .hub_utils import pop_hub_kwargs
 from .initialization import default_dtype, init_weights_enabled, no_init_weights
 from .loss_utils import LOSS_MAPPING
 from .modeling_layers import GradientCheckpointingLayer
-
-logger = logging.getLogger(__name__)
 
 
 def _resolve_dtype(dtype, torch_dtype=None):

@@ -12,13 +12,10 @@ never imports it."""
 from __future__ import annotations
 
 import contextlib
-import logging
 
 import torch
 import torch.distributed as dist
 from torch import nn
-
-logger = logging.getLogger(__name__)
 
 
 class DataParallelPlugin:

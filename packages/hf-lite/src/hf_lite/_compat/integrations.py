@@ -4,12 +4,9 @@ TensorBoard when the package is installed, and hf-lite's JSON-lines metrics file
 from __future__ import annotations
 
 import json
-import logging
 import os
 
 from ..trainer_events import TrainerCallback
-
-logger = logging.getLogger(__name__)
 
 
 class JSONLinesCallback(TrainerCallback):
