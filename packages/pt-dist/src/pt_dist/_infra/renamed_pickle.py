@@ -3,8 +3,8 @@
 ``dumps`` writes each class of ``names`` as the (module, name) given, and an instance of a class in ``states``
 as ``states[cls](obj)`` (what the other program's ``__setstate__`` reads), so another program whose classes have
 those names (torch's ``torch.distributed.checkpoint.metadata``) loads the file as its own. ``loads`` maps those
-names, and the classes' own, back to the classes, gives an instance of a class in ``builds`` its state through
-``builds[cls](obj, state)``, and admits nothing else but the few plain values such a file holds (``torch.Size``,
+names, and the classes' own, back to the classes (``classes`` maps further names: a class reading another
+program's state encoding), and admits nothing else but the few plain values such a file holds (``torch.Size``,
 dtypes, layouts, memory formats, paths): a file naming anything else is refused before it can run.
 """
 
@@ -42,12 +42,12 @@ class _RenamingPickler(pickle._Pickler):
         self.memoize(obj)
 
 
-class _AdmittingUnpickler(pickle._Unpickler):
-    def __init__(self, file, names: dict, builds: dict) -> None:
+class _AdmittingUnpickler(pickle.Unpickler):
+    def __init__(self, file, names: dict, classes: dict) -> None:
         super().__init__(file)
-        self._classes = {written: cls for cls, written in names.items()}
-        self._classes.update({(cls.__module__, cls.__qualname__): cls for cls in names})
-        self._builds = builds
+        self._classes = {(cls.__module__, cls.__qualname__): cls for cls in names}
+        self._classes.update({written: cls for cls, written in names.items()})
+        self._classes.update(classes)
 
     def find_class(self, module, name):
         if (module, name) in self._classes:
@@ -57,16 +57,6 @@ class _AdmittingUnpickler(pickle._Unpickler):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"this file holds only the classes it was written with, not {module}.{name}")
 
-    def load_build(self):
-        build = self._builds.get(type(self.stack[-2]))  # (the stack: ..., the instance, its state)
-        if build is None:
-            return super().load_build()
-        state = self.stack.pop()
-        build(self.stack[-1], state)
-
-    dispatch = dict(pickle._Unpickler.dispatch)
-    dispatch[pickle.BUILD[0]] = load_build
-
 
 def dumps(obj, names: dict[type, tuple[str, str]], states: dict | None = None) -> bytes:
     buf = io.BytesIO()
@@ -74,5 +64,5 @@ def dumps(obj, names: dict[type, tuple[str, str]], states: dict | None = None) -
     return buf.getvalue()
 
 
-def loads(data: bytes, names: dict[type, tuple[str, str]], builds: dict | None = None):
-    return _AdmittingUnpickler(io.BytesIO(data), names, builds or {}).load()
+def loads(data: bytes, names: dict[type, tuple[str, str]], classes: dict | None = None):
+    return _AdmittingUnpickler(io.BytesIO(data), names, classes or {}).load()

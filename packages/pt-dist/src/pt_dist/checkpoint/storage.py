@@ -123,7 +123,7 @@ class _StoragePrefix:
 # ``pt_dist/_compat/checkpoint/torch_format.py`` makes it torch's names and encodings (pt_dist.checkpoint imports it)
 METADATA_FORMAT: dict = {"names": {cls: (cls.__module__, cls.__qualname__) for cls in (
     md.BytesStorageMetadata, md.ChunkStorageMetadata, md.Metadata, md.MetadataIndex, md.StorageMeta,
-    md.TensorProperties, md.TensorStorageMetadata, _StorageInfo)}, "states": {}, "builds": {}}
+    md.TensorProperties, md.TensorStorageMetadata, _StorageInfo)}, "states": {}, "classes": {}}
 
 
 class FileSystemWriter(StorageWriter):
@@ -245,7 +245,7 @@ class FileSystemReader(StorageReader):
         if not path.exists():
             raise FileNotFoundError(f"no complete checkpoint at {self.path}: {_metadata_fn} missing (a save that "
                                     f"never finished?)")
-        metadata = renamed_pickle.loads(path.read_bytes(), METADATA_FORMAT["names"], METADATA_FORMAT["builds"])
+        metadata = renamed_pickle.loads(path.read_bytes(), METADATA_FORMAT["names"], METADATA_FORMAT["classes"])
         metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata

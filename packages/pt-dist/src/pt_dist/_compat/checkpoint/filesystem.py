@@ -41,7 +41,9 @@ class FileSystemWriter(storage.FileSystemWriter):
         return [(f"{plan.storage_data.prefix}{n}{DEFAULT_SUFFIX}", bucket) for n, bucket in enumerate(buckets)]
 
     def _write_files(self, buckets, planner: SavePlanner) -> list[WriteResult]:
-        with ThreadPoolExecutor(max(1, min(self.thread_count, len(buckets)))) as pool:
+        if self.thread_count == 1 or len(buckets) == 1:
+            return super()._write_files(buckets, planner)  # (on this thread)
+        with ThreadPoolExecutor(min(self.thread_count, len(buckets))) as pool:
             return [wr for rs in pool.map(lambda b: self._write_file(*b, planner), buckets) for wr in rs]
 
 

@@ -35,10 +35,14 @@ def _properties_state(p: TensorProperties) -> tuple:
     return p.dtype, p.layout, p.requires_grad, _ENCODE[p.memory_format], p.pin_memory, p.strides
 
 
-def _build_properties(p: TensorProperties, state: tuple) -> None:
-    p.dtype, p.layout, p.requires_grad, encoding, p.pin_memory = state[:5]
-    p.strides = state[5] if len(state) > 5 else None  # (older torch wrote five fields)
-    p.memory_format = _DECODE[_MEM_FORMAT_ENCODING(encoding)]
+class _TorchTensorProperties(TensorProperties):
+    """What torch's ``TensorProperties`` name loads as: its state tuple decoded, the object then the core's class."""
+
+    def __setstate__(self, state: tuple) -> None:
+        self.dtype, self.layout, self.requires_grad, encoding, self.pin_memory = state[:5]
+        self.strides = state[5] if len(state) > 5 else None  # (older torch wrote five fields)
+        self.memory_format = _DECODE[_MEM_FORMAT_ENCODING(encoding)]
+        self.__class__ = TensorProperties
 
 
 def _storage_info_state(info) -> dict:
@@ -52,7 +56,7 @@ def install(fmt: dict) -> None:
                              cls.__name__)
     fmt["names"][_MEM_FORMAT_ENCODING] = (f"{_TORCH}.metadata", "_MEM_FORMAT_ENCODING")
     fmt["states"].update({TensorProperties: _properties_state, storage._StorageInfo: _storage_info_state})
-    fmt["builds"][TensorProperties] = _build_properties
+    fmt["classes"][(f"{_TORCH}.metadata", "TensorProperties")] = _TorchTensorProperties
 
 
 install(storage.METADATA_FORMAT)
