@@ -129,11 +129,11 @@ def parametrize(cases, expect: int, backends=("tcp", "shm")):
     return pytest.mark.parametrize(("backend", "case"), params)
 
 
-def check(request, world: int, timeout: float, seed: int | None = None, fresh: bool = False) -> None:
+def check(request, world: int, timeout: float, seed: int | None = None) -> None:
     """This test's case: the job's result for it (the job runs once per session, module, test and backend)."""
     backend, case = request.node.callspec.params["backend"], request.node.callspec.params["case"]
     names = _selected(request, backend)
-    results = _job(request, backend, names, world, timeout, seed, fresh)
+    results = _job(request, backend, names, world, timeout, seed)
     if "error" in results:
         raise AssertionError(f"the ranks' job for {names} failed:\n{results['error']}")
     fails = result_problems(results, [case]).get(case)
@@ -151,7 +151,7 @@ def _selected(request, backend: str) -> list:
     return [name for name in dict.fromkeys(declared) if name in chosen]
 
 
-def _job(request, backend, names, world, timeout, seed, fresh) -> dict:
+def _job(request, backend, names, world, timeout, seed) -> dict:
     me = request.node
     factory = request.getfixturevalue("tmp_path_factory")
     worker = getattr(request.config, "workerinput", None)
@@ -166,7 +166,7 @@ def _job(request, backend, names, world, timeout, seed, fresh) -> dict:
             scratch = tempfile.mkdtemp(prefix=f"{stem}-", dir=root)
             try:
                 by_rank = run_ranks(_rank, world, backend, module.__name__, module.__file__, names, scratch, seed,
-                                    backend=None, timeout=timeout, fresh=fresh)
+                                    backend=None, timeout=timeout)
                 results = _merge(by_rank)
             except Exception:  # noqa: BLE001 - every case of the job reports it
                 results = {"error": traceback.format_exc(limit=4)[-4000:]}
