@@ -11,13 +11,15 @@ backward, clipping, the optimizer step, and the collectives that keep ranks in a
 and stop is decided by the callbacks (``trainer_events.py``; ``DefaultFlowCallback`` reads the strategies). ``args``
 holds the fields of ``TrainingArguments`` (``_compat/training_args.py``). The public ``hf_lite.Trainer``
 (``_compat/trainer.py``) is this class with transformers' defaults (torchrun and DDP, the default collator, progress
-bars, ``report_to``) and the methods scripts call after training (``log_metrics``, ``save_metrics``, ...).
+bars, ``report_to``) and the methods scripts call after training (``log_metrics``, ``save_metrics``, ...); it overrides
+no step of the loop.
 
-A checkpoint ``checkpoint-N/`` holds the model as a Hugging Face directory, optimizer, scheduler, grad scaler, per-rank
-RNG states and trainer_state.json. It is assembled under a hidden name (``.checkpoint-N.saving``) that
-``get_last_checkpoint`` never matches and renamed into place, so a save that fails leaves the previous checkpoints as
-they were. Resuming restores all of it, then skips the batches already trained on in that epoch at the sampler level:
-the data order is a function of (seed, epoch), so the resumed run sees exactly the batches the uninterrupted run saw.
+A checkpoint ``checkpoint-N/`` holds the model as a Hugging Face directory and, beside it (``trainer_checkpoint.py``),
+optimizer, scheduler, grad scaler, per-rank RNG states and trainer_state.json. It is assembled under a hidden name
+(``.checkpoint-N.saving``) that ``get_last_checkpoint`` never matches and renamed into place, so a save that fails
+leaves the previous checkpoints as they were. Resuming restores all of it, then skips the batches already trained on
+in that epoch at the sampler level: the data order is a function of (seed, epoch), so the resumed run sees exactly the
+batches the uninterrupted run saw.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ logger = logging.getLogger(__name__)
 
 class Trainer:
     """Train, evaluate and save ``model`` with the fields of ``args``; ``parallelism`` is a ``DataParallelPlugin``
-    (one process, no wrapping, when None)."""
+    (one process, no wrapping, when None); ``data_collator`` defaults to torch's ``default_collate``."""
 
     def __init__(self, model, args, data_collator=None, train_dataset=None, eval_dataset=None, processing_class=None,
                  compute_loss_func=None, compute_metrics=None, callbacks=None, optimizers=(None, None),

@@ -1,9 +1,11 @@
 """transformers' ``Trainer`` as scripts use it: the core loop (``trainer_loop.py``) with transformers' defaults around
 it, set up once in ``__init__`` (``TrainingArguments()`` when none is given; torch.distributed from torchrun's
 environment and torch's DDP, ``_compat/torch_ddp.py``; the default collator; the ``report_to`` integrations; progress
-bars or printed logs; the process's log level), and the methods scripts call after training: ``log_metrics``,
-``save_metrics``, ``save_state``, ``create_model_card`` (transformers' ``trainer_pt_utils`` / ``modelcard``) and
-``end``. Every method writes from the main process only, as transformers does."""
+bars or printed logs; the process's log level; the checks of the datasets against the arguments), and the methods of
+transformers' surface that the loop itself never calls: ``add_callback`` / ``pop_callback`` / ``remove_callback``,
+``predict``, and what scripts call after training: ``log_metrics``, ``save_metrics``, ``save_state``,
+``create_model_card`` (transformers' ``trainer_pt_utils`` / ``modelcard``; written by the main process only) and
+``end``. It overrides no step of the loop."""
 
 from __future__ import annotations
 
@@ -87,9 +89,12 @@ class Trainer(TrainerLoop):
     def remove_callback(self, callback) -> None:
         self.callback_handler.remove_callback(callback)
 
+    def get_test_dataloader(self, test_dataset):
+        return self._eval_loader(test_dataset)
+
     def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
         """Predictions (numpy logits, right-padded with -100 to one length), labels if present, and metrics."""
-        output = self._run_evaluation(self._eval_loader(test_dataset), "Prediction", ignore_keys,
+        output = self._run_evaluation(self.get_test_dataloader(test_dataset), "Prediction", ignore_keys,
                                       metric_key_prefix)
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=output.metrics)
         return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
