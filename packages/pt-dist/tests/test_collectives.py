@@ -53,10 +53,9 @@ def ops_for(dtype):
 
 
 def _matrix(rank, world_size, backend, dtypes):
-    from pt_dist._infra import cma
+    from pt_dist._infra import cma, single_copy
     from pt_dist.backends import tcp
     from pt_dist.backends.shm import process_group_shm as shm
-    from pt_dist.backends.shm import single_copy
 
     # tiny chunks/slots so 1031-element cases cross many pipeline chunks and shm rounds, while sizes up to
     # 30 take shm's one-barrier small all-reduce; 1031 elements of 4 or 8 bytes take shm's single-copy

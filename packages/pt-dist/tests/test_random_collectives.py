@@ -69,10 +69,9 @@ def _one(rng, rank, world, xs, op, place):
 
 
 def _random_run(rank, world, seed, backend, symmetric):
-    from pt_dist._infra import cma
+    from pt_dist._infra import cma, single_copy
     from pt_dist.backends import tcp
     from pt_dist.backends.shm import process_group_shm as shm
-    from pt_dist.backends.shm import single_copy
 
     rng = random.Random(seed)
     saved = tcp.CHUNK_BYTES, shm.SLOT_BYTES, shm.SMALL_BYTES, cma.MIN_BYTES, single_copy.CHUNK_BYTES

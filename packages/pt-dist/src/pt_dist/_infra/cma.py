@@ -5,7 +5,7 @@ kernel copies from one process's pages to another's directly, the single-copy pa
 take for large messages between ranks on one host (Open MPI's ``smsc/cma``, MPICH's ch4 IPC, UCX's ``scopy/cma``).
 It needs the right to ptrace the peer (same user; with Yama ``ptrace_scope=1`` only an ancestor may), so
 a group probes it once at setup (``probe``) and every rank agrees to use it only if it worked everywhere. The
-collectives built on it are ``backends/shm/single_copy.py``.
+collectives built on it are ``single_copy.py``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 order, so a buffer sits at the same offset in each rank's region and a peer's copy of it is a plain view (the
 idea of torch's ``torch.distributed._symmetric_memory`` and of NVSHMEM's symmetric heap). Allocation is
 collective and never freed (a bump allocator). The collectives that read peers' buffers in place are
-``backends/shm/symmetric_memory.py``.
+``symmetric_memory.py``.
 """
 
 from __future__ import annotations

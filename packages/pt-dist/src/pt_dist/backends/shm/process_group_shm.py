@@ -19,10 +19,10 @@ so a dead or failed rank turns into a ``DistError`` in milliseconds, or at worst
 (``counters.py``).
 Point-to-point ``send``/``recv`` go over the authenticated socket mesh.
 
-This file is the idea (the staged segment and its barriers); then, in reading order: ``counters.py`` (the
-barrier, and how a waiter notices failures); ``single_copy.py`` (the cross-memory path); ``symmetric_memory.py``.
-Each is an object the group holds (``self.counters``, ``self.single_copy``, ``self.symmetric``). Beneath them, in
-``_infra/``: ``futex.py``, ``cma.py`` with ``huge_pages.py``, ``symmetric_heap.py``, and ``shm_segment.py``
+This file is the idea (the staged segment and its barriers), then ``counters.py`` (the barrier, and how a
+waiter notices failures). The shared-memory tricks are objects the group holds and calls at one point each, in
+``_infra/``: ``self.single_copy`` (``single_copy.py`` over ``cma.py``, with ``huge_pages.py``), ``self.symmetric``
+(``symmetric_memory.py`` over ``symmetric_heap.py``); beneath everything, ``futex.py`` and ``shm_segment.py``
 (making, sharing, reserving and sweeping the segment: what keeps a full ``/dev/shm`` or a killed rank from
 turning into a SIGBUS or a leak).
 """
@@ -39,13 +39,13 @@ from pt_dist._infra import cma
 from pt_dist._infra import shm_segment as segment
 from pt_dist._infra.futex import Futex
 from pt_dist._infra.shm_segment import map_shared_segment
+from pt_dist._infra.single_copy import SingleCopy
+from pt_dist._infra.symmetric_memory import SymmetricMemory
 from pt_dist.backends.arguments import contig, desc, reduced
 from pt_dist.backends.base import NativeProcessGroup
 from pt_dist.backends.peer_mesh import PeerMesh
 from pt_dist.backends.shm.counters import LINE, CounterBarrier
-from pt_dist.backends.shm.single_copy import SingleCopy
-from pt_dist.backends.shm.symmetric_memory import SymmetricMemory
-from pt_dist.process_group import ReduceOp, combine_, finish_avg_
+from pt_dist.process_group import ReduceOp, combine_, combiner, finish_avg_
 
 logger = logging.getLogger(__name__)
 HEADER_BYTES = 4096
@@ -77,13 +77,13 @@ class ProcessGroupSHM(NativeProcessGroup):
         self._ctl[(1 + size + rank) * LINE // 8] = os.getpid()
         self.counters = CounterBarrier(self, self._ctl, self._bytes.data_ptr(), Futex())
         self._store = store  # symmetric_empty maps its heap through it, on first use
-        self.symmetric = SymmetricMemory(self)
+        self.symmetric = SymmetricMemory(self, combiner, finish_avg_)
         crossing = cma.CrossMemory()
         try:  # two rendezvous (every rank passes the same single_copy): a peer missing, or Ctrl-C, frees the segment
             # None, or the size from which collectives take the single-copy path (agreed by every rank)
             self._cma_bytes = cma.probe(crossing, store, rank, size, "shm/cma") if single_copy else None
             self._use_cma = self._cma_bytes is not None
-            self.single_copy = SingleCopy(self, crossing) if self._use_cma else None
+            self.single_copy = SingleCopy(self, crossing, combiner, finish_avg_) if self._use_cma else None
             self.mesh = PeerMesh(store, rank, size, secret, timeout, group_name)
         except BaseException:
             self._pages.close()

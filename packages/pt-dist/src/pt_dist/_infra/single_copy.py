@@ -1,5 +1,6 @@
-"""The shm group's single-copy collectives: ranks copy straight between each other's tensors over cross-memory
-attach (``_infra/cma.py``), one copy per byte instead of two through the segment.
+"""The shm group's single-copy collectives, a shared-memory trick the group calls at one point each: ranks copy
+straight between each other's tensors over cross-memory attach (``cma.py``), one copy per byte instead of two
+through the segment.
 
 Each collective starts by publishing its tensor's address next to its barrier counter; after that barrier every
 rank knows where its peers' tensors live (and that they are not being modified), copies with
@@ -15,7 +16,6 @@ import torch
 from pt_dist._infra.cma import CrossMemory, _addr
 from pt_dist._infra.errors import DistBackendError, missing_text
 from pt_dist._infra.huge_pages import HugePageAdvisor
-from pt_dist.process_group import combiner, finish_avg_
 
 # Reductions go chunk by chunk, small enough that a chunk read from a peer is still in L2 when it is
 # folded in and pushed back out.
@@ -23,10 +23,11 @@ CHUNK_BYTES = 256 << 10
 
 
 class SingleCopy:
-    """``pg`` is the ``ProcessGroupSHM``: its control words (``pg._ctl``), counters (``pg.counters``) and headers."""
+    """``pg`` is the ``ProcessGroupSHM``: its control words (``pg._ctl``), counters (``pg.counters``) and headers;
+    ``combiner(op, dtype)`` and ``finish_avg_(t, op, world)`` are its reduction arithmetic (``process_group.py``)."""
 
-    def __init__(self, pg, cma: CrossMemory):
-        self.pg, self.cma = pg, cma
+    def __init__(self, pg, cma: CrossMemory, combiner, finish_avg_):
+        self.pg, self.cma, self.combiner, self.finish_avg_ = pg, cma, combiner, finish_avg_
         self._huge = HugePageAdvisor()
         self._scratch = torch.empty(0, dtype=torch.uint8)
 
@@ -82,7 +83,7 @@ class SingleCopy:
         n, r, size, item = flat.numel(), pg._rank, pg._size, flat.element_size()
         peers = self._meet("all_reduce", flat, mine)
         step, tmp = self._chunk_scratch(flat.dtype)
-        fold, base, sbase, counters = combiner(op, flat.dtype), flat.data_ptr(), tmp.data_ptr(), pg.counters
+        fold, base, sbase, counters = self.combiner(op, flat.dtype), flat.data_ptr(), tmp.data_ptr(), pg.counters
         read, write, peer = self.cma.read, self.cma.write, peers[0]
         try:
             for part in flat[(n * r) // size:(n * (r + 1)) // size].split(step):
@@ -91,7 +92,7 @@ class SingleCopy:
                 for peer in peers:
                     read(peer[1], peer[2] + off, sbase, nbytes)
                     fold(part, got, out=part)
-                finish_avg_(part, op, size)
+                self.finish_avg_(part, op, size)
                 if counters.aborted():  # a peer gave up: its tensor may be gone, so write nothing more into it
                     counters.check_peers("all_reduce")
                 for peer in peers:
@@ -105,7 +106,7 @@ class SingleCopy:
         m, r, item = out.numel(), self.pg._rank, out.element_size()
         peers = self._meet("reduce_scatter_tensor", inp)
         step, tmp = self._chunk_scratch(out.dtype)
-        fold, sbase, read, peer = combiner(op, out.dtype), tmp.data_ptr(), self.cma.read, peers[0]
+        fold, sbase, read, peer = self.combiner(op, out.dtype), tmp.data_ptr(), self.cma.read, peers[0]
         mine = inp[r * m:(r + 1) * m]
         try:
             for part, own in zip(out.split(step), mine.split(step)):
@@ -114,7 +115,7 @@ class SingleCopy:
                 for k, peer in enumerate(peers):  # the first fold reads my own block and writes the output
                     read(peer[1], peer[2] + off, sbase, nbytes)
                     fold(own if k == 0 else part, got, out=part)
-                finish_avg_(part, op, self.pg._size)
+                self.finish_avg_(part, op, self.pg._size)
         except OSError as e:
             raise self._copy_failed("reduce_scatter_tensor", peer[0], e) from e
         self.pg.counters.arrive_and_wait("reduce_scatter_tensor")

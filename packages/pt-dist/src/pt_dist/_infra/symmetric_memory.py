@@ -14,16 +14,16 @@ import math
 import torch
 
 from pt_dist._infra.symmetric_heap import ALIGN, HEAP_BYTES, SymmetricHeap
-from pt_dist.process_group import combiner, finish_avg_
 
 CHUNK_BYTES = 256 << 10
 
 
 class SymmetricMemory:
-    """``pg`` is the ``ProcessGroupSHM`` (its store maps the heap on first use; its counters are the barriers)."""
+    """``pg`` is the ``ProcessGroupSHM`` (its store maps the heap on first use; its counters are the barriers);
+    ``combiner(op, dtype)`` and ``finish_avg_(t, op, world)`` are its reduction arithmetic (``process_group.py``)."""
 
-    def __init__(self, pg):
-        self.pg = pg
+    def __init__(self, pg, combiner, finish_avg_):
+        self.pg, self.combiner, self.finish_avg_ = pg, combiner, finish_avg_
         self.heap: SymmetricHeap | None = None
 
     def empty(self, *shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -71,13 +71,13 @@ class SymmetricMemory:
         n, r, size = flat.numel(), pg._rank, pg._size
         peers = [self.heap.view(j, offset, n, flat.dtype) for j in range(size) if j != r]
         hi, step = (n * (r + 1)) // size, max(1, CHUNK_BYTES // flat.element_size())
-        fold = combiner(op, flat.dtype)
+        fold = self.combiner(op, flat.dtype)
         for a in range((n * r) // size, hi, step):
             b = min(hi, a + step)
             part = flat[a:b]
             for peer in peers:
                 fold(part, peer[a:b], out=part)
-            finish_avg_(part, op, size)
+            self.finish_avg_(part, op, size)
             for peer in peers:
                 peer[a:b].copy_(part)
         pg.counters.arrive_and_wait("all_reduce")
@@ -99,13 +99,13 @@ class SymmetricMemory:
         m, r, size = out.numel(), self.pg._rank, self.pg._size
         order = [r] + [j for j in range(size) if j != r]
         blocks = [self._input_of(j, inp.numel(), inp.dtype)[r * m:(r + 1) * m] for j in order]
-        step, fold = max(1, CHUNK_BYTES // out.element_size()), combiner(op, out.dtype)
+        step, fold = max(1, CHUNK_BYTES // out.element_size()), self.combiner(op, out.dtype)
         for a in range(0, m, step):
             part = out[a:a + step]
             fold(blocks[0][a:a + step], blocks[1][a:a + step], out=part)
             for block in blocks[2:]:
                 fold(part, block[a:a + step], out=part)
-            finish_avg_(part, op, size)
+            self.finish_avg_(part, op, size)
         self.pg.counters.arrive_and_wait("reduce_scatter_tensor")
 
     def broadcast(self, t: torch.Tensor, src: int) -> None:
