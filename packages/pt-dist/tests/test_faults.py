@@ -210,7 +210,7 @@ def test_mesh_refuses_strangers_and_still_forms():
 def test_p2p_survives_an_unexpected_error_and_checks_tags_first(monkeypatch):
     """An error inside a p2p thread reaches the caller's Work (it once killed the thread, leaving that Work and every
     later send to the peer pending forever); a tag c10d could not carry is refused before anything is queued."""
-    from pt_dist.backends import p2p
+    from pt_dist._infra import p2p
 
     groups = util.two_tcp_groups("p2p")
     with pytest.raises(ValueError, match="tag must be an int"):
@@ -316,7 +316,7 @@ def test_barrier_with_its_own_timeout(backend):
 def test_receives_pending_at_shutdown_or_cut_mid_message_fail_instead_of_hanging(monkeypatch):
     """A receive still posted when its group is destroyed, and one whose message stops half-way, once waited
     forever: the first was dropped with the reader, the second taken off the posted list before it failed."""
-    from pt_dist.backends import p2p
+    from pt_dist._infra import p2p
 
     cut_pair, idle_pair = util.two_tcp_groups("cut-mid"), util.two_tcp_groups("idle")
     waiting = idle_pair[1].recv(torch.zeros(4), 0, tag=5)  # nothing will ever be sent

@@ -19,8 +19,8 @@ import torch
 from pt_dist._infra import wire
 from pt_dist._infra.errors import DistBackendError, missing_text
 from pt_dist._infra.full_mesh import COLL, P2P, MeshSetup
-from pt_dist.backends.p2p import P2PChannels
-from pt_dist.work import Work
+from pt_dist._infra.p2p import P2PChannels
+from pt_dist.work import ChannelWork, Work, callbacks_elsewhere
 
 __all__ = ["COLL", "P2P", "PeerMesh"]
 MAX_HEADER = 1 << 16
@@ -33,7 +33,7 @@ class PeerMesh:
                  host: str = "127.0.0.1"):
         self.rank, self.size, self.timeout, self.group_name = rank, size, timeout, group_name
         self._closed = False
-        self.channels = P2PChannels({}, group_name, timeout, self._fail)
+        self.channels = P2PChannels({}, group_name, timeout, self._fail, ChannelWork, callbacks_elsewhere)
         self.socks = MeshSetup(rank, size, timeout, group_name).connect(store, secret, host) if size > 1 else {}
         for (peer, chan), sock in self.socks.items():
             wire.tune(sock)

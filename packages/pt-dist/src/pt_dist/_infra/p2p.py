@@ -28,7 +28,6 @@ import torch
 from pt_dist._infra import wire
 from pt_dist._infra.errors import DistBackendError
 from pt_dist._infra.wire import byte_view
-from pt_dist.work import ChannelWork, Work, callbacks_elsewhere
 
 _HEAD = struct.Struct("<qq16s")
 _POLL_S = 0.2  # how often an idle reader checks its posted receives' deadlines
@@ -38,17 +37,21 @@ class _Recv:
     __slots__ = ("work", "t", "copy_back", "tag", "deadline", "seq", "peer")
     _count = itertools.count()
 
-    def __init__(self, work: Work, t: torch.Tensor, copy_back, tag: int, deadline: float):
+    def __init__(self, work, t: torch.Tensor, copy_back, tag: int, deadline: float):
         self.work, self.t, self.copy_back, self.tag, self.deadline = work, t, copy_back, tag, deadline
         self.seq = next(self._count)  # posting order: a message goes to the earliest receive that matches it
 
 
 class P2PChannels:
     """The point-to-point half of a ``PeerMesh``: ``socks`` maps a peer to its p2p socket (blocking, with the
-    group timeout); ``fail(op, why, peers)`` builds the group's DistError."""
+    group timeout); ``fail(op, why, peers)`` builds the group's DistError; ``make_work(op)`` the handle a send or
+    receive returns (``work.ChannelWork``: finished here with ``_finish``), and ``on_transport_thread()`` is called
+    once by each thread of a channel (``work.callbacks_elsewhere``: their futures' callbacks then run elsewhere)."""
 
-    def __init__(self, socks: dict[int, socket.socket], group_name: str, timeout: float, fail):
+    def __init__(self, socks: dict[int, socket.socket], group_name: str, timeout: float, fail, make_work,
+                 on_transport_thread):
         self._socks, self._group, self._timeout, self._fail = socks, group_name, timeout, fail
+        self._make_work, self._on_transport_thread = make_work, on_transport_thread
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)  # a reader waits on it while nothing is posted
         self._sends: dict[int, queue.Queue] = {}
@@ -75,8 +78,8 @@ class P2PChannels:
                                 f"earlier failure ({self._broken[peer]})")
 
     # sends ---------------------------------------------------------------------------------------
-    def send(self, t: torch.Tensor, peer: int, tag: int) -> Work:
-        work = ChannelWork("send")
+    def send(self, t: torch.Tensor, peer: int, tag: int):
+        work = self._make_work("send")
         with self._lock:
             if self._closed:
                 raise self._unusable("send", peer)
@@ -87,7 +90,7 @@ class P2PChannels:
         return work
 
     def _send_loop(self, peer: int) -> None:
-        callbacks_elsewhere()
+        self._on_transport_thread()
         sock = self._socks[peer]
         while True:
             item = self._sends[peer].get()
@@ -111,10 +114,10 @@ class P2PChannels:
             item = work = t = view = None  # hold no caller's tensor while idle
 
     # receives ------------------------------------------------------------------------------------
-    def recv(self, t: torch.Tensor, peer: int | None, tag: int, copy_back=None) -> Work:
+    def recv(self, t: torch.Tensor, peer: int | None, tag: int, copy_back=None):
         """``peer=None``: from whichever peer sends ``tag`` first (gloo's recvAnysource); the Work's
         ``_source_rank()`` then says who."""
-        rec = _Recv(ChannelWork("recv"), t, copy_back, tag, time.monotonic() + self._timeout)
+        rec = _Recv(self._make_work("recv"), t, copy_back, tag, time.monotonic() + self._timeout)
         rec.peer = peer
         with self._lock:
             if self._closed or peer in self._broken:
@@ -170,7 +173,7 @@ class P2PChannels:
     def _read_loop(self, peer: int) -> None:
         """Read only while some receive from ``peer`` is posted: a message nobody has asked for yet stays in the
         socket, so the usual order (send, then a matching receive) streams straight into the tensor."""
-        callbacks_elsewhere()
+        self._on_transport_thread()
         sock = self._socks[peer]
         try:
             while not self._closed:
