@@ -65,7 +65,7 @@ class DynamicCache:
 
 def prepare_past_key_values(past_key_values, cache, use_cache: bool):
     """A model's cache argument, normalised: ``cache`` is an alias, legacy tuples become a DynamicCache,
-   and a fresh one is made when ``use_cache`` asks for caching without one."""
+    and a fresh one is made when ``use_cache`` asks for caching without one."""
     past_key_values = cache if past_key_values is None else past_key_values
     if isinstance(past_key_values, (tuple, list)):
         past_key_values = DynamicCache.from_legacy_cache(past_key_values)

@@ -86,7 +86,7 @@ def rename_checkpoint_keys(checkpoint_keys: list[str], model_keys: set[str],
     module, e.g. ``linear``). Otherwise a key loads as is, else with ``prefix.`` stripped, else added."""
     dot = f"{prefix}." if prefix else None
     base_into_head = (dot is not None and not any(k.startswith(dot) for k in checkpoint_keys)
-                     and any(k.startswith(dot) for k in model_keys))
+                      and any(k.startswith(dot) for k in model_keys))
     claimed: dict[str, str] = {}
     unexpected = []
     for key in checkpoint_keys:

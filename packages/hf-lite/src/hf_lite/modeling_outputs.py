@@ -30,6 +30,11 @@ class ModelOutput(OrderedDict):
     def to_tuple(self) -> tuple:
         return tuple(self[k] for k in self.keys())
 
+    @property
+    def cache(self):
+        """transformers 5's name of ``past_key_values``, on the outputs that have one."""
+        return self.past_key_values
+
 
 @dataclass
 class BaseModelOutputWithPast(ModelOutput):
@@ -37,11 +42,6 @@ class BaseModelOutputWithPast(ModelOutput):
     past_key_values: object | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
-
-    @property
-    def cache(self):
-        """transformers 5 name of ``past_key_values``."""
-        return self.past_key_values
 
 
 @dataclass
@@ -51,7 +51,3 @@ class CausalLMOutputWithPast(ModelOutput):
     past_key_values: object | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
-
-    @property
-    def cache(self):
-        return self.past_key_values

@@ -116,7 +116,7 @@ class PreTrainedModel(nn.Module):
 
     def _tied_keys(self) -> set[str]:
         """State-dict keys naming a tensor another key already names: the declared ``_tied_weights_keys`` targets
-       and any tie a model makes in its own ``tie_weights``. They are saved once and re-tied on load."""
+        and any tie a model makes in its own ``tie_weights``. They are saved once and re-tied on load."""
         declared = set(self._tied_weights_keys) if getattr(self.config, "tie_word_embeddings", False) else set()
         by_tensor: dict[int, list[str]] = {}
         for key, tensor in self.state_dict(keep_vars=True).items():
@@ -143,7 +143,7 @@ class PreTrainedModel(nn.Module):
         if exclude_embeddings:
             skip = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)}
         return sum(p.numel() for p in self.parameters() if id(p) not in skip
-                  and (p.requires_grad or not only_trainable))
+                   and (p.requires_grad or not only_trainable))
 
     def _output_flags(self, output_attentions, output_hidden_states) -> tuple[bool, bool]:
         """``None`` reads the config, as in transformers."""
@@ -276,7 +276,7 @@ class PreTrainedModel(nn.Module):
         for key, tensor in state_dict.items():
             shared.setdefault((tensor.device, tensor.untyped_storage().data_ptr()), []).append(key)
         state_dict = {k: v for k, v in state_dict.items() if k not in tied
-                     or len(shared[(v.device, v.untyped_storage().data_ptr())]) == 1}
+                      or len(shared[(v.device, v.untyped_storage().data_ptr())]) == 1}
         self.config.architectures = [type(self).__name__]
         self.config.dtype = self.dtype
 

@@ -418,7 +418,7 @@ class Trainer:
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         scaled_for_accumulation = (self.model_accepts_loss_kwargs
-                                  and num_items_in_batch is not None) or self.compute_loss_func is not None
+                                   and num_items_in_batch is not None) or self.compute_loss_func is not None
         if not scaled_for_accumulation:  # a per-batch mean: average the accumulated micro-batches
             loss = loss / self.current_gradient_accumulation_steps
         self.parallelism.backward(self.scaler.scale(loss) if self.scaler is not None else loss, model)
@@ -438,10 +438,10 @@ class Trainer:
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs[0]
         if (
             model.training  # evaluation normalises per batch and combines the ranks itself
-           and self.args.average_tokens_across_devices
-           and num_items_in_batch is not None
-           and self.parallelism.world_size > 1
-           and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
+            and self.args.average_tokens_across_devices
+            and num_items_in_batch is not None
+            and self.parallelism.world_size > 1
+            and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
         ):
             loss = loss * self.parallelism.world_size  # the count covers all ranks; the reduction averages them
         return (loss, outputs) if return_outputs else loss

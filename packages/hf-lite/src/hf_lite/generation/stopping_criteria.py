@@ -29,10 +29,7 @@ class StoppingCriteriaList(list):
 
     @property
     def max_length(self) -> int | None:
-        for criterion in self:
-            if isinstance(criterion, MaxLengthCriteria):
-                return criterion.max_length
-        return None
+        return next((c.max_length for c in self if isinstance(c, MaxLengthCriteria)), None)
 
 
 class MaxLengthCriteria(StoppingCriteria):

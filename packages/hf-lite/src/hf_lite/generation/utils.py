@@ -72,9 +72,7 @@ class GenerationMixin:
                 eos,
             )
         gc._eos_token_tensor = torch.tensor(eos, device=device) if eos else None
-        pad = gc.pad_token_id
-        if pad is None and eos:
-            pad = eos[0]
+        pad = eos[0] if gc.pad_token_id is None and eos else gc.pad_token_id  # pad defaults to the first EOS
         gc._pad_token_tensor = torch.tensor(pad, device=device) if pad is not None else None
 
     def _maybe_initialize_input_ids_for_generation(self, gc: GenerationConfig, model_kwargs: dict) -> torch.Tensor:
