@@ -312,8 +312,8 @@ class _LaunchedOnAStream:
 def test_adapter_works_order_the_callers_stream_on_every_wait_as_torchs():
     """The adapter's list-form async collectives (all_to_all, the coalesced ones) never called torch's wait():
     on a GPU the caller's stream was not ordered after the kernel; later waits returned without ordering theirs."""
-    from pt_dist._compat.torch_work import TorchWork
     from pt_dist._compat.list_collectives import _ThenWork
+    from pt_dist._compat.torch_work import TorchWork
 
     nccl, unpacked = _LaunchedOnAStream(), []
     listed = _ThenWork("all_to_all", TorchWork("all_to_all_single", "g", nccl, [torch.zeros(1)], streams=True),
