@@ -70,8 +70,8 @@ class ByteLevelBPE:
                 pieces += [w for w in (text[last : match.start()], match.group()) if w]
                 last = match.end()
             pieces += [text[last:]] if text[last:] else []
-        table = self.byte_encoder
-        return ["".join(table[b] for b in piece.encode("utf-8")) for piece in pieces]
+        char = [self.byte_encoder[b] for b in range(256)].__getitem__
+        return ["".join(map(char, piece.encode("utf-8"))) for piece in pieces]
 
     def bpe(self, token: str) -> list[str]:
         """The merge loop: merge the lowest-ranked adjacent pair until no pair has a rank."""
