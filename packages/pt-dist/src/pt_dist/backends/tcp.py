@@ -1,4 +1,4 @@
-"""The ``"tcp"`` backend: gloo's ring collectives (``ring.py``) over the socket mesh (``mesh.py``).
+"""The ``"tcp"`` backend: gloo's ring collectives (``ring.py``) over the socket mesh (``peer_mesh.py``).
 
 This file is glue, as ``ProcessGroupGloo`` is around gloo's algorithms: it gives the ring a ``sendrecv`` to its
 neighbours (streaming ``recv_into`` straight into the output or a kept scratch buffer, folding each
