@@ -88,6 +88,27 @@ def test_only_facades_and_compat_import_compat_catches_a_planted_import(tmp_path
         test_only_facades_and_compat_import_compat("pt-dist")
 
 
+def _module_file(module: str):
+    root = layers.import_root(module.split(".")[0])
+    path = root.joinpath(*module.split(".")[1:])
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+@pytest.mark.parametrize("dist", DISTS)
+def test_contract_exceptions_are_facade_edges_into_compat_only(dist):
+    """``ignore_imports`` may only excuse a facade re-exporting ``_compat``: nothing else is let through."""
+    module = layers.PACKAGES[dist]
+    pyproject = layers.ROOT / "packages" / dist / "pyproject.toml"
+    contracts = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]["contracts"]
+    bad = []
+    for contract in contracts:
+        for edge in contract.get("ignore_imports", []):
+            importer, imported = (x.strip() for x in edge.split("->"))
+            if not imported.startswith(f"{module}._compat") or not layers.is_facade(_module_file(importer).read_text()):
+                bad.append(f"{contract['name']}: {edge}")
+    assert not bad, bad
+
+
 def test_import_contracts_hold():
     """Each package's [tool.importlinter] (core never imports compatibility, infrastructure imports neither, no
     cycles) and the root's (packages never import each other), as .ci/run runs them."""
