@@ -131,38 +131,33 @@ def test_readmes_guides_and_targets_are_true():
     assert not problems, "\n".join(problems)
 
 
-def test_guide_check_catches_stale_counts_and_non_core_files(tmp_path):
+def _guide_in(tmp_path, readme, monkeypatch):
+    """The one guide of a README written under ``tmp_path`` (as if it were the repository), and its problems."""
+    monkeypatch.setattr(layers, "ROOT", tmp_path)
+    (guide,) = layers.guides(readme)
+    return guide, layers.guide_problems(guide)
+
+
+def test_guide_check_catches_stale_counts_and_non_core_files(tmp_path, monkeypatch):
     readme = tmp_path / "pt-dist" / "README.md"
     readme.parent.mkdir()
     ring = layers.import_root("pt_dist") / "backends" / "ring.py"
     real = len(ring.read_text().splitlines())
     readme.write_text(f"# x\n## Reading guide: one op\n| `src/pt_dist/backends/ring.py` ({real + 1}) |\n"
                       "| `src/pt_dist/__init__.py` (1) |\n## After\n`src/pt_dist/backends/ring.py` (1)\n")
-    monkey_root = layers.ROOT
-    try:
-        layers.ROOT = tmp_path
-        (guide,) = layers.guides(readme)
-        problems = layers.guide_problems(guide)
-    finally:
-        layers.ROOT = monkey_root
+    guide, problems = _guide_in(tmp_path, readme, monkeypatch)
     assert any(f"({real + 1}) has {real} lines" in p for p in problems), problems
     assert any("__init__.py` is compatibility" in p for p in problems), problems
     assert len(guide.files) == 2  # the mention after the guide's section is not part of it
 
 
-def test_the_root_learning_path_is_checked_like_a_guide_without_the_800_line_total(tmp_path):
+def test_the_root_learning_path_is_checked_like_a_guide_without_the_800_line_total(tmp_path, monkeypatch):
     readme = tmp_path / "README.md"
     base = layers.import_root("pt_dist") / "backends" / "base.py"
     real = len(base.read_text().splitlines())
     rows = "".join(f"| `pt_dist/backends/base.py` ({real}) |\n" for _ in range(9))  # 9 x ~200 code lines
     readme.write_text(f"# x\n## Learning path (weeks)\n{rows}| `pt_dist/__init__.py` (1) |\n")
-    monkey_root = layers.ROOT
-    try:
-        layers.ROOT = tmp_path
-        (guide,) = layers.guides(readme)
-        problems = layers.guide_problems(guide)
-    finally:
-        layers.ROOT = monkey_root
+    guide, problems = _guide_in(tmp_path, readme, monkeypatch)
     assert len(guide.files) == 10
     assert problems == ["README.md 'Learning path (weeks)': `pt_dist/__init__.py` is compatibility, and a reading "
                         "guide names core files only", "README.md 'Learning path (weeks)': `pt_dist/__init__.py` (1) "

@@ -11,15 +11,9 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from harness.layers import PACKAGES
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {
-    "pt-dist": "pt_dist",
-    "ds-zero": "ds_zero",
-    "mega-par": "mega_par",
-    "paged-serve": "paged_serve",
-    "hf-lite": "hf_lite",
-}
 WORKSPACE_IMPORTS = set(PACKAGES.values()) | {"harness"}
 
 
