@@ -1,22 +1,32 @@
 """What a Trainer checkpoint holds beside the model (transformers' ``trainer.py`` ``_save_optimizer_and_scheduler``,
 ``_save_rng_state`` and the ``_load_*`` of resuming): the optimizer (one file per rank when the plugin shards it), the
 scheduler, the grad scaler, each rank's RNG states and trainer_state.json, written into a checkpoint directory and
-read back. ``Trainer._save_checkpoint`` (``trainer_loop.py``) assembles the directory and calls these."""
+read back; and ``save_checkpoint``, which assembles ``checkpoint-N`` from the model and these (the ``Trainer``'s
+``_save_checkpoint``), with the best-model bookkeeping and its loading at the end of training."""
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 import torch
 
-from ._infra.atomic_io import torch_save_synced
+from ._infra.atomic_io import replace_directory, torch_save_synced
 from ._infra.rng_state import get_rng_states, set_rng_states
 from .checkpoint_utils import resolve_weight_files
 from .core_model_loading import load_checkpoint
 from .modeling_utils import PreTrainedModel
-from .trainer_events import TrainerState
-from .trainer_utils import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
+from .trainer_events import ExportableState, TrainerState
+from .trainer_utils import (
+    OPTIMIZER_NAME,
+    PREFIX_CHECKPOINT_DIR,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    TRAINER_STATE_NAME,
+    SaveStrategy,
+    rotate_checkpoints,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -89,3 +99,79 @@ def optimizer_file(args, sharded: bool) -> str:
 
 def rng_file(args) -> str:
     return "rng_state.pth" if args.world_size <= 1 else f"rng_state_{args.process_index}.pth"
+
+
+def save_checkpoint(trainer, model) -> None:
+    """``checkpoint-N``: every rank writes its files into the staging directory (``.checkpoint-N.saving``, a name
+    ``get_last_checkpoint`` never matches; a fixed name, so every rank finds
+    it without communicating; a stale one, from a crash, is cleared), then the main process renames it."""
+    args, plugin = trainer.args, trainer.parallelism
+    folder = f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"
+    final, stage = os.path.join(args.output_dir, folder), os.path.join(args.output_dir, f".{folder}.saving")
+    trainer.store_flos()
+    try:
+        if args.should_save:
+            shutil.rmtree(stage, ignore_errors=True)
+        trainer._save(stage, state_dict=plugin.model_state_dict(model))
+        if args.should_save:
+            os.makedirs(stage, exist_ok=True)
+        plugin.barrier()  # the staging directory exists before other ranks write into it
+        if not args.save_only_model:
+            save_training_state(stage, args, plugin, trainer.optimizer, trainer.lr_scheduler, trainer.scaler)
+        track_best_checkpoint(trainer, final)
+        if args.should_save:
+            for cb in stateful_callbacks(trainer):
+                name, cb_state = type(cb).__name__, cb.state()
+                if isinstance(trainer.state.stateful_callbacks.get(name), list):
+                    trainer.state.stateful_callbacks[name].append(cb_state)
+                else:
+                    trainer.state.stateful_callbacks[name] = cb_state
+            trainer.state.save_to_json(os.path.join(stage, TRAINER_STATE_NAME))
+        plugin.barrier()  # every rank's files are in the staging directory
+        if args.should_save:
+            replace_directory(stage, final)
+    except BaseException:
+        if args.should_save:
+            shutil.rmtree(stage, ignore_errors=True)
+        raise
+    if args.should_save:
+        rotate_checkpoints(args.output_dir, args.save_total_limit, trainer.state.best_model_checkpoint)
+    plugin.barrier()
+
+
+def stateful_callbacks(trainer) -> list:
+    """Callbacks (and the control) whose ``state()`` trainer_state.json keeps."""
+    return [cb for cb in trainer.callback_handler.callbacks + [trainer.control] if isinstance(cb, ExportableState)]
+
+
+def track_best_checkpoint(trainer, final: str) -> None:
+    strategies = (SaveStrategy.STEPS, SaveStrategy.EPOCH, SaveStrategy.BEST)
+    if trainer.args.save_strategy in strategies and trainer.state.best_global_step:
+        best = os.path.join(trainer.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.best_global_step}")
+        if best == final or os.path.isdir(best):
+            trainer.state.best_model_checkpoint = best
+
+# ------------------------------------------------------------------ resume
+
+
+def load_callback_state(trainer) -> None:
+    """Restore ExportableState callbacks (EarlyStoppingCallback's counter, TrainerControl) from the state, when
+    ``restore_callback_states_from_checkpoint`` (off by default, as in transformers)."""
+    if not trainer.args.restore_callback_states_from_checkpoint:
+        return
+    for cb in stateful_callbacks(trainer):
+        saved = trainer.state.stateful_callbacks.get(type(cb).__name__)
+        if saved is None:
+            continue
+        saved = saved[-1] if isinstance(saved, list) else saved
+        for key, value in {**saved.get("args", {}), **saved.get("attributes", {})}.items():
+            setattr(cb, key, value)
+
+
+def load_best_model(trainer) -> None:
+    best = trainer.state.best_model_checkpoint
+    logger.info("Loading best model from %s (score: %s).", best, trainer.state.best_metric)
+    model = trainer.parallelism.unwrap_model(trainer.model_wrapped)
+    if not isinstance(model, PreTrainedModel):
+        trainer.model = trainer.model_wrapped = model
+    load_model_weights(model, best)

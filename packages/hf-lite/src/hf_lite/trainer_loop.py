@@ -1,6 +1,7 @@
 """The Trainer's loop (transformers' ``trainer.py``), top to bottom: ``train`` -> ``_inner_training_loop`` -> one epoch
-of optimizer steps -> ``training_step`` -> ``compute_loss``, then ``_maybe_log_save_evaluate``, ``evaluate`` and the
-checkpoints a run saves and resumes from.
+of optimizer steps -> ``training_step`` -> ``compute_loss``, then ``_maybe_log_save_evaluate``. Three concepts it calls
+live beside it, each bound here as methods of the same names (so a subclass may override them): the batches
+(``trainer_data.py``), the evaluation loop (``trainer_evaluation.py``) and the checkpoints (``trainer_checkpoint.py``).
 
 One optimizer step takes ``gradient_accumulation_steps`` micro-batches, fetched together first so the loss can be
 normalised by the number of label tokens of the whole accumulated batch (on all ranks), as transformers 5 does: the
@@ -14,12 +15,10 @@ holds the fields of ``TrainingArguments`` (``_compat/training_args.py``). The pu
 bars, ``report_to``) and the methods scripts call after training (``log_metrics``, ``save_metrics``, ...); it overrides
 no step of the loop.
 
-A checkpoint ``checkpoint-N/`` holds the model as a Hugging Face directory and, beside it (``trainer_checkpoint.py``),
-optimizer, scheduler, grad scaler, per-rank RNG states and trainer_state.json. It is assembled under a hidden name
-(``.checkpoint-N.saving``) that ``get_last_checkpoint`` never matches and renamed into place, so a save that fails
-leaves the previous checkpoints as they were. Resuming restores all of it, then skips the batches already trained on
-in that epoch at the sampler level: the data order is a function of (seed, epoch), so the resumed run sees exactly the
-batches the uninterrupted run saw.
+A checkpoint ``checkpoint-N/`` holds the model as a Hugging Face directory and, beside it, optimizer, scheduler, grad
+scaler, per-rank RNG states and trainer_state.json. Resuming restores all of it, then skips the batches already
+trained on in that epoch at the sampler level: the data order is a function of (seed, epoch), so the resumed run sees
+exactly the batches the uninterrupted run saw.
 """
 
 from __future__ import annotations
@@ -33,49 +32,31 @@ import os
 import shutil
 import sys
 import time
-from functools import partial
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, default_collate
+from torch.utils.data import default_collate
 
-from ._infra.atomic_io import atomic_write_text, replace_directory
+from . import trainer_checkpoint, trainer_data, trainer_evaluation
+from ._infra.atomic_io import atomic_write_text
 from .loss_utils import ForCausalLMLoss
 from .modeling_utils import PreTrainedModel
 from .optimization import get_decay_parameter_names, get_scheduler
-from .trainer_checkpoint import (
-    load_model_weights,
-    load_optimizer_and_scheduler,
-    load_rng_state,
-    load_trainer_state,
-    save_training_state,
-)
+from .trainer_checkpoint import load_model_weights, load_optimizer_and_scheduler, load_rng_state, load_trainer_state
 from .trainer_distributed import DataParallelPlugin
-from .trainer_events import CallbackHandler, DefaultFlowCallback, ExportableState, TrainerControl, TrainerState
+from .trainer_events import CallbackHandler, DefaultFlowCallback, TrainerControl, TrainerState
 from .trainer_pt_utils import (
-    IterableDatasetShard,
     SkipBatchSampler,
-    find_batch_size,
-    nested_concat,
-    nested_cpu,
-    nested_detach,
     nested_map,
-    nested_numpify,
 )
 from .trainer_utils import (
-    PREFIX_CHECKPOINT_DIR,
-    TRAINER_STATE_NAME,
     TRAINING_ARGS_NAME,
     EvalLoopOutput,
-    EvalPrediction,
     OptimizerNames,
     SaveStrategy,
     TrainOutput,
-    detensorize,
     get_last_checkpoint,
     has_length,
-    rotate_checkpoints,
-    seed_worker,
     set_seed,
     sort_checkpoints,
     speed_metrics,
@@ -130,71 +111,10 @@ class Trainer:
     def is_world_process_zero(self) -> bool:
         return self.args.process_index == 0
 
-    # ------------------------------------------------------------------ data
-    def _collator(self):
-        if not self.args.remove_unused_columns:
-            return self.data_collator
-        params = inspect.signature(self.parallelism.unwrap_model(self.model).forward).parameters
-        keep, collator = set(params) | set(self.label_names) | {"label", "label_ids"}, self.data_collator
-
-        def remove_columns_collator(features):  # transformers' RemoveColumnsCollator
-            if features and isinstance(features[0], dict):
-                features = [{k: v for k, v in f.items() if k in keep} for f in features]
-            return collator(features)
-
-        return remove_columns_collator
-
-    def _loader_kwargs(self) -> dict:
-        args = self.args
-        kwargs = {"collate_fn": self._collator(), "num_workers": args.dataloader_num_workers,
-                  "pin_memory": args.dataloader_pin_memory and args.device.type == "cuda"}
-        if args.dataloader_num_workers > 0:
-            kwargs.update(persistent_workers=args.dataloader_persistent_workers,
-                          prefetch_factor=args.dataloader_prefetch_factor)
-        return kwargs
-
-    def get_train_dataloader(self) -> DataLoader:
-        """Map-style data: a ``DistributedSampler`` shuffling with ``data_seed`` (or ``seed``) + epoch on every world
-        size, which on one process is the order transformers' seeded sampler gives; iterable data: sharded by rank."""
-        args, dataset = self.args, self.train_dataset
-        if dataset is None:
-            raise ValueError("Trainer: training requires a train_dataset.")
-        world, rank = self.parallelism.world_size, self.parallelism.process_index
-        kwargs = self._loader_kwargs()
-        if isinstance(dataset, IterableDataset):
-            if world > 1:
-                dataset = IterableDatasetShard(dataset, args.train_batch_size, args.dataloader_drop_last, world, rank)
-            return DataLoader(dataset, batch_size=args.train_batch_size, **kwargs)
-        seed = args.data_seed if args.data_seed is not None else args.seed
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
-        batches = SkipBatchSampler(sampler, args.train_batch_size, args.dataloader_drop_last)
-        worker_init_fn = partial(seed_worker, num_workers=args.dataloader_num_workers, rank=rank)
-        return DataLoader(dataset, batch_sampler=batches, worker_init_fn=worker_init_fn, **kwargs)
-
-    def get_eval_dataloader(self, eval_dataset=None) -> tuple[DataLoader, int]:
-        """The rank's batches, and how many batches were repeated so every rank makes the same number of steps: each
-        batch goes to one rank in turn (rank r takes batches r, r+N, ...), the last round completed with repeats of
-        the first batches, which count no tokens and are dropped after gathering."""
-        if eval_dataset is None and self.eval_dataset is None:
-            raise ValueError("Trainer: evaluation requires an eval_dataset.")
-        if isinstance(eval_dataset, str):
-            eval_dataset = self.eval_dataset[eval_dataset]
-        return self._eval_loader(eval_dataset if eval_dataset is not None else self.eval_dataset)
-
-    def _eval_loader(self, dataset) -> tuple[DataLoader, int]:
-        args, world, rank = self.args, self.parallelism.world_size, self.parallelism.process_index
-        kwargs = self._loader_kwargs()
-        if isinstance(dataset, IterableDataset):
-            if world > 1:
-                dataset = IterableDatasetShard(dataset, args.eval_batch_size, False, world, rank)
-            return DataLoader(dataset, batch_size=args.eval_batch_size, **kwargs), 0
-        indices = list(range(len(dataset)))
-        batches = [indices[i : i + args.eval_batch_size] for i in range(0, len(indices), args.eval_batch_size)]
-        if args.dataloader_drop_last and len(batches) > 1 and len(batches[-1]) < args.eval_batch_size:
-            batches.pop()  # transformers drops the short last batch of evaluation loaders too
-        padded = (-len(batches)) % world
-        batches += [batches[i % len(batches)] for i in range(padded)]
-        return DataLoader(dataset, batch_sampler=batches[rank::world], **kwargs), padded
+    # ------------------------------------------------------------------ data (trainer_data.py)
+    get_train_dataloader = trainer_data.get_train_dataloader
+    get_eval_dataloader = trainer_data.get_eval_dataloader
+    _eval_loader = trainer_data.eval_loader
 
     # ------------------------------------------------------------------ optimizer and schedule
     def get_decay_parameter_names(self, model) -> list[str]:
@@ -272,12 +192,13 @@ class Trainer:
             steps_in_epoch = max_steps * gas
             num_train_samples = max_steps * args.train_batch_size * gas * plugin.world_size
 
-        self.state = TrainerState(stateful_callbacks=self._stateful_callbacks(), train_batch_size=args.train_batch_size)
+        self.state = TrainerState(stateful_callbacks=trainer_checkpoint.stateful_callbacks(self),
+                                  train_batch_size=args.train_batch_size)
         self.state.compute_steps(args, max_steps)
         epochs_trained, steps_trained_in_epoch = 0, 0
         if resume is not None:
             self.state = load_trainer_state(resume)
-            self._load_callback_state()
+            trainer_checkpoint.load_callback_state(self)
             epochs_trained = self.state.global_step // updates_per_epoch
             if not args.ignore_data_skip:
                 steps_trained_in_epoch = (self.state.global_step % updates_per_epoch) * gas
@@ -613,88 +534,8 @@ class Trainer:
                                             num_steps=num_steps))
         return output._replace(metrics=self.parallelism.broadcast_object(output.metrics))
 
-    def evaluation_loop(self, dataloader, padded_batches: int, description: str, prediction_loss_only=None,
-                        ignore_keys=None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
-        """A no-grad pass over the rank's batches; each step's losses and logits gathered from every rank, in
-        dataset order; predictions and labels reach ``compute_metrics`` as numpy arrays, as in transformers."""
-        args = self.args
-        prediction_loss_only = args.prediction_loss_only if prediction_loss_only is None else prediction_loss_only
-        model = self.model_wrapped if self.is_in_train else self.model
-        model.eval()
-        self.callback_handler.eval_dataloader = dataloader
-        logger.info("***** Running %s *****  batch size = %d", description, args.eval_batch_size)
-        results, observed, losses = [], 0, []  # results: one entry per rank per step, in dataset order
-        world, rank = self.parallelism.world_size, self.parallelism.process_index
-        first_padding = len(dataloader) * world - padded_batches if padded_batches else None
-        for step, inputs in enumerate(dataloader):
-            batch_size = find_batch_size(inputs) or args.eval_batch_size
-            padding = first_padding is not None and step * world + rank >= first_padding
-            if padding and "labels" in inputs:  # a repeat that only keeps the ranks in step: no tokens of its own
-                inputs = {**inputs, "labels": torch.full_like(inputs["labels"], -100)}
-            observed += 0 if padding else batch_size
-            count = self._get_num_items_in_batch([inputs], distributed=False) if "labels" in inputs else None
-            loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
-            if logits is not None and self.preprocess_logits_for_metrics is not None:
-                logits = self.preprocess_logits_for_metrics(logits, labels)
-            total = None if loss is None else loss * count if count is not None else loss * batch_size
-            real = [g for g in self.parallelism.all_gather_object(
-                nested_cpu((padding, batch_size, total, count, logits, labels))) if not g[0]]
-            if loss is not None and real:
-                # Every example gets its step's loss: the token mean over the ranks' batches of that step (one
-                # process: its batch's mean, as transformers' per-example eval losses), so N ranks of batch b
-                # evaluate as one process of batch N x b.
-                if all(g[3] is not None for g in real):
-                    step_loss = sum(g[2] for g in real) / max(sum(g[3] for g in real), 1)
-                else:
-                    step_loss = sum(g[2] for g in real) / sum(g[1] for g in real)
-                losses.append(torch.as_tensor(step_loss).float().repeat(sum(g[1] for g in real)))
-            results.extend((g[4], g[5]) for g in real)
-            self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
-        all_preds = all_labels = None
-        for logits, labels in results:
-            all_preds = nested_concat(all_preds, logits) if logits is not None else all_preds
-            all_labels = nested_concat(all_labels, labels) if labels is not None else all_labels
-        all_preds, all_labels = nested_numpify(all_preds), nested_numpify(all_labels)
-        dataset = getattr(dataloader, "dataset", None)
-        num_samples = len(dataset) if has_length(dataset) else observed * world
-        metrics = {}
-        if self.compute_metrics is not None and all_preds is not None and all_labels is not None:
-            metrics = detensorize(self.compute_metrics(EvalPrediction(predictions=all_preds, label_ids=all_labels)))
-        if losses:
-            all_losses = torch.cat(losses)
-            finite = torch.isfinite(all_losses)
-            metrics["loss"] = (all_losses[finite] if args.logging_nan_inf_filter and finite.any() else all_losses
-                               ).float().mean().item()
-        metrics = {k if k.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{k}": v
-                   for k, v in metrics.items()}
-        return EvalLoopOutput(predictions=all_preds, label_ids=all_labels, metrics=metrics, num_samples=num_samples)
-
-    def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None):
-        """(loss, logits, labels) of one batch without gradients; logits exclude the loss and ignored keys."""
-        has_labels = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
-        inputs = self._prepare_inputs(inputs)
-        if ignore_keys is None:
-            config = getattr(self.model, "config", None)
-            ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", [])) or ["past_key_values"]
-        labels = None
-        if has_labels:
-            labels = nested_detach(tuple(inputs.get(name) for name in self.label_names))
-            labels = labels[0] if len(labels) == 1 else labels
-        with torch.no_grad(), self.compute_loss_context_manager():
-            if has_labels:  # this batch's own token mean; evaluation_loop combines the ranks' batches
-                num_items = self._get_num_items_in_batch([inputs], distributed=False)
-                loss, outputs = self.compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items)
-                loss = loss.detach().mean()
-            else:
-                loss, outputs = None, model(**inputs)
-        if prediction_loss_only:
-            return loss, None, None
-        if isinstance(outputs, dict):
-            logits = tuple(v for k, v in outputs.items() if k not in ignore_keys + ["loss"])
-        else:
-            logits = outputs[1:] if has_labels else outputs
-        logits = nested_detach(logits)
-        return loss, logits[0] if len(logits) == 1 else logits, labels
+    evaluation_loop = trainer_evaluation.evaluation_loop  # (trainer_evaluation.py)
+    prediction_step = trainer_evaluation.prediction_step
 
     # ------------------------------------------------------------------ save
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -728,71 +569,6 @@ class Trainer:
             tokenizer.save_pretrained(output_dir)
         atomic_write_text(os.path.join(output_dir, TRAINING_ARGS_NAME), self.args.to_json_string() + "\n")
 
-    def _save_checkpoint(self, model) -> None:
-        """``checkpoint-N``: every rank writes its files into the staging directory (a fixed name, so every rank finds
-        it without communicating; a stale one, from a crash, is cleared), then the main process renames it."""
-        args, plugin = self.args, self.parallelism
-        folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        final, stage = os.path.join(args.output_dir, folder), os.path.join(args.output_dir, f".{folder}.saving")
-        self.store_flos()
-        try:
-            if args.should_save:
-                shutil.rmtree(stage, ignore_errors=True)
-            self._save(stage, state_dict=plugin.model_state_dict(model))
-            if args.should_save:
-                os.makedirs(stage, exist_ok=True)
-            plugin.barrier()  # the staging directory exists before other ranks write into it
-            if not args.save_only_model:
-                save_training_state(stage, args, plugin, self.optimizer, self.lr_scheduler, self.scaler)
-            self._track_best_checkpoint(final)
-            if args.should_save:
-                for cb in self._stateful_callbacks():
-                    name, cb_state = type(cb).__name__, cb.state()
-                    if isinstance(self.state.stateful_callbacks.get(name), list):
-                        self.state.stateful_callbacks[name].append(cb_state)
-                    else:
-                        self.state.stateful_callbacks[name] = cb_state
-                self.state.save_to_json(os.path.join(stage, TRAINER_STATE_NAME))
-            plugin.barrier()  # every rank's files are in the staging directory
-            if args.should_save:
-                replace_directory(stage, final)
-        except BaseException:
-            if args.should_save:
-                shutil.rmtree(stage, ignore_errors=True)
-            raise
-        if args.should_save:
-            rotate_checkpoints(args.output_dir, args.save_total_limit, self.state.best_model_checkpoint)
-        plugin.barrier()
-
-    def _stateful_callbacks(self) -> list:
-        """Callbacks (and the control) whose ``state()`` trainer_state.json keeps."""
-        return [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
-
-    def _track_best_checkpoint(self, final: str) -> None:
-        strategies = (SaveStrategy.STEPS, SaveStrategy.EPOCH, SaveStrategy.BEST)
-        if self.args.save_strategy in strategies and self.state.best_global_step:
-            best = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}")
-            if best == final or os.path.isdir(best):
-                self.state.best_model_checkpoint = best
-
-    # ------------------------------------------------------------------ resume
-    def _load_callback_state(self) -> None:
-        """Restore ExportableState callbacks (EarlyStoppingCallback's counter, TrainerControl) from the state, when
-        ``restore_callback_states_from_checkpoint`` (off by default, as in transformers)."""
-        if not self.args.restore_callback_states_from_checkpoint:
-            return
-        for cb in self._stateful_callbacks():
-            saved = self.state.stateful_callbacks.get(type(cb).__name__)
-            if saved is None:
-                continue
-            saved = saved[-1] if isinstance(saved, list) else saved
-            for key, value in {**saved.get("args", {}), **saved.get("attributes", {})}.items():
-                setattr(cb, key, value)
-
-    def _load_best_model(self) -> None:
-        best = self.state.best_model_checkpoint
-        logger.info("Loading best model from %s (score: %s).", best, self.state.best_metric)
-        model = self.parallelism.unwrap_model(self.model_wrapped)
-        if not isinstance(model, PreTrainedModel):
-            self.model = self.model_wrapped = model
-        load_model_weights(model, best)
+    # ------------------------------------------------------------------ checkpoints (trainer_checkpoint.py)
+    _save_checkpoint = trainer_checkpoint.save_checkpoint
+    _load_best_model = trainer_checkpoint.load_best_model
