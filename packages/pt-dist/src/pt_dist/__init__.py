@@ -53,7 +53,6 @@ from pt_dist.distributed_c10d import (
     is_initialized,
     is_torchelastic_launched,
     isend,
-    new_group,
     recv,
     reduce,
     reduce_scatter_tensor,
@@ -73,6 +72,7 @@ from pt_dist.object_collectives import (
     send_object_list,
 )
 from pt_dist.process_group import ProcessGroup, ReduceOp, supports_complex
+from pt_dist.subgroups import new_group
 from pt_dist.utils import _broadcast_coalesced as _broadcast_coalesced  # torch.distributed's (private there too)
 from pt_dist.work import Work
 

@@ -16,6 +16,7 @@ import torch
 
 from pt_dist import distributed_c10d as c10d
 from pt_dist.distributed_c10d import GroupMember
+from pt_dist.subgroups import new_group
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
 
@@ -92,7 +93,7 @@ class DeviceMesh:
                     group = c10d.group.WORLD  # the whole world, in order: the default group, as torch's
                 else:
                     name = self.mesh_dim_names[dim] if self.mesh_dim_names else f"dim_{dim}"
-                    group = c10d.new_group(ranks=ranks, group_desc=f"mesh_{name}")
+                    group = new_group(ranks=ranks, group_desc=f"mesh_{name}")
                 if me in ranks:
                     mine = group
             groups.append(mine)

@@ -1,4 +1,4 @@
-"""torch's sub-group helpers over ``new_group`` (``distributed_c10d.py``): ``new_subgroups`` /
+"""torch's sub-group helpers over ``new_group`` (``subgroups.py``): ``new_subgroups`` /
 ``new_subgroups_by_enumeration``, and ``split_group`` (a parent group cut into disjoint children in one call, what
 NCCL's ``ncclCommSplit`` does).
 
@@ -14,7 +14,8 @@ import torch
 from pt_dist import distributed_c10d as c10d
 from pt_dist._infra.store import PrefixStore
 from pt_dist.backends.registry import Backend, library_options_for
-from pt_dist.distributed_c10d import GroupMember, _check_same_call, _group, _positive_seconds, _world, new_group
+from pt_dist.distributed_c10d import GroupMember, _group, _positive_seconds, _world
+from pt_dist.subgroups import _check_same_call, new_group
 
 __all__ = ["new_subgroups", "new_subgroups_by_enumeration", "split_group"]
 

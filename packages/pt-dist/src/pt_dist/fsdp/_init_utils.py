@@ -8,6 +8,7 @@ import os
 
 from pt_dist import distributed_c10d as c10d
 from pt_dist.fsdp._common_utils import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
+from pt_dist.subgroups import new_group
 
 
 def _init_process_groups(process_group, strategy):
@@ -30,10 +31,10 @@ def _init_process_groups(process_group, strategy):
             )
         shard = replicate = None
         for start in range(0, world, node):  # every rank creates every group, in the same order
-            g = c10d.new_group(list(range(start, start + node)))
+            g = new_group(list(range(start, start + node)))
             shard = g if start <= rank < start + node else shard
         for offset in range(node):
-            g = c10d.new_group(list(range(offset, world, node)))
+            g = new_group(list(range(offset, world, node)))
             replicate = g if rank % node == offset else replicate
         return shard, replicate
     if isinstance(process_group, tuple):
