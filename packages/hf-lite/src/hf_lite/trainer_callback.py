@@ -12,6 +12,7 @@ from .trainer_events import (
     TrainerControl,
     TrainerState,
 )
+from .trainer_utils import IntervalStrategy, SaveStrategy, has_length
 
 __all__ = [
     "EVENTS",
@@ -19,9 +20,12 @@ __all__ = [
     "DefaultFlowCallback",
     "EarlyStoppingCallback",
     "ExportableState",
+    "IntervalStrategy",
     "PrinterCallback",
     "ProgressCallback",
+    "SaveStrategy",
     "TrainerCallback",
     "TrainerControl",
     "TrainerState",
+    "has_length",
 ]

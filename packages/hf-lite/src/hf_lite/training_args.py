@@ -2,5 +2,7 @@
 defaults, aliases and checks, in ``_compat/training_args.py``; the core loop (``trainer_loop.py``) reads its fields."""
 
 from ._compat.training_args import ParallelMode, TrainingArguments
+from .trainer_utils import ExplicitEnum, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
 
-__all__ = ["ParallelMode", "TrainingArguments"]
+__all__ = ["ExplicitEnum", "IntervalStrategy", "OptimizerNames", "ParallelMode", "SaveStrategy", "SchedulerType",
+           "TrainingArguments"]

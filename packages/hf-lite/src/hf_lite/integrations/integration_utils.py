@@ -7,5 +7,7 @@ from .._compat.integrations import (
     TensorBoardCallback,
     get_reporting_integration_callbacks,
 )
+from ..trainer_events import TrainerCallback
 
-__all__ = ["INTEGRATION_TO_CALLBACK", "JSONLinesCallback", "TensorBoardCallback", "get_reporting_integration_callbacks"]
+__all__ = ["INTEGRATION_TO_CALLBACK", "JSONLinesCallback", "TensorBoardCallback", "TrainerCallback",
+           "get_reporting_integration_callbacks"]
