@@ -6,7 +6,7 @@ arguments. Each config validates itself and names the offending value, so a bad 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -89,9 +89,48 @@ class ModelConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How many processes run the model (vLLM ``ParallelConfig``): tensor parallelism over ``tensor_parallel_size``
+    ranks, rank 0 the engine's process, the others the multiprocessing executor's workers."""
+
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # "mp" when tensor_parallel_size > 1, else "uni"
+
+    def __post_init__(self):
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {self.tensor_parallel_size!r}")
+        if self.distributed_executor_backend not in (None, "mp", "uni"):
+            raise ValueError(f"distributed_executor_backend must be 'mp' or 'uni', got "
+                             f"{self.distributed_executor_backend!r}")  # fmt: skip
+        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError("distributed_executor_backend='uni' runs one process: tensor_parallel_size must be 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size
+
+    def verify_with_hf_config(self, hf_config: dict) -> None:
+        """vLLM's ``ModelConfig.verify_with_parallel_config``: the heads split evenly over the ranks; KV heads
+        too, or (fewer KV heads than ranks) each KV head replicated on a whole number of ranks."""
+        tp = self.tensor_parallel_size
+        heads = hf_config.get("num_attention_heads") or hf_config.get("n_head")
+        kv_heads = hf_config.get("num_key_value_heads") or heads
+        if heads % tp:
+            raise ValueError(f"Total number of attention heads ({heads}) must be divisible by tensor parallel size "
+                             f"({tp}).")  # fmt: skip
+        if (kv_heads % tp) if kv_heads >= tp else (tp % kv_heads):
+            raise ValueError(f"Total number of key/value heads ({kv_heads}) and tensor parallel size ({tp}): one "
+                             "must divide the other.")  # fmt: skip
+        inter = hf_config.get("intermediate_size") or hf_config.get("ffn_dim") or hf_config.get("n_inner")
+        if inter and inter % tp:
+            raise ValueError(f"intermediate size ({inter}) must be divisible by tensor parallel size ({tp}).")
+
+
+@dataclass
 class VllmConfig:
     """Everything ``LLMEngine`` is built from (vLLM ``VllmConfig``)."""
 
     model_config: ModelConfig
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)

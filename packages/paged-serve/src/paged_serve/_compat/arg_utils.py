@@ -14,7 +14,14 @@ import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from paged_serve.config import PREEMPTION_MODES, CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from paged_serve.config import (
+    PREEMPTION_MODES,
+    CacheConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
 from paged_serve.model_executor.model_loader import load_hf_config
 from paged_serve.ops.paged_attn import SUPPORTED_BLOCK_SIZES
 
@@ -40,6 +47,8 @@ _HELP = {
     "max_logprobs": "largest logprobs a request may ask for",
     "scheduler_delay_factor": "hold new prompts until the oldest has waited this many times the last prompt step",
     "skip_tokenizer_init": "load no tokenizer: prompts are token ids and outputs carry no text",
+    "tensor_parallel_size": "ranks the model is split over (worker processes beside this one, vLLM's mp executor)",
+    "distributed_executor_backend": "'mp' (worker processes; the default when tensor_parallel_size > 1) or 'uni'",
 }
 
 
@@ -66,6 +75,8 @@ class EngineArgs:
     max_logprobs: int = 20
     scheduler_delay_factor: float = 0.0
     skip_tokenizer_init: bool = False
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
 
     def __post_init__(self):
         if not (isinstance(self.scheduler_delay_factor, (int, float)) and self.scheduler_delay_factor >= 0):
@@ -99,6 +110,7 @@ class EngineArgs:
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         CacheConfig(self.block_size, self.gpu_memory_utilization, self.swap_space)  # checks those three
+        ParallelConfig(self.tensor_parallel_size, self.distributed_executor_backend)
         if self.preemption_mode is not None and self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
 
@@ -130,7 +142,9 @@ class EngineArgs:
             num_cpu_blocks_override=self.num_cpu_blocks,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
         )
-        return VllmConfig(model, cache, self.create_scheduler_config(model_max_len))
+        parallel = ParallelConfig(self.tensor_parallel_size, self.distributed_executor_backend)
+        parallel.verify_with_hf_config(hf_config)  # before any worker starts
+        return VllmConfig(model, cache, self.create_scheduler_config(model_max_len), parallel)
 
     def create_scheduler_config(self, model_max_len: int) -> SchedulerConfig:
         max_len = self.max_model_len or model_max_len

@@ -1,0 +1,126 @@
+"""The tensor-parallel group (vLLM ``distributed/parallel_state.py`` and ``communication_op.py``).
+
+One ``GroupCoordinator`` holds the group: rank 0 is the driver (the engine's process), ranks 1..N-1 the executor's
+workers. Its ``device_group`` (NCCL on CUDA, gloo on CPU) carries activations: the row-parallel all-reduce, the
+vocabulary-parallel gathers. Its ``cpu_group`` (gloo) carries the driver's per-step metadata
+(``broadcast_tensor_dict``), as vLLM keeps a ``cpu_group`` beside each ``device_group``. vLLM's module-level API
+(``get_tp_group``, ``tensor_model_parallel_all_reduce``, ...) reads that one object; without a group (one rank) it
+is a group of one and every collective is the identity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+
+import torch
+import torch.distributed as dist
+
+
+def _move(obj, device):
+    """``obj`` with every tensor inside it (dicts, lists, dataclasses) moved to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _move(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_move(v, device) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _move(getattr(obj, f.name), device) for f in dataclasses.fields(obj)})
+    return obj
+
+
+@dataclasses.dataclass
+class GroupCoordinator:
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    device_group: dist.ProcessGroup | None = None
+    cpu_group: dist.ProcessGroup | None = None
+
+    @property
+    def is_first_rank(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, x: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(x, op=op, group=self.device_group)
+        return x
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        if self.world_size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.world_size)]
+        dist.all_gather(parts, x.contiguous(), group=self.device_group)
+        return torch.cat(parts, dim=dim)
+
+    def gather(self, x: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
+        """The ranks' pieces concatenated on ``dst``; ``None`` elsewhere (vLLM gathers logits to the driver)."""
+        if self.world_size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.world_size)] if self.rank == dst else None
+        dist.gather(x.contiguous(), parts, dst=dst, group=self.device_group)
+        return torch.cat(parts, dim=dim) if self.rank == dst else None
+
+    def broadcast_tensor_dict(self, data=None, src: int = 0):
+        """The driver's ``data`` (any picklable structure of tensors) on every rank, on each rank's device."""
+        if self.world_size == 1:
+            return data
+        box = [_move(data, "cpu") if self.rank == src else None]
+        dist.broadcast_object_list(box, src=src, group=self.cpu_group)
+        return box[0] if self.rank == src else _move(box[0], self.device)
+
+    def min_over_ranks(self, values: tuple[int, ...]) -> tuple[int, ...]:
+        """Element-wise minimum over the ranks (the KV block counts every rank can hold)."""
+        t = torch.tensor(values, dtype=torch.int64)
+        if self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        return tuple(int(v) for v in t)
+
+
+_TP = GroupCoordinator()
+
+
+def init_distributed_environment(world_size: int, rank: int, distributed_init_method: str, device: torch.device,
+                                 timeout_s: float = 300.0) -> None:  # fmt: skip
+    """Join the ``world_size`` ranks (the TP group is the whole world here) and make the TP group current."""
+    global _TP
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, init_method=distributed_init_method, world_size=world_size, rank=rank,
+                            timeout=timeout)  # fmt: skip
+    # the metadata group's workers wait for the next step however long the engine stays idle
+    cpu_group = dist.new_group(list(range(world_size)), backend="gloo", timeout=datetime.timedelta(days=1))
+    _TP = GroupCoordinator(rank, world_size, device, dist.group.WORLD, cpu_group)
+
+
+def destroy_model_parallel() -> None:
+    """Leave the group (and the process group under it); the process is a group of one again."""
+    global _TP
+    _TP = GroupCoordinator()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def get_tp_group() -> GroupCoordinator:
+    return _TP
+
+
+def get_tensor_model_parallel_world_size() -> int:
+    return _TP.world_size
+
+
+def get_tensor_model_parallel_rank() -> int:
+    return _TP.rank
+
+
+def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    return _TP.all_reduce(x)
+
+
+def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return _TP.all_gather(x, dim)
+
+
+def tensor_model_parallel_gather(x: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
+    return _TP.gather(x, dst, dim)
