@@ -59,8 +59,10 @@ def test_engine_args_fail_before_loading_anything(checkpoint, tmp_path):
         EngineArgs(path, gpu_memory_utilization=1.5)
     with pytest.raises(ValueError, match="device"):
         EngineArgs(path, device="tpu")
-    with pytest.raises(TypeError, match="unknown engine argument.*tensor_parallel_size"):
-        LLM(path, tensor_parallel_size=2)
+    with pytest.raises(TypeError, match="unknown engine argument.*tensor_parallel_sizes"):
+        LLM(path, tensor_parallel_sizes=2)
+    with pytest.raises(ValueError, match=r"attention heads \(4\) must be divisible by tensor parallel size \(3\)"):
+        LLM(path, tensor_parallel_size=3)
     with pytest.raises(ValueError, match="max_model_len=4096 exceeds"):
         LLM(path, max_model_len=4096)
     with pytest.raises(ValueError, match="larger than the KV cache holds"):
