@@ -34,6 +34,7 @@ from .models.gpt2.modeling_gpt2 import GPT2LMHeadModel, GPT2Model
 from .models.llama.configuration_llama import LlamaConfig
 from .models.llama.modeling_llama import LlamaForCausalLM, LlamaModel
 from .optimization import get_scheduler
+from .pipelines import Pipeline, TextGenerationPipeline, pipeline
 from .tokenization_gpt2 import GPT2Tokenizer
 from .tokenization_utils import PreTrainedTokenizer
 from .tokenization_utils_base import BatchEncoding, PreTrainedTokenizerBase
@@ -56,6 +57,9 @@ from .utils import is_torch_xla_available
 __version__ = "0.1.0"
 
 __all__ = [
+    "Pipeline",
+    "TextGenerationPipeline",
+    "pipeline",
     "CONFIG_MAPPING",
     "MODEL_FOR_CAUSAL_LM_MAPPING",
     "MODEL_MAPPING",

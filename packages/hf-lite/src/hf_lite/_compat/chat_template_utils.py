@@ -14,6 +14,8 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
 
 class TemplateError(ValueError):
     """Raised by a template's ``raise_exception`` or when a template does not compile."""
@@ -50,15 +52,23 @@ def render_chat(
         raise ValueError("a conversation must be a list of {'role': ..., 'content': ...} dicts")
     if add_generation_prompt and continue_final_message:
         raise ValueError("continue_final_message and add_generation_prompt are not compatible")
+    messages = list(conversation)
+    if continue_final_message:
+        final = messages[-1].get("content") if messages else None
+        if not isinstance(final, str):
+            raise ValueError("continue_final_message: the final message has no text content to continue")
+        # A tag after the final message marks where it ends, its trailing spaces included (transformers).
+        messages[-1] = {**messages[-1], "content": final + _CONTINUE_TAG}
     rendered = compile_chat_template(chat_template).render(
-        messages=list(conversation), add_generation_prompt=add_generation_prompt, **template_kwargs
+        messages=messages, add_generation_prompt=add_generation_prompt, **template_kwargs
     )
     if continue_final_message:
-        final = conversation[-1].get("content")
-        if not isinstance(final, str) or final.strip() not in rendered:
+        if final.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
             raise ValueError("continue_final_message: the final message's content does not appear in the rendered chat")
         # Cut everything the template appended after the final message (its end-of-turn tokens).
-        rendered = rendered[: rendered.rindex(final.strip()) + len(final.strip())]
+        at = rendered.rindex(_CONTINUE_TAG.strip())
+        kept = rendered[at: at + len(_CONTINUE_TAG)] == _CONTINUE_TAG  # the template kept the message's spacing
+        rendered = rendered[:at] if kept else rendered[:at].rstrip()
     return rendered
 
 
