@@ -136,7 +136,7 @@ def test_shape_mismatch_names_file_and_tensor_and_loads_nothing(tmp_path):
 
 
 def test_missing_directory_and_files_raise_clear_errors(tmp_path):
-    with pytest.raises(OSError, match="does not contain a file named config.json"):
+    with pytest.raises(OSError, match="nope' is not a local directory either"):
         AutoModelForCausalLM.from_pretrained(tmp_path / "nope")
     (tmp_path / "config.json").write_text(make_model("gpt2").config.to_json_string())
     with pytest.raises(CheckpointError, match="no model.safetensors"):

@@ -111,6 +111,8 @@ def test_unsupported_tokenizer_json_pipelines_raise_clear_errors(trained_tokeniz
         GPT2Tokenizer.from_pretrained(tmp_path)
     assert PreTrainedTokenizerFast.from_pretrained(tmp_path).encode("a b") != []  # Rust handles any pipeline
     with pytest.raises(OSError, match="neither tokenizer.json nor vocab.json"):
+        GPT2Tokenizer.from_pretrained(tmp_path, subfolder="empty")
+    with pytest.raises(OSError, match="missing' is not a local directory either"):  # nor a hub repo id
         GPT2Tokenizer.from_pretrained(tmp_path / "missing")
     spec = json.loads(open(os.path.join(trained_tokenizer_dir, "tokenizer.json"), encoding="utf-8").read())
     spec["model"]["unk_token"] = "<unk>"  # GPT2Tokenizer drops unknown bytes; a BPE unk token would map them

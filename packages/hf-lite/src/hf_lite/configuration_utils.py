@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ._infra.atomic_io import atomic_write_text
-from .hub_utils import check_remote_code, pop_hub_kwargs
+from ._infra.hub import cached_file, check_remote_code, pop_hub_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -140,11 +140,11 @@ class PretrainedConfig:
         return config
 
     @classmethod
-    def get_config_dict(cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "") -> dict[str, Any]:
-        path = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
-        file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
-        if not os.path.isfile(file):
-            raise OSError(f"{path!r} does not contain a file named {CONFIG_NAME} (hf-lite loads local dirs only)")
+    def get_config_dict(cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "",
+                        **download) -> dict[str, Any]:
+        """config.json of a local directory or of a hub repo (fetched by ``_infra/hub.py``), or a JSON file."""
+        path = os.fspath(pretrained_model_name_or_path)
+        file = path if os.path.isfile(path) else cached_file(path, CONFIG_NAME, subfolder=subfolder, **download)
         try:
             with open(file, encoding="utf-8") as f:
                 return json.load(f)
@@ -154,8 +154,8 @@ class PretrainedConfig:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "",
                         return_unused_kwargs: bool = False, **kwargs):
-        trust_remote_code = pop_hub_kwargs(kwargs)
-        config_dict = cls.get_config_dict(pretrained_model_name_or_path, subfolder=subfolder)
+        download, trust_remote_code = pop_hub_kwargs(kwargs)
+        config_dict = cls.get_config_dict(pretrained_model_name_or_path, subfolder=subfolder, **download)
         check_remote_code(config_dict, trust_remote_code, pretrained_model_name_or_path)
         found = config_dict.get("model_type")
         if cls.model_type and found and found != cls.model_type:

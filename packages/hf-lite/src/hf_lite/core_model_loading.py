@@ -19,12 +19,27 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .checkpoint_bin import load_bin_file, resolve_bin_files
-from .checkpoint_utils import CheckpointError, load_safetensors_file, read_safetensors_header, resolve_weight_files
+from .checkpoint_bin import WEIGHTS_INDEX_NAME, WEIGHTS_NAME, load_bin_file, resolve_bin_files
+from .checkpoint_utils import (
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    CheckpointError,
+    add_variant,
+    load_safetensors_file,
+    read_safetensors_header,
+    resolve_weight_files,
+)
 
 logger = logging.getLogger(__name__)
 
 _SAFETENSORS_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def weight_file_names(variant: str | None = None, use_safetensors: bool | None = None) -> list[str]:
+    """The weight files a checkpoint may have, in the order ``resolve_checkpoint_files`` prefers them."""
+    safe = [add_variant(SAFE_WEIGHTS_NAME, variant), add_variant(SAFE_WEIGHTS_INDEX_NAME, variant)]
+    pickled = [add_variant(WEIGHTS_NAME, variant), add_variant(WEIGHTS_INDEX_NAME, variant)]
+    return pickled if use_safetensors is False else safe if use_safetensors else safe + pickled
 
 
 def resolve_checkpoint_files(directory: str, variant: str | None = None, use_safetensors: bool | None = None):

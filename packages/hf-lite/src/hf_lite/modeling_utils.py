@@ -17,12 +17,18 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ._infra.atomic_io import atomic_save_directory
+from ._infra.hub import cached_checkpoint, pop_hub_kwargs
 from .checkpoint_bin import is_bin_weight_file, save_bin_state_dict
 from .checkpoint_utils import is_weight_file, save_state_dict
 from .configuration_utils import CONFIG_NAME, PretrainedConfig, to_torch_dtype
-from .core_model_loading import checkpoint_float_dtype, load_checkpoint, log_loading_info, resolve_checkpoint_files
+from .core_model_loading import (
+    checkpoint_float_dtype,
+    load_checkpoint,
+    log_loading_info,
+    resolve_checkpoint_files,
+    weight_file_names,
+)
 from .generation.configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig
-from .hub_utils import pop_hub_kwargs
 from .initialization import default_dtype, init_weights_enabled, no_init_weights
 from .loss_utils import LOSS_MAPPING
 from .modeling_layers import GradientCheckpointingLayer
@@ -314,12 +320,12 @@ class PreTrainedModel(nn.Module):
                         config: PretrainedConfig | None = None, dtype=None, torch_dtype=None, device_map=None,
                         output_loading_info: bool = False, ignore_mismatched_sizes: bool = False, subfolder: str = "",
                         variant: str | None = None, use_safetensors: bool | None = None, **kwargs):
-        """Kwargs naming config attributes override config.json; any other goes to the model's ``__init__``.
-        The hub kwargs (``cache_dir``, ``revision``, ``token``...) change nothing on a local directory."""
-        trust_remote_code = pop_hub_kwargs(kwargs)
-        path = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
-        if not os.path.isdir(path):
-            raise OSError(f"{path!r} is not a local directory (hf-lite does not download from a hub)")
+        """A local directory or a hub name (its files fetched into the cache by ``_infra/hub.py``: ``cache_dir``,
+        ``revision``, ``token``, ``local_files_only``, ``force_download``). Kwargs naming config attributes override
+        config.json; any other goes to the model's ``__init__``."""
+        download, trust_remote_code = pop_hub_kwargs(kwargs)
+        path = cached_checkpoint(pretrained_model_name_or_path, weight_file_names(variant, use_safetensors),
+                                 subfolder=subfolder, **download)
         if config is None:
             config, model_kwargs = cls.config_class.from_pretrained(path, return_unused_kwargs=True,
                                                                     trust_remote_code=trust_remote_code, **kwargs)

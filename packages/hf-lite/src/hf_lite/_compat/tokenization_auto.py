@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import os
 
-from ..hub_utils import pop_hub_kwargs
 from ..models.auto.configuration_auto import CONFIG_MAPPING
 from .tokenization_gpt2 import GPT2Tokenizer
-from .tokenization_utils_base import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+from .tokenization_utils_base import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, tokenizer_directory
 from .tokenization_utils_fast import PreTrainedTokenizerFast
 
 # model_type -> (slow class, fast class), like transformers' TOKENIZER_MAPPING.
@@ -34,10 +33,9 @@ class AutoTokenizer:
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, use_fast: bool = True, subfolder: str = "", **kwargs
     ):
-        pop_hub_kwargs(kwargs)  # a tokenizer runs no code of its own here: trust_remote_code changes nothing
-        directory = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
+        directory = tokenizer_directory(pretrained_model_name_or_path, subfolder, kwargs)
         if not os.path.isdir(directory):
-            raise OSError(f"{directory!r} is not a local directory (hf-lite does not download from a hub)")
+            raise OSError(f"{directory!r} is not a directory")
         has_json = os.path.isfile(os.path.join(directory, TOKENIZER_FILE))
         slow, fast = cls._classes_for(directory)
         if use_fast and fast is not None and has_json:

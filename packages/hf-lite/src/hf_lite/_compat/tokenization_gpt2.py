@@ -10,10 +10,9 @@ import os
 
 from .._infra.atomic_io import atomic_write_text
 from ..byte_level_bpe import GPT2_SPLIT_PATTERN, ByteLevelBPE
-from ..hub_utils import pop_hub_kwargs
 from ..tokenizer_json import read_byte_level_bpe
 from .tokenization_utils import PreTrainedTokenizer
-from .tokenization_utils_base import TOKENIZER_FILE
+from .tokenization_utils_base import TOKENIZER_FILE, tokenizer_directory
 
 VOCAB_FILES_NAMES = {"vocab_file": "vocab.json", "merges_file": "merges.txt"}
 
@@ -83,8 +82,7 @@ class GPT2Tokenizer(PreTrainedTokenizer, reads_byte_level_files=True):
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "", **kwargs
     ) -> GPT2Tokenizer:
-        pop_hub_kwargs(kwargs)
-        directory = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
+        directory = tokenizer_directory(pretrained_model_name_or_path, subfolder, kwargs)
         config = cls._read_tokenizer_config(directory, kwargs)
         tokenizer_json = os.path.join(directory, TOKENIZER_FILE)
         vocab_file = os.path.join(directory, VOCAB_FILES_NAMES["vocab_file"])

@@ -15,6 +15,7 @@ import os
 import torch
 
 from .._infra.atomic_io import atomic_save_directory, atomic_write_text
+from .._infra.hub import cached_directory, pop_hub_kwargs
 from .batch_encoding import BatchEncoding, as_rows, encode_rows, finish_rows
 from .chat_template_utils import render_conversations
 from .tokenization_padding import VERY_LARGE_INTEGER
@@ -24,6 +25,16 @@ from .tokenization_template import SpecialTokensTemplate
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 TOKENIZER_FILE = "tokenizer.json"
+# The files a tokenizer of this library may read (config.json: AutoTokenizer's model_type), fetched from a hub repo.
+TOKENIZER_FILES = [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE, "vocab.json", "merges.txt",
+                   "added_tokens.json", "config.json"]
+
+
+def tokenizer_directory(pretrained_model_name_or_path, subfolder: str, kwargs: dict) -> str:
+    """The directory of a tokenizer's files: a local directory, or the snapshot of a hub repo holding whichever of
+    ``TOKENIZER_FILES`` it has (``_infra/hub.py``); the hub kwargs are taken out of ``kwargs``."""
+    download, _ = pop_hub_kwargs(kwargs)  # a tokenizer runs no code of its own here: trust_remote_code changes nothing
+    return cached_directory(pretrained_model_name_or_path, TOKENIZER_FILES, subfolder=subfolder, **download)
 # What a caller may pass to from_pretrained / __init__. tokenizer_config.json may hold more; those are kept.
 INIT_KWARGS = {
     *SPECIAL_TOKENS_ATTRIBUTES,

@@ -13,9 +13,8 @@ import os
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
 
 from .._infra.atomic_io import atomic_write_text
-from ..hub_utils import pop_hub_kwargs
 from .tokenization_special_tokens import _content
-from .tokenization_utils_base import TOKENIZER_FILE, PreTrainedTokenizerBase
+from .tokenization_utils_base import TOKENIZER_FILE, PreTrainedTokenizerBase, tokenizer_directory
 
 
 class PreTrainedTokenizerFast(PreTrainedTokenizerBase):
@@ -120,8 +119,7 @@ class PreTrainedTokenizerFast(PreTrainedTokenizerBase):
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "", **kwargs
     ) -> PreTrainedTokenizerFast:
-        pop_hub_kwargs(kwargs)
-        directory = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder)
+        directory = tokenizer_directory(pretrained_model_name_or_path, subfolder, kwargs)
         path = os.path.join(directory, TOKENIZER_FILE)
         if not os.path.isfile(path):
             raise OSError(f"{directory!r} does not contain {TOKENIZER_FILE}")

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from .._infra.atomic_io import atomic_write_text
+from .._infra.hub import cached_file, pop_hub_kwargs
 
 GENERATION_CONFIG_NAME = "generation_config.json"
 
@@ -101,11 +102,13 @@ class GenerationConfig:
         atomic_write_text(path, self.to_json_string())
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name: str | os.PathLike, config_file_name: str | None = None, **kwargs):
-        path = os.fspath(pretrained_model_name)
-        file = os.path.join(path, config_file_name or GENERATION_CONFIG_NAME) if os.path.isdir(path) else path
-        if not os.path.isfile(file):
-            raise OSError(f"{path!r} does not contain {config_file_name or GENERATION_CONFIG_NAME}")
+    def from_pretrained(cls, pretrained_model_name: str | os.PathLike, config_file_name: str | None = None,
+                        subfolder: str = "", **kwargs):
+        """generation_config.json of a local directory or of a hub repo (``_infra/hub.py``), or a JSON file; the
+        other kwargs override its keys."""
+        download, _ = pop_hub_kwargs(kwargs)
+        path, name = os.fspath(pretrained_model_name), config_file_name or GENERATION_CONFIG_NAME
+        file = path if os.path.isfile(path) else cached_file(path, name, subfolder=subfolder, **download)
         with open(file, encoding="utf-8") as f:
             config_dict = json.load(f)
         config_dict.update(kwargs)

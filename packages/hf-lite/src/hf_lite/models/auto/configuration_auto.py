@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ..._infra.hub import check_remote_code, pop_hub_kwargs
 from ...configuration_utils import PretrainedConfig
-from ...hub_utils import check_remote_code, pop_hub_kwargs
 from ..gpt2.configuration_gpt2 import GPT2Config
 from ..llama.configuration_llama import LlamaConfig
 
@@ -32,8 +32,8 @@ class AutoConfig:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "",
                         return_unused_kwargs: bool = False, **kwargs):
-        trust_remote_code = pop_hub_kwargs(kwargs)
-        config_dict = PretrainedConfig.get_config_dict(pretrained_model_name_or_path, subfolder=subfolder)
+        download, trust_remote_code = pop_hub_kwargs(kwargs)
+        config_dict = PretrainedConfig.get_config_dict(pretrained_model_name_or_path, subfolder=subfolder, **download)
         check_remote_code(config_dict, trust_remote_code, pretrained_model_name_or_path)
         if "model_type" not in config_dict:
             raise ValueError(f"{pretrained_model_name_or_path}: config.json has no `model_type` key")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ..._infra.hub import check_remote_code, pop_hub_kwargs
 from ...configuration_utils import PretrainedConfig
-from ...hub_utils import check_remote_code, pop_hub_kwargs
 from ..gpt2.configuration_gpt2 import GPT2Config
 from ..gpt2.modeling_gpt2 import GPT2LMHeadModel, GPT2Model
 from ..llama.configuration_llama import LlamaConfig
@@ -33,23 +33,24 @@ class _BaseAutoModelClass:
     @classmethod
     def from_config(cls, config: PretrainedConfig, **kwargs):
         """A freshly initialised model; ``dtype=`` builds it in that dtype (transformers' ``_from_config``)."""
-        check_remote_code(config.to_dict(), pop_hub_kwargs(kwargs), type(config).__name__)
+        check_remote_code(config.to_dict(), pop_hub_kwargs(kwargs)[1], type(config).__name__)
         return cls._model_class(config)._from_config(config, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args, **kwargs):
         config = kwargs.pop("config", None)
-        trust_remote_code = pop_hub_kwargs(kwargs)
+        download, trust_remote_code = pop_hub_kwargs(kwargs)  # cache_dir, revision, token... reach both loads
         if config is None:
             load_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _LOAD_KWARGS}
             # Config attributes override config.json; what is left goes to the model's __init__ (transformers).
             config, kwargs = AutoConfig.from_pretrained(pretrained_model_name_or_path,
                                                         subfolder=load_kwargs.get("subfolder", ""),
                                                         return_unused_kwargs=True, trust_remote_code=trust_remote_code,
-                                                        **kwargs)
+                                                        **download, **kwargs)
             kwargs.update(load_kwargs)
         model_class = cls._model_class(config)
-        return model_class.from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
+        return model_class.from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **download,
+                                           **kwargs)
 
     @classmethod
     def register(cls, config_class: type, model_class: type, exist_ok: bool = False) -> None:
