@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from paged_serve._infra.hub import TOKENIZER_FILES, get_model_path, try_get_generation_config
+
 PREEMPTION_MODES = ("recompute", "swap")
 
 
@@ -77,15 +79,43 @@ class CacheConfig:
 
 @dataclass
 class ModelConfig:
-    """The checkpoint and how to run it (vLLM ``ModelConfig`` and ``DeviceConfig``)."""
+    """The checkpoint and how to run it (vLLM ``ModelConfig`` and ``DeviceConfig``).
 
-    model: str  # a Hugging Face checkpoint directory
+    ``model`` (and ``tokenizer``) may be a directory or a hub name; either way it holds a directory once built
+    (``_infra/hub.py``: the hub cache, or a download unless ``HF_HUB_OFFLINE``)."""
+
+    model: str
     tokenizer: str | None = None  # the model's directory unless given
     dtype: str = "auto"
     seed: int = 0
     device: str = "auto"  # CUDA if available, else CPU
     max_logprobs: int = 20
     skip_tokenizer_init: bool = False
+    revision: str | None = None  # a branch, tag or commit sha of a hub name
+    tokenizer_revision: str | None = None
+    download_dir: str | None = None  # a hub cache directory instead of HF_HUB_CACHE
+    generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": none; or a directory
+    override_generation_config: dict | None = None
+
+    def __post_init__(self):
+        self.model = get_model_path(self.model, self.revision, self.download_dir)
+        if self.tokenizer is not None and not self.skip_tokenizer_init:
+            self.tokenizer = get_model_path(self.tokenizer, self.tokenizer_revision, self.download_dir,
+                                            TOKENIZER_FILES, probe="tokenizer.json")  # fmt: skip
+
+    def get_diff_sampling_param(self) -> dict:
+        """The sampling defaults the generation config sets, ``override_generation_config`` over them, under
+        ``SamplingParams``' names (vLLM ``ModelConfig.get_diff_sampling_param``)."""
+        config = {}
+        if self.generation_config != "vllm":
+            source = self.model if self.generation_config == "auto" else get_model_path(self.generation_config)
+            config = try_get_generation_config(source)
+        config.update(self.override_generation_config or {})
+        keys = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
+        params = {k: config[k] for k in keys if config.get(k) is not None}
+        if "max_new_tokens" in params:  # transformers' max_new_tokens is vLLM's max_tokens
+            params["max_tokens"] = params.pop("max_new_tokens")
+        return params
 
 
 @dataclass

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from paged_serve._infra.hub import is_hub_name
 from paged_serve.config import (
     PREEMPTION_MODES,
     CacheConfig,
@@ -26,8 +28,8 @@ from paged_serve.model_executor.model_loader import load_hf_config
 from paged_serve.ops.paged_attn import SUPPORTED_BLOCK_SIZES
 
 _HELP = {
-    "model": "Hugging Face model directory (config.json, safetensors, tokenizer.json)",
-    "tokenizer": "tokenizer directory, if not the model's",
+    "model": "Hugging Face model directory (config.json, safetensors, tokenizer.json) or hub name (org/name)",
+    "tokenizer": "tokenizer directory or hub name, if not the model's",
     "dtype": "'auto' (the checkpoint's), 'float32', 'bfloat16' or 'float16'",
     "seed": "seed of the sampler's generator for requests without their own seed",
     "block_size": f"tokens per KV block; one of {SUPPORTED_BLOCK_SIZES} (what the kernels support)",
@@ -47,6 +49,11 @@ _HELP = {
     "max_logprobs": "largest logprobs a request may ask for",
     "scheduler_delay_factor": "hold new prompts until the oldest has waited this many times the last prompt step",
     "skip_tokenizer_init": "load no tokenizer: prompts are token ids and outputs carry no text",
+    "revision": "branch, tag or commit sha of a hub model",
+    "tokenizer_revision": "branch, tag or commit sha of a hub tokenizer",
+    "download_dir": "hub cache directory to read and download into (default: HF_HUB_CACHE)",
+    "generation_config": "'auto' (the model's generation_config.json), 'vllm' (vLLM's defaults) or a directory",
+    "override_generation_config": "JSON over the generation config, e.g. '{\"temperature\": 0.5}'",
     "tensor_parallel_size": "ranks the model is split over (worker processes beside this one, vLLM's mp executor)",
     "distributed_executor_backend": "'mp' (worker processes; the default when tensor_parallel_size > 1) or 'uni'",
 }
@@ -77,12 +84,21 @@ class EngineArgs:
     skip_tokenizer_init: bool = False
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    download_dir: str | None = None
+    generation_config: str = "auto"
+    override_generation_config: dict | None = None
 
     def __post_init__(self):
         if not (isinstance(self.scheduler_delay_factor, (int, float)) and self.scheduler_delay_factor >= 0):
             raise ValueError(f"scheduler_delay_factor must be a number >= 0, got {self.scheduler_delay_factor!r}")
-        if not Path(self.model).is_dir():
-            raise ValueError(f"model {self.model!r} is not a directory (a Hugging Face checkpoint is required)")
+        for name in ("model", "tokenizer"):
+            value = getattr(self, name)
+            if value is not None and not Path(value).is_dir() and not is_hub_name(value):
+                raise ValueError(f"{name} {value!r} is not a directory and not a Hugging Face hub name ('org/name')")
+        if self.override_generation_config is not None and not isinstance(self.override_generation_config, dict):
+            raise ValueError(f"override_generation_config must be a dict, got {self.override_generation_config!r}")
         if self.block_size not in SUPPORTED_BLOCK_SIZES:
             raise ValueError(
                 f"block_size {self.block_size} not supported by the kernels; use one of {SUPPORTED_BLOCK_SIZES}"
@@ -129,10 +145,11 @@ class EngineArgs:
 
     def create_engine_config(self) -> VllmConfig:
         """The engine's configs; the context length defaults to the checkpoint's (config.json is read here)."""
-        hf_config = load_hf_config(self.model)
-        model_max_len = hf_config.get("max_position_embeddings") or hf_config.get("n_positions") or 2048
         model = ModelConfig(self.model, self.tokenizer, self.dtype, self.seed, self.device, self.max_logprobs,
-                            self.skip_tokenizer_init)  # fmt: skip
+                            self.skip_tokenizer_init, self.revision, self.tokenizer_revision, self.download_dir,
+                            self.generation_config, self.override_generation_config)  # fmt: skip
+        hf_config = load_hf_config(model.model)  # a hub name is a local snapshot directory by now
+        model_max_len = hf_config.get("max_position_embeddings") or hf_config.get("n_positions") or 2048
         cache = CacheConfig(
             self.block_size,
             self.gpu_memory_utilization,
@@ -167,7 +184,7 @@ class EngineArgs:
         """Every engine argument as a ``--flag``; ``--model`` too unless the parser already takes a model (as
         ``paged-serve serve MODEL`` does), so vLLM's ``llm_engine_example.py`` parses ``--model DIR``."""
         if not any(a.dest == "model" for a in parser._actions):
-            parser.add_argument("--model", required=True, help=_HELP["model"])
+            parser.add_argument("--model", default="facebook/opt-125m", help=_HELP["model"])
         for f in fields(EngineArgs):
             if f.name == "model":
                 continue
@@ -176,7 +193,7 @@ class EngineArgs:
             if f.type in ("bool", bool):
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=_HELP[f.name])
                 continue
-            kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+            kind = {"int": int, "float": float, "dict": json.loads}.get(str(f.type).split(" ")[0], str)
             parser.add_argument(flag, type=kind, default=default, help=_HELP[f.name])
         return parser
 

@@ -152,7 +152,8 @@ class AsyncLLMEngine:
         self._wake.set()
 
     def shutdown(self) -> None:
-        """Stop the engine thread; requests still in it are aborted (their blocks freed), their streams told."""
+        """Stop the engine thread; requests still in it are aborted (their blocks freed), their streams told; then
+        the engine shuts down (``LLMEngine.shutdown``)."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
@@ -165,6 +166,7 @@ class AsyncLLMEngine:
             streams = list(self._streams)
         for rid in streams:
             self._deliver(rid, RequestAbortedError("the server is shutting down"))
+        self.engine.shutdown()  # the model, the KV cache (and any workers) freed
 
     # ------------------------------------------------------------ engine side
     def _deliver(self, request_id: str, item) -> None:

@@ -3,22 +3,33 @@
 ``LLM(model_dir, **engine_args).generate(prompts, sampling_params)`` queues every prompt, steps the engine until
 all are done (continuous batching does the rest) and returns one ``RequestOutput`` per prompt, in prompt order.
 The prompts come in any of vLLM's forms: one ``PromptType`` or a list of them, a bare list of token ids, or the
-older ``prompt_token_ids=`` list of id lists.
+older ``prompt_token_ids=`` list of id lists. ``chat`` renders conversations through the chat template
+(``chat_utils.py``) and generates from them; without sampling parameters both use
+``get_default_sampling_params()``: vLLM's defaults with the model's generation_config.json over them.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from paged_serve._compat.arg_utils import EngineArgs
+from paged_serve._compat.chat_utils import (
+    apply_hf_chat_template,
+    parse_chat_messages,
+    resolve_chat_template_content_format,
+)
 from paged_serve.engine.llm_engine import LLMEngine
 from paged_serve.engine.metrics import Stats
 from paged_serve.inputs import PROMPT_FORMS, PromptType, is_token_ids, parse_prompt
 from paged_serve.outputs import RequestOutput
 from paged_serve.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 def parse_prompts(prompts, prompt_token_ids: Sequence[Sequence[int]] | None = None) -> list[tuple]:
@@ -42,9 +53,17 @@ class LLM:
     def __init__(self, model: str, **kwargs):
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs.from_kwargs(model, **kwargs))
         self._counter = itertools.count()
+        self.default_sampling_params: dict[str, Any] | None = None
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's ``SamplingParams()`` with what the model's generation config sets over it
+        (``ModelConfig.get_diff_sampling_param``; ``generation_config="vllm"`` leaves vLLM's defaults)."""
+        if self.default_sampling_params is None:
+            self.default_sampling_params = self.llm_engine.model_config.get_diff_sampling_param()
+        return SamplingParams(**self.default_sampling_params)
 
     def generate(
         self,
@@ -55,9 +74,54 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for vLLM's prompt forms (a string, ``TextPrompt``, ``TokensPrompt``, or a list of them), or for
         ``prompt_token_ids`` (one list of ids per prompt, vLLM's older argument)."""
-        items = parse_prompts(prompts, prompt_token_ids)
+        return self._run(parse_prompts(prompts, prompt_token_ids), sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        lora_request=None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of ``{"role", "content"}`` messages) or to a list of them:
+        each is rendered by the chat template (the model's, or ``chat_template``) and tokenized without adding
+        special tokens (the template has them), then generated as ``generate`` does (vLLM ``LLM.chat``)."""
+        if lora_request is not None:
+            raise ValueError("lora_request is not supported: paged_serve serves no LoRA adapters")
+        if mm_processor_kwargs is not None:
+            logger.warning("mm_processor_kwargs ignored: paged_serve runs text-only models")
+        conversations = messages if messages and all(isinstance(m, list) for m in messages) else [messages]
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("LLM.chat needs a tokenizer: the engine was built with skip_tokenizer_init=True")
+        content_format = resolve_chat_template_content_format(
+            chat_template, tools, chat_template_content_format, tokenizer
+        )
+        items = []
+        for conversation in conversations:
+            prompt = apply_hf_chat_template(
+                tokenizer,
+                parse_chat_messages(conversation, content_format),
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                **(chat_template_kwargs or {}),
+            )
+            items.append((prompt, tokenizer.encode(prompt, add_special_tokens=False)))
+        return self._run(items, sampling_params, use_tqdm)
+
+    def _run(self, items: list[tuple], sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+        """Queue every (text, token ids) prompt, step the engine until all are done, outputs in prompt order."""
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(items)
         if len(sampling_params) != len(items):
@@ -67,7 +131,10 @@ class LLM:
         for (text, token_ids), params in zip(items, sampling_params):
             params = params.clone()
             params.output_kind = RequestOutputKind.FINAL_ONLY
-            processed.append(engine.process_request(text, params, token_ids))
+            if text is not None and token_ids is not None:  # a rendered chat: its ids, its text in the output
+                processed.append(engine.process_request(None, params, token_ids)._replace(prompt=text))
+            else:
+                processed.append(engine.process_request(text, params, token_ids))
         ids = []
         for request in processed:
             rid = str(next(self._counter))

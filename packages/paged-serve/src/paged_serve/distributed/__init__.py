@@ -1,5 +1,6 @@
 """vLLM's ``vllm.distributed``: the tensor-parallel group and its collectives."""
 
+from paged_serve._compat.distributed import cleanup_dist_env_and_memory
 from paged_serve.distributed.parallel_state import (
     GroupCoordinator,
     destroy_model_parallel,
@@ -14,6 +15,7 @@ from paged_serve.distributed.parallel_state import (
 
 __all__ = [
     "GroupCoordinator",
+    "cleanup_dist_env_and_memory",
     "destroy_model_parallel",
     "get_tensor_model_parallel_rank",
     "get_tensor_model_parallel_world_size",

@@ -74,15 +74,18 @@ class Tokenizer:
     def convert_ids_to_tokens(self, token_ids: list[int]) -> list[str | None]:
         return [self._tok.id_to_token(t) for t in token_ids]
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
-        if not self.chat_template:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, chat_template: str | None = None, **kwargs
+    ) -> str:
+        chat_template = chat_template or self.chat_template
+        if not chat_template:
             raise ValueError("this model's tokenizer has no chat template (tokenizer_config.json 'chat_template')")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
         special = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or "", "pad_token": self.pad_token}
-        return env.from_string(self.chat_template).render(
+        return env.from_string(chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt, **special, **kwargs
         )
 
