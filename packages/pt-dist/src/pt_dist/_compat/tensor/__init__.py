@@ -3,6 +3,8 @@ tensor ops, random fills, more element-wise ops, ``bmm``, the reductions beyond 
 keep a Partial: importing this registers their rules), the factories and ``distribute_module``."""
 
 from pt_dist._compat.tensor import (  # noqa: F401
+    attention_ops,
+    embedding_ops,
     linear_pointwise_ops,
     math_ops,
     matrix_ops,

@@ -153,3 +153,12 @@ def slice_rule(call: OpCall) -> OutputSharding:
     start, end, step = call.arg(2, "start"), call.arg(3, "end"), call.arg(4, "step", 1)
     whole = (start in (None, 0)) and (end is None or end >= shape[dim]) and step == 1
     return _map_dims(call, lambda d: d if d != dim or whole else None)
+
+
+@register_prop_rule([aten.slice_backward])
+def slice_backward_rule(call: OpCall) -> OutputSharding:
+    """The gradient of ``t[a:b]`` along ``dim``, zeros around it: a shard of another dim stays (the local op
+    given this rank's size); a shard of ``dim`` is gathered first."""
+    sizes = list(call.arg(1, "input_sizes"))
+    dim = call.arg(2, "dim") % max(len(sizes), 1)
+    return _with_local_size(call, _map_dims(call, lambda d: None if d == dim else d), sizes)
