@@ -5,6 +5,7 @@ keep a Partial: importing this registers their rules), the factories and ``distr
 from pt_dist._compat.tensor import (  # noqa: F401
     attention_ops,
     embedding_ops,
+    foreach_ops,
     linear_pointwise_ops,
     math_ops,
     matrix_ops,
