@@ -47,13 +47,18 @@ def _validation_message(errors: list) -> tuple[str, str | None]:
 
 def build_app(
     engine: AsyncLLMEngine,
-    served_model_name: str,
+    served_model_name: str | list[str],
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    log_requests: bool = True,
+    chat_template: str | None = None,
+    chat_template_content_format: str = "auto",
 ) -> FastAPI:
+    """The app; ``served_model_name`` is one name or vLLM's list (the first answers, all are accepted)."""
     app = FastAPI(title="paged-serve", docs_url=None, redoc_url=None, openapi_url=None)
-    completion = OpenAIServingCompletion(engine, served_model_name)
-    chat = OpenAIServingChat(engine, served_model_name)
+    completion = OpenAIServingCompletion(engine, served_model_name, log_requests)
+    chat = OpenAIServingChat(engine, served_model_name, log_requests, chat_template, chat_template_content_format)
+    served_model_name = completion.model_name
     created = int(time.time())
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)

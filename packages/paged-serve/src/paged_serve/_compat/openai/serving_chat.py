@@ -10,12 +10,29 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from jinja2.exceptions import TemplateError
 
+from paged_serve._compat.async_llm_engine import AsyncLLMEngine
+from paged_serve._compat.chat_utils import (
+    apply_hf_chat_template,
+    parse_chat_messages,
+    resolve_chat_template_content_format,
+)
 from paged_serve._compat.openai.protocol import ChatCompletionRequest
 from paged_serve._compat.openai.serving_engine import OpenAIError, OpenAIServing, guard_stream, sse
 from paged_serve.outputs import CompletionOutput
 
 
 class OpenAIServingChat(OpenAIServing):
+    def __init__(self, engine: AsyncLLMEngine, served_model_name: str | list[str], log_requests: bool = True,
+                 chat_template: str | None = None, chat_template_content_format: str = "auto"):  # fmt: skip
+        """``chat_template``: the server's template (``--chat-template``) instead of the tokenizer's."""
+        super().__init__(engine, served_model_name, log_requests)
+        self.chat_template = chat_template
+        self.content_format = "string"
+        if self.tokenizer is not None:
+            self.content_format = resolve_chat_template_content_format(
+                chat_template, None, chat_template_content_format, self.tokenizer
+            )
+
     def _logprobs(self, out: CompletionOutput, top: int) -> dict | None:
         if out.logprobs is None:
             return None
@@ -47,10 +64,17 @@ class OpenAIServingChat(OpenAIServing):
             raise OpenAIError("the server runs with skip_tokenizer_init: no chat template to render", 400)
         try:
             messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in request.messages]
+            if self.content_format == "openai":  # the template reads the parts themselves
+                messages = [m.model_dump(exclude_none=True) for m in request.messages]
         except ValueError as exc:
             raise OpenAIError(str(exc), param="messages") from None
         try:
-            prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=request.add_generation_prompt)
+            prompt = apply_hf_chat_template(
+                self.tokenizer,
+                parse_chat_messages(messages, self.content_format),
+                chat_template=self.chat_template,
+                add_generation_prompt=request.add_generation_prompt,
+            )
         except (TemplateError, ValueError) as exc:
             raise OpenAIError(f"chat template failed: {exc}", param="messages") from None
         ids = await self.encode(prompt, add_special_tokens=False)

@@ -39,14 +39,18 @@ def sse(payload: dict | str) -> str:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLMEngine, served_model_name: str):
+    def __init__(self, engine: AsyncLLMEngine, served_model_name: str | list[str], log_requests: bool = True):
+        """``served_model_name``: the name responses carry, or vLLM's list of them (the first is answered with,
+        every one is accepted); ``log_requests=False`` is ``--disable-log-requests``."""
+        names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
         self.engine = engine
-        self.model_name = served_model_name
+        self.model_name, self.model_names = names[0], set(names)
+        self.log_requests = log_requests
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len = engine.engine.scheduler_config.max_model_len
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self.model_names:
             raise OpenAIError(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
 
     @staticmethod
@@ -111,13 +115,14 @@ class OpenAIServing:
         except RuntimeError as exc:
             raise OpenAIError(str(exc), 503, "service_unavailable") from None
 
-    @staticmethod
-    def log_request(request, request_id: str) -> None:
+    def log_request(self, request, request_id: str) -> None:
         ignored = request.ignored_fields()
         if ignored:
             logger.warning("request %s: fields %s are accepted but have no effect here", request_id, ignored)
-        if request.user:
-            logger.info("request %s from user %r", request_id, request.user)
+        if not self.log_requests:
+            return
+        fields = request.model_dump(exclude_none=True, exclude={"messages", "prompt"})
+        logger.info("received request %s (user %r): %s", request_id, request.user, fields)
 
     @staticmethod
     def check_response_format(request) -> None:

@@ -1,0 +1,135 @@
+"""``paged-serve serve`` takes the ``vllm serve`` flags users paste (vLLM ``entrypoints/openai/cli_args.py``): the
+ones paged-serve implements reach the engine or the server, the ones that change nothing here are accepted with a
+logged note, the rest are refused by name; the server command of vLLM's ``benchmarks/benchmark_serving.py``
+docstring starts and serves."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from paged_serve import EngineArgs
+from paged_serve._compat.openai.cli_args import VLLM_ONLY_FLAGS, check_vllm_only_args
+from paged_serve._compat.openai.protocol import CompletionRequest
+from paged_serve._compat.openai.serving_engine import OpenAIServing
+from paged_serve.entrypoints.cli import make_parser
+from transformers import AutoTokenizer
+
+ENV = {**os.environ, "TRITON_INTERPRET": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+
+
+def _serve_args(*argv):
+    return make_parser().parse_args(["serve", *argv])
+
+
+def test_engine_flags_reach_engine_args(checkpoint):
+    path, _ = checkpoint("llama")
+    flags = ["--max-model-len", "128", "--dtype", "float32", "--seed", "3", "--swap-space", "16",
+             "--gpu-memory-utilization", "0.5", "--enable-prefix-caching", "--tensor-parallel-size", "2"]  # fmt: skip
+    engine_args = EngineArgs.from_cli_args(_serve_args(path, *flags))
+    assert (engine_args.max_model_len, engine_args.dtype, engine_args.seed) == (128, "float32", 3)
+    assert engine_args.swap_space == 16.0
+    assert engine_args.gpu_memory_utilization == 0.5 and engine_args.enable_prefix_caching
+    assert engine_args.tensor_parallel_size == 2
+    assert EngineArgs.from_cli_args(_serve_args(path, "-tp", "2")).tensor_parallel_size == 2
+    assert EngineArgs.from_cli_args(_serve_args(path)).tensor_parallel_size == 1
+    args = _serve_args(path, "--served-model-name", "a", "b", "--disable-log-requests", "--api-key", "k")
+    assert args.served_model_name == ["a", "b"] and args.disable_log_requests and args.api_key == "k"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--disable-log-stats"], ["--enforce-eager"], ["--trust-remote-code"], ["--kv-cache-dtype", "auto"],
+     ["--pipeline-parallel-size", "1"], ["--uvicorn-log-level", "debug"], ["--load-format", "safetensors"]],
+)  # fmt: skip
+def test_vllm_flags_that_change_nothing_here_are_accepted_with_a_note(argv, caplog):
+    args = _serve_args("m", *argv)
+    with caplog.at_level(logging.INFO, logger="paged_serve._compat.openai.cli_args"):
+        check_vllm_only_args(args)
+    (note,) = [r.getMessage() for r in caplog.records]
+    assert note.startswith(" ".join(argv)) and "accepted with no effect" in note
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--enable-lora"], ["--quantization", "awq"], ["--kv-cache-dtype", "fp8"], ["--pipeline-parallel-size", "2"],
+     ["--speculative-config", "{}"], ["--enable-auto-tool-choice"], ["--ssl-keyfile", "k.pem"]],
+)  # fmt: skip
+def test_vllm_flags_paged_serve_lacks_are_refused_by_name(argv):
+    with pytest.raises(SystemExit, match=f"paged-serve: {' '.join(argv)} is not supported: "):
+        check_vllm_only_args(_serve_args("m", *argv))
+
+
+def test_a_flag_vllm_does_not_have_either_is_argparse_s_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        _serve_args("m", "--no-such-flag")
+    assert exc.value.code == 2 and "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+    assert not set(VLLM_ONLY_FLAGS) & {"--served-model-name", "--api-key", "--chat-template", "--max-model-len"}
+
+
+def test_disable_log_requests_silences_the_per_request_line(caplog):
+    fake = SimpleNamespace(engine=SimpleNamespace(tokenizer=None, scheduler_config=SimpleNamespace(max_model_len=8)))
+    request = CompletionRequest(model="m", prompt="hi", max_tokens=3)
+    for log_requests, lines in ((True, 1), (False, 0)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="paged_serve._compat.openai.serving_engine"):
+            OpenAIServing(fake, "m", log_requests).log_request(request, "cmpl-1")
+        assert len([r for r in caplog.records if "received request cmpl-1" in r.getMessage()]) == lines
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_benchmark_serving_server_command_starts_with_the_pasted_flags(checkpoint, tmp_path):
+    """``vllm serve <your_model> --swap-space 16 --disable-log-requests`` (benchmark_serving.py's docstring), plus
+    the server flags users add: two served names, a chat template file, an API key, a no-op flag."""
+    path, _ = checkpoint("llama")
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}## {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}## assistant:")
+    port = _free_port()
+    cmd = [sys.executable, "-m", "paged_serve.entrypoints.cli", "serve", path, "--swap-space", "16",
+           "--disable-log-requests", "--port", str(port), "--served-model-name", "first", "second",
+           "--chat-template", str(template), "--api-key", "sesame", "--disable-log-stats", "--max-model-len", "128",
+           "--num-gpu-blocks", "64", "--log-level", "info"]  # fmt: skip
+    server = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer sesame"}
+    try:
+        deadline = time.time() + 90
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline, "the server did not start"
+            time.sleep(0.2)
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        assert [m["id"] for m in httpx.get(f"{url}/v1/models", headers=auth).json()["data"]] == ["first"]
+        messages = [{"role": "user", "content": "the lazy dog"}]
+        body = {"model": "second", "messages": messages, "max_tokens": 2, "temperature": 0}
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth, timeout=60)
+        assert reply.status_code == 200 and reply.json()["model"] == "first"
+        rendered = AutoTokenizer.from_pretrained(path).apply_chat_template(
+            messages, chat_template=template.read_text(), tokenize=False, add_generation_prompt=True
+        )
+        ids = AutoTokenizer.from_pretrained(path)(rendered, add_special_tokens=False).input_ids
+        assert reply.json()["usage"]["prompt_tokens"] == len(ids)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        rc = server.wait(timeout=30)
+        err = server.stderr.read()
+    assert rc == 0, err[-3000:]
+    assert "--disable-log-stats accepted with no effect" in err
+    assert "received request" not in err  # --disable-log-requests
