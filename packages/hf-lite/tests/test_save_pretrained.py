@@ -131,3 +131,113 @@ def test_saving_into_the_current_directory_or_through_a_symlink(tmp_path, monkey
     with torch.no_grad():
         expected = make_model("llama", seed=2)(input_ids=torch.tensor([[3, 4, 5]])).logits
     torch.testing.assert_close(_logits(target), expected)
+
+
+# ---------------------------------------------------------------------- transformers' signature (issue 46, 3.2)
+def _pair(tmp_path, **kw):
+    """An hf-lite Llama and transformers' Llama with the same weights, in module order (transformers'
+    from_pretrained leaves its state dict in another order, and the shard split follows the order)."""
+    import transformers
+
+    ours = make_model("llama", **kw)
+    theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**ours.config.to_dict())).eval()
+    theirs.load_state_dict(ours.state_dict())
+    return ours, theirs
+
+
+def test_save_pretrained_takes_transformers_signature_and_defaults():
+    import inspect
+
+    import transformers
+
+    theirs = inspect.signature(transformers.PreTrainedModel.save_pretrained).parameters
+    ours = inspect.signature(LlamaForCausalLM.save_pretrained).parameters
+    for name, param in theirs.items():
+        assert name in ours, name
+        assert ours[name].default == param.default and ours[name].kind == param.kind, name
+    # transformers 4's two, which the accelerate *_no_trainer scripts and older code pass (5.24 swallows them)
+    assert ours["save_function"].default is torch.save and ours["safe_serialization"].default is True
+
+
+def test_save_function_accelerator_save_as_the_no_trainer_scripts_pass(tmp_path):
+    """run_clm_no_trainer.py's last line: save_pretrained(output_dir, is_main_process=..., save_function=
+    accelerator.save). The same files as transformers' save, and each library loads the other's."""
+    accelerate = pytest.importorskip("accelerate")
+    accelerator = accelerate.Accelerator(cpu=True)
+    ours, theirs = _pair(tmp_path)
+    for name, model in (("ours", ours), ("theirs", theirs)):
+        model.save_pretrained(tmp_path / name, is_main_process=accelerator.is_main_process,
+                              save_function=accelerator.save)
+    assert sorted(os.listdir(tmp_path / "ours")) == sorted(os.listdir(tmp_path / "theirs"))
+    import transformers
+
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        expected = theirs(input_ids=ids).logits
+        assert torch.equal(LlamaForCausalLM.from_pretrained(tmp_path / "theirs")(input_ids=ids).logits, expected)
+        back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours")
+        assert torch.equal(back(input_ids=ids).logits, expected)
+
+
+def test_sharded_save_writes_transformers_files_and_index(tmp_path):
+    """Shards split as transformers splits them (through huggingface_hub, an oversized tensor alone in its shard),
+    and the index byte for byte (total_parameters, total_size, sorted weight_map)."""
+    ours, theirs = _pair(tmp_path, vocab_size=800)  # the 800 x 32 fp32 embedding (102 KB) is over the limit
+    for limit in ("30KB", "120KB"):
+        ours.save_pretrained(tmp_path / f"ours{limit}", max_shard_size=limit)
+        theirs.save_pretrained(tmp_path / f"theirs{limit}", max_shard_size=limit)
+        names = sorted(os.listdir(tmp_path / f"ours{limit}"))
+        assert names == sorted(os.listdir(tmp_path / f"theirs{limit}")) and "model.safetensors.index.json" in names
+        index = "model.safetensors.index.json"
+        assert (tmp_path / f"ours{limit}" / index).read_text() == (tmp_path / f"theirs{limit}" / index).read_text()
+        for shard in (n for n in names if n.startswith("model-")):
+            from safetensors import safe_open
+
+            with safe_open(tmp_path / f"ours{limit}" / shard, "pt") as a, \
+                    safe_open(tmp_path / f"theirs{limit}" / shard, "pt") as b:
+                assert list(a.keys()) == list(b.keys()), shard
+
+
+def test_safe_serialization_false_writes_bin_shards_through_save_function(tmp_path):
+    import transformers
+
+    calls = []
+
+    def save_function(obj, path):
+        calls.append((sorted(obj), os.path.basename(path)))
+        torch.save(obj, path)
+
+    ours, theirs = _pair(tmp_path)
+    ours.save_pretrained(tmp_path / "bin", safe_serialization=False, save_function=save_function,
+                         max_shard_size="30KB")
+    shards = sorted(n for n in os.listdir(tmp_path / "bin") if n.startswith("pytorch_model-"))
+    assert len(shards) > 1 and sorted(name for _, name in calls) == shards
+    assert sorted(k for keys, _ in calls for k in keys) == sorted(ours.state_dict())
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bin", use_safetensors=False)
+    for key, value in theirs.state_dict().items():
+        assert torch.equal(back.state_dict()[key], value), key
+
+
+def test_push_to_hub_creates_the_repo_and_uploads_the_directory(tmp_path, monkeypatch):
+    from hf_lite._infra import hub
+
+    calls = []
+
+    class FakeApi:
+        def create_repo(self, repo_id, **kwargs):
+            calls.append(("create_repo", repo_id, kwargs))
+            return type("RepoUrl", (), {"repo_id": f"me/{repo_id}"})()
+
+        def upload_folder(self, **kwargs):
+            calls.append(("upload_folder", sorted(os.listdir(kwargs["folder_path"])), kwargs))
+            return "commit-url"
+
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    make_model("llama").save_pretrained(tmp_path / "tiny", push_to_hub=True, token="hf_x", private=True,
+                                        commit_message="first")
+    (_, repo_id, create_kwargs), (_, files, upload) = calls
+    assert repo_id == "tiny" and create_kwargs == {"exist_ok": True, "token": "hf_x", "private": True}
+    assert files == ["config.json", "generation_config.json", "model.safetensors"]
+    assert upload["repo_id"] == "me/tiny" and upload["commit_message"] == "first" and upload["token"] == "hf_x"
+    with pytest.raises(ValueError, match="distributed_checkpoint=True"):
+        make_model("llama").save_pretrained(tmp_path / "dcp", distributed_checkpoint=True)

@@ -11,6 +11,7 @@ import zipfile
 
 import torch
 
+from ._infra.atomic_io import atomic_write_bytes
 from .checkpoint_utils import CheckpointError, add_variant, is_weight_file, read_weight_index, write_shards
 
 WEIGHTS_NAME = "pytorch_model.bin"
@@ -22,17 +23,22 @@ def is_bin_weight_file(name: str, variant: str | None) -> bool:
     return is_weight_file(name, variant, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 
 
-def _torch_bytes(part: dict[str, torch.Tensor]) -> bytes:
+def _atomic_torch_save(part: dict[str, torch.Tensor], path: str) -> None:
     buffer = io.BytesIO()
-    torch.save({k: v.clone() for k, v in part.items()}, buffer)  # a clone saves the tensor, not its whole storage
-    return buffer.getvalue()
+    torch.save(part, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
-def save_bin_state_dict(state_dict: dict[str, torch.Tensor], directory: str, max_shard_size, variant=None) -> None:
-    """One ``torch.save`` per shard (named as transformers names them), plus the index when there are several."""
+def save_bin_state_dict(state_dict: dict[str, torch.Tensor], directory: str, max_shard_size, variant=None,
+                        save_function=torch.save) -> None:
+    """One ``save_function(shard, path)`` per shard (named as transformers names them), plus the index when there
+    are several; ``torch.save`` itself writes each file whole (atomically)."""
     tensors = {k: v.detach().contiguous() for k, v in state_dict.items()}
     single, index = add_variant(WEIGHTS_NAME, variant), add_variant(WEIGHTS_INDEX_NAME, variant)
-    write_shards(tensors, max_shard_size, directory, single, index, _torch_bytes)
+    save = _atomic_torch_save if save_function is torch.save else save_function
+    # a clone saves the tensor, not its whole storage
+    write_shards(tensors, max_shard_size, directory, single, index, lambda part, path: save(
+        {k: v.clone() for k, v in part.items()}, path))
 
 
 def load_bin_file(file: str) -> dict[str, torch.Tensor]:

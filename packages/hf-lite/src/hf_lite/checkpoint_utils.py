@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save as safetensors_save
 
 from ._infra.atomic_io import atomic_write_bytes, atomic_write_text
+from ._infra.hub import shard_state_dict
 from ._infra.safetensors_header import CheckpointError, read_safetensors_header
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
@@ -59,27 +60,8 @@ def convert_file_size_to_int(size: int | str) -> int:
     return value
 
 
-def tensor_nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def split_state_dict_into_shards(state_dict: dict[str, torch.Tensor], max_shard_size: int | str) -> list[list[str]]:
-    """Greedy split in key order; a tensor larger than the limit gets a shard of its own (like huggingface_hub)."""
-    limit = convert_file_size_to_int(max_shard_size)
-    shards: list[list[str]] = [[]]
-    current = 0
-    for key, tensor in state_dict.items():
-        size = tensor_nbytes(tensor)
-        if shards[-1] and current + size > limit:
-            shards.append([])
-            current = 0
-        shards[-1].append(key)
-        current += size
-    return shards
-
-
-def save_state_dict(state_dict: dict[str, torch.Tensor], save_directory: str, max_shard_size: int | str = "5GB",
-                    metadata=None, variant: str | None = None) -> list[str]:
+def save_state_dict(state_dict: dict[str, torch.Tensor], save_directory: str, max_shard_size: int | str = "50GB",
+                    metadata=None, variant: str | None = None, index_metadata=None) -> list[str]:
     """Write ``state_dict`` into ``save_directory`` as one file, or shards + index (transformers' layout)."""
     metadata = {"format": "pt", **(metadata or {})}
     tensors, storages = {}, set()
@@ -90,26 +72,23 @@ def save_state_dict(state_dict: dict[str, torch.Tensor], save_directory: str, ma
         tensors[key] = tensor.clone() if storage in storages else tensor
         storages.add(storage)
     single, index = add_variant(SAFE_WEIGHTS_NAME, variant), add_variant(SAFE_WEIGHTS_INDEX_NAME, variant)
-    return write_shards(tensors, max_shard_size, save_directory, single, index,
-                        lambda part: safetensors_save(part, metadata=metadata))
+    write = lambda part, path: atomic_write_bytes(path, safetensors_save(part, metadata=metadata))
+    return write_shards(tensors, max_shard_size, save_directory, single, index, write, index_metadata)
 
 
 def write_shards(tensors: dict[str, torch.Tensor], max_shard_size, directory: str, single: str, index_name: str,
-                 serialize) -> list[str]:
-    """``single``, or ``stem-0000i-of-0000n.ext`` shards and the ``index_name`` weight map, each file written whole."""
-    shards = split_state_dict_into_shards(tensors, max_shard_size)
+                 write, index_metadata=None) -> list[str]:
+    """``single``, or ``stem-0000i-of-0000n.ext`` shards split as huggingface_hub splits them for transformers
+    (``_infra/hub.py``), each written by ``write(tensors, path)``, and the ``index_name`` weight map."""
     stem, ext = single.rsplit(".", 1)
-    count = len(shards)
-    names = [single] if count == 1 else [f"{stem}-{i + 1:05d}-of-{count:05d}.{ext}" for i in range(count)]
-    weight_map = {}
-    for name, keys in zip(names, shards):
-        atomic_write_bytes(os.path.join(directory, name), serialize({k: tensors[k] for k in keys}))
-        weight_map.update(dict.fromkeys(keys, name))
-    if count > 1:
-        total = sum(tensor_nbytes(t) for t in tensors.values())
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        atomic_write_text(os.path.join(directory, index_name), json.dumps(index, indent=2) + "\n")
-    return names
+    files, metadata = shard_state_dict(tensors, convert_file_size_to_int(max_shard_size), f"{stem}{{suffix}}.{ext}")
+    for name, keys in files.items():
+        write({k: tensors[k] for k in keys}, os.path.join(directory, name))
+    if len(files) > 1:
+        weight_map = {key: name for name, keys in files.items() for key in keys}
+        index = {"metadata": {**(index_metadata or {}), **metadata}, "weight_map": weight_map}
+        atomic_write_text(os.path.join(directory, index_name), json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return list(files)
 
 
 def read_weight_index(directory: str, index_path: str) -> dict[str, list[str]]:

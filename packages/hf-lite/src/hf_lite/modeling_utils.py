@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ._infra.atomic_io import atomic_save_directory
-from ._infra.hub import cached_checkpoint, pop_hub_kwargs
+from ._infra.hub import cached_checkpoint, pop_hub_kwargs, push_folder
 from .checkpoint_bin import is_bin_weight_file, save_bin_state_dict
 from .checkpoint_utils import is_weight_file, save_state_dict
 from .configuration_utils import CONFIG_NAME, PretrainedConfig, to_torch_dtype
@@ -265,14 +265,22 @@ class PreTrainedModel(nn.Module):
 
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True,
-                        state_dict: dict[str, torch.Tensor] | None = None, max_shard_size: int | str = "5GB",
-                        safe_serialization: bool = True, variant: str | None = None) -> None:
-        """Write config.json, generation_config.json and the weights (safetensors, or ``pytorch_model.bin`` with
-        ``safe_serialization=False``); the directory changes in one step.
+                        state_dict: dict[str, torch.Tensor] | None = None, save_function=torch.save,
+                        push_to_hub: bool = False, max_shard_size: int | str = "50GB", safe_serialization: bool = True,
+                        variant: str | None = None, token: str | bool | None = None, save_peft_format: bool = True,
+                        save_original_format: bool = True, distributed_checkpoint: bool = False, **kwargs) -> None:
+        """Write config.json, generation_config.json and the weights; the directory changes in one step.
 
-        Under torchrun every rank calls this; only ``is_main_process`` writes. Files other than this save's (a
-        tokenizer, other variants, weights in the other format) stay in the directory.
+        transformers 5.24's signature, with transformers 4's ``save_function`` and ``safe_serialization`` (5.24
+        takes both in ``kwargs`` and ignores them): safetensors by default, ``save_function`` unused there as in
+        both; ``safe_serialization=False`` writes ``pytorch_model.bin`` shards with ``save_function(shard, path)``
+        (accelerate's ``Accelerator.save``). Under torchrun every rank calls this; only ``is_main_process`` writes.
+        Files other than this save's (a tokenizer, other variants) stay. ``push_to_hub`` uploads the directory
+        (``repo_id``, ``commit_message``, ``private``... in ``kwargs``). There are no adapters or converted weights
+        here, so ``save_peft_format`` and ``save_original_format`` change nothing.
         """
+        if distributed_checkpoint:
+            raise ValueError("distributed_checkpoint=True: hf-lite has no DCP writer; gather the state dict instead")
         if not is_main_process:
             return
         # A tied copy is written once, also from a given state_dict (the Trainer passes model.state_dict()):
@@ -296,9 +304,14 @@ class PreTrainedModel(nn.Module):
             if self.generation_config is not None:
                 self.generation_config.save_pretrained(stage)
             if safe_serialization:
-                save_state_dict(state_dict, stage, max_shard_size=max_shard_size, variant=variant)
+                save_state_dict(state_dict, stage, max_shard_size=max_shard_size, variant=variant,
+                                index_metadata={"total_parameters": self.num_parameters()})
             else:
-                save_bin_state_dict(state_dict, stage, max_shard_size, variant)
+                save_bin_state_dict(state_dict, stage, max_shard_size, variant, save_function)
+        if push_to_hub:
+            push_folder(os.fspath(save_directory), token=token, **kwargs)
+        elif kwargs:
+            raise TypeError(f"save_pretrained got unexpected keyword arguments {sorted(kwargs)} (without push_to_hub)")
 
     # ------------------------------------------------------------------ loading
     @classmethod

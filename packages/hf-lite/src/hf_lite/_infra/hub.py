@@ -4,7 +4,8 @@
 it by ``hf_hub_download`` (never when ``HF_HUB_OFFLINE=1`` or ``local_files_only=True``). The loaders then read the
 directory the files lie in: the repo's snapshot (and ``subfolder``) or the local directory.
 
-This is the only module that calls ``huggingface_hub``; it imports nothing of hf-lite.
+Saving goes through it too: the shard split transformers' ``save_pretrained`` asks ``huggingface_hub`` for, and
+``push_to_hub``. This is the only module that calls ``huggingface_hub``; it imports nothing of hf-lite.
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ from __future__ import annotations
 import json
 import os
 
-from huggingface_hub import _CACHED_NO_EXIST, constants, hf_hub_download, try_to_load_from_cache
+from huggingface_hub import (
+    _CACHED_NO_EXIST,
+    HfApi,
+    constants,
+    hf_hub_download,
+    split_torch_state_dict_into_shards,
+    try_to_load_from_cache,
+)
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -187,3 +195,23 @@ def cached_checkpoint(path_or_repo_id: str | os.PathLike, weight_names: list[str
         if weights is not None:
             break
     return _directory(path_or_repo_id, subfolder, config, list(extra_names[:1]))
+
+
+def shard_state_dict(state_dict: dict, max_shard_size: int, filename_pattern: str) -> tuple[dict[str, list[str]], dict]:
+    """``{file: keys}`` and the index's metadata (``total_size``) as ``huggingface_hub`` splits a torch state dict
+    for transformers: in key order, a new shard when the next tensor would pass ``max_shard_size``, a larger tensor
+    alone in its own; ``filename_pattern`` is ``model{suffix}.safetensors``."""
+    split = split_torch_state_dict_into_shards(state_dict, filename_pattern=filename_pattern,
+                                               max_shard_size=max_shard_size)
+    return split.filename_to_tensors, split.metadata
+
+
+def push_folder(folder: str, repo_id: str | None = None, commit_message: str | None = None, create_pr: bool = False,
+                token: bool | str | None = None, **create_repo_kwargs) -> str:
+    """``save_pretrained(push_to_hub=True)``: the repo (default: the directory's name) is created if needed
+    (``private=`` and the other ``create_repo`` kwargs), then the directory is uploaded in one commit."""
+    api = HfApi()
+    repo_id = repo_id or os.path.basename(os.path.abspath(folder))
+    repo_id = api.create_repo(repo_id, exist_ok=True, token=token, **create_repo_kwargs).repo_id
+    return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message or "Upload model",
+                             create_pr=create_pr, token=token)
