@@ -26,13 +26,46 @@ from .generation import (
 from .hf_argparser import HfArgumentParser
 from .integrations import JSONLinesCallback, TensorBoardCallback
 from .modeling_utils import PreTrainedModel
+from .models.auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, AutoModelForSequenceClassification
 from .models.auto.configuration_auto import CONFIG_MAPPING, AutoConfig
 from .models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING, AutoModel, AutoModelForCausalLM
 from .models.auto.tokenization_auto import AutoTokenizer
+from .models.gemma import (
+    GemmaConfig,
+    GemmaForCausalLM,
+    GemmaForSequenceClassification,
+    GemmaModel,
+    GemmaPreTrainedModel,
+)
+from .models.gpt2 import GPT2ForSequenceClassification, GPT2PreTrainedModel
 from .models.gpt2.configuration_gpt2 import GPT2Config
 from .models.gpt2.modeling_gpt2 import GPT2LMHeadModel, GPT2Model
+from .models.llama import LlamaForSequenceClassification, LlamaPreTrainedModel
 from .models.llama.configuration_llama import LlamaConfig
 from .models.llama.modeling_llama import LlamaForCausalLM, LlamaModel
+from .models.mistral import (
+    MistralConfig,
+    MistralForCausalLM,
+    MistralForSequenceClassification,
+    MistralModel,
+    MistralPreTrainedModel,
+)
+from .models.opt import OPTConfig, OPTForCausalLM, OPTForSequenceClassification, OPTModel, OPTPreTrainedModel
+from .models.phi3 import Phi3Config, Phi3ForCausalLM, Phi3ForSequenceClassification, Phi3Model, Phi3PreTrainedModel
+from .models.qwen2 import (
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
+    Qwen2Model,
+    Qwen2PreTrainedModel,
+)
+from .models.qwen3 import (
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3ForSequenceClassification,
+    Qwen3Model,
+    Qwen3PreTrainedModel,
+)
 from .optimization import get_scheduler
 from .pipelines import Pipeline, TextGenerationPipeline, pipeline
 from .tokenization_gpt2 import GPT2Tokenizer
@@ -63,6 +96,42 @@ __all__ = [
     "CONFIG_MAPPING",
     "MODEL_FOR_CAUSAL_LM_MAPPING",
     "MODEL_MAPPING",
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING",
+    "AutoModelForSequenceClassification",
+    "GPT2ForSequenceClassification",
+    "GPT2PreTrainedModel",
+    "LlamaForSequenceClassification",
+    "LlamaPreTrainedModel",
+    "GemmaConfig",
+    "GemmaForCausalLM",
+    "GemmaForSequenceClassification",
+    "GemmaModel",
+    "GemmaPreTrainedModel",
+    "MistralConfig",
+    "MistralForCausalLM",
+    "MistralForSequenceClassification",
+    "MistralModel",
+    "MistralPreTrainedModel",
+    "OPTConfig",
+    "OPTForCausalLM",
+    "OPTForSequenceClassification",
+    "OPTModel",
+    "OPTPreTrainedModel",
+    "Phi3Config",
+    "Phi3ForCausalLM",
+    "Phi3ForSequenceClassification",
+    "Phi3Model",
+    "Phi3PreTrainedModel",
+    "Qwen2Config",
+    "Qwen2ForCausalLM",
+    "Qwen2ForSequenceClassification",
+    "Qwen2Model",
+    "Qwen2PreTrainedModel",
+    "Qwen3Config",
+    "Qwen3ForCausalLM",
+    "Qwen3ForSequenceClassification",
+    "Qwen3Model",
+    "Qwen3PreTrainedModel",
     "ParallelMode",
     "is_torch_xla_available",
     "AutoConfig",

@@ -70,7 +70,20 @@ class PretrainedConfig:
         key = "dtype" if key == "torch_dtype" else type(self).attribute_map.get(key, key)
         if key == "dtype":
             value = to_torch_dtype(value)
+        if key == "id2label" and value is not None:  # JSON keys are strings
+            value = {int(k): v for k, v in value.items()}
         super().__setattr__(key, value)
+
+    @property
+    def num_labels(self) -> int:
+        """Classification heads' output count: ``len(id2label)`` (2 by default, as in transformers)."""
+        return len(self.id2label)
+
+    @num_labels.setter
+    def num_labels(self, num_labels: int) -> None:
+        if self.__dict__.get("id2label") is None or len(self.id2label) != num_labels:
+            self.id2label = {i: f"LABEL_{i}" for i in range(num_labels)}
+            self.label2id = {label: i for i, label in self.id2label.items()}
 
     def __getattr__(self, key):
         # Only reached when normal lookup fails: resolve an aliased name (torch_dtype is transformers 4's dtype).
@@ -81,6 +94,8 @@ class PretrainedConfig:
             return self.dtype
         if key in _BASE_DEFAULTS and not key.startswith("__"):
             return copy.copy(_BASE_DEFAULTS[key])
+        if key in ("id2label", "label2id"):  # unset: two labels, not written to config.json
+            return {0: "LABEL_0", 1: "LABEL_1"} if key == "id2label" else {"LABEL_0": 0, "LABEL_1": 1}
         raise AttributeError(f"{type(self).__name__} has no attribute {key!r}")
 
     def __init__(self, *, vocab_size: int | None = None, torch_dtype: str | torch.dtype | None = None, **kwargs):

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from ...configuration_utils import PretrainedConfig
 
-_ROPE_REQUIRED = {
-    "default": (),
-    "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-}
+# rope_type -> the rope_parameters keys it needs. The scaled variants (linear, llama3) are registered with their
+# inverse-frequency rule by _compat/models/rope_utils.py (transformers' ROPE_INIT_FUNCTIONS).
+ROPE_REQUIRED: dict[str, tuple[str, ...]] = {"default": ()}
 
 
 class LlamaConfig(PretrainedConfig):
@@ -55,9 +53,9 @@ class LlamaConfig(PretrainedConfig):
             params["rope_theta"] = float(rope_theta)
         params.setdefault("rope_theta", 10000.0)
         kind = params["rope_type"]
-        if kind not in _ROPE_REQUIRED:
-            raise ValueError(f"rope_type {kind!r} is not supported; use one of {sorted(_ROPE_REQUIRED)}")
-        missing = [k for k in _ROPE_REQUIRED[kind] if k not in params]
+        if kind not in ROPE_REQUIRED:
+            raise ValueError(f"rope_type {kind!r} is not supported; use one of {sorted(ROPE_REQUIRED)}")
+        missing = [k for k in ROPE_REQUIRED[kind] if k not in params]
         if missing:
             raise ValueError(f"rope_type {kind!r} needs {missing} in rope_parameters, got {params}")
         return params
@@ -75,7 +73,7 @@ class LlamaConfig(PretrainedConfig):
                      "num_key_value_heads", "max_position_embeddings", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"LlamaConfig.{name} must be a positive int, got {value!r}")
+                raise ValueError(f"{type(self).__name__}.{name} must be a positive int, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "

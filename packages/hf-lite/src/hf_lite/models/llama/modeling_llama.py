@@ -3,8 +3,6 @@ linear / llama3 scaling), grouped-query attention and a SwiGLU MLP."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -35,25 +33,17 @@ class LlamaRMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
+# rope_type -> f(inv_freq, rope_parameters): how a scaled RoPE rescales the frequencies; the scaled variants are
+# registered by _compat/models/rope_utils.py.
+ROPE_SCALING_FUNCTIONS = {"default": lambda inv_freq, params: inv_freq}
+
+
 def compute_rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
     """Inverse frequencies theta^(-2i/d) (RoFormer, Su et al. 2021 sec. 3.2.2), rescaled per ``rope_type``."""
     params = config.rope_parameters
     dim = config.head_dim
     inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    kind = params["rope_type"]
-    if kind == "linear":  # position interpolation (Chen et al. 2023)
-        inv_freq = inv_freq / params["factor"]
-    elif kind == "llama3":  # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between
-        factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
-        old_len = params["original_max_position_embeddings"]
-        low_wavelen, high_wavelen = old_len / low, old_len / high
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        inv_freq = torch.where(medium, smoothed, scaled)
-    return inv_freq
+    return ROPE_SCALING_FUNCTIONS[params["rope_type"]](inv_freq, params)
 
 
 class LlamaRotaryEmbedding(nn.Module):
@@ -113,9 +103,7 @@ class LlamaAttention(nn.Module):
     def forward(self, hidden_states, position_embeddings, attention_mask=None, cache: DynamicCache | None = None,
                 output_attentions=False):
         bsz, q_len, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+        q, k, v = self.project_qkv(hidden_states)
         cos, sin = position_embeddings
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         if cache is not None:
@@ -124,6 +112,12 @@ class LlamaAttention(nn.Module):
         dropout = self.attention_dropout if self.training else 0.0
         out, weights = attention_forward(q, k, v, attention_mask, self.scaling, dropout, output_attentions)
         return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1)), weights
+
+    def project_qkv(self, hidden_states):
+        """(batch, heads, seq, head_dim) queries, keys and values; the families with a fused or normed projection
+        (Phi-3, Qwen3) override this step only."""
+        shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        return (proj(hidden_states).view(shape).transpose(1, 2) for proj in (self.q_proj, self.k_proj, self.v_proj))
 
 
 class LlamaDecoderLayer(GradientCheckpointingLayer):
@@ -162,11 +156,13 @@ class LlamaPreTrainedModel(PreTrainedModel):
 
 
 class LlamaModel(LlamaPreTrainedModel):
+    decoder_layer_class = LlamaDecoderLayer  # what a family built on Llama's blocks replaces (``_compat/models``)
+
     def __init__(self, config: LlamaConfig):
         super().__init__(config)
         self.padding_idx = config.pad_token_id
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.layers = nn.ModuleList([self.decoder_layer_class(config, i) for i in range(config.num_hidden_layers)])
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config)
         self.post_init()
@@ -211,10 +207,11 @@ class LlamaModel(LlamaPreTrainedModel):
 class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     accepts_loss_kwargs = True  # the Trainer then passes num_items_in_batch (gradient accumulation)
+    base_model_class = LlamaModel
 
     def __init__(self, config: LlamaConfig):
         super().__init__(config)
-        self.model = LlamaModel(config)
+        self.model = self.base_model_class(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
