@@ -84,7 +84,7 @@ def test_bad_inputs_raise_clear_errors(tok, templated_tokenizer_dir):
         type(tok).from_pretrained(templated_tokenizer_dir, bogus=True)
     with pytest.raises(ValueError, match="text_pair"):
         tok(["a", "b"], "c")
-    with pytest.raises(ValueError, match="only_second.*needs a second sequence"):
+    with pytest.raises(ValueError, match="Truncation error: Second sequence not provided"):
         tok("a b c d e f", truncation="only_second", max_length=4)
 
 

@@ -9,7 +9,7 @@ from collections import UserDict
 import numpy as np
 import torch
 
-from .tokenization_padding import pad_rows, padding_strategy, truncate, truncation_strategy
+from .tokenization_padding import VERY_LARGE_INTEGER, pad_rows, truncate, warn_if_too_long
 
 
 class BatchEncoding(UserDict):
@@ -44,11 +44,9 @@ class BatchEncoding(UserDict):
 def encode_rows(
     tokenizer, ids_a, ids_b, *, add_special_tokens, truncation, max_length, stride, return_overflowing_tokens, side
 ) -> tuple[dict[str, list], list[int]]:
-    """Rows of ids / token type ids / special-token masks for each example, and the example each row came from."""
-    strategy = truncation_strategy(truncation)
-    if strategy is None and max_length is not None and truncation is None:
-        strategy = "longest_first"  # transformers: max_length alone turns truncation on
-    limit = tokenizer.model_max_length if max_length is None else max_length
+    """Rows of ids / token type ids / special-token masks for each example, and the example each row came from
+    (``truncation`` and ``max_length`` as ``padding_truncation_strategies`` resolved them)."""
+    strategy, limit = truncation, VERY_LARGE_INTEGER if max_length is None else max_length
     rows = {"input_ids": [], "token_type_ids": [], "special_tokens_mask": []}
     sample = []
     for i, (a, b) in enumerate(zip(ids_a, ids_b)):
@@ -95,8 +93,10 @@ def finish_rows(
     return_special_tokens_mask,
     return_length,
     overflow_to_sample=None,
+    check_length=False,
 ) -> BatchEncoding:
-    """Pick the requested keys, pad, add lengths, and make tensors (shared by ``__call__`` and ``pad``)."""
+    """Pick the requested keys, pad, add lengths, and make tensors (shared by ``__call__`` and ``pad``); ``padding``
+    and ``max_length`` as ``padding_truncation_strategies`` resolved them."""
     names = tokenizer.model_input_names
     main = names[0]
     keep = {main}
@@ -109,11 +109,12 @@ def finish_rows(
     if return_special_tokens_mask:
         keep.add("special_tokens_mask")
     data = {k: v for k, v in rows.items() if k in keep or k not in ("token_type_ids", "special_tokens_mask")}
-    target = tokenizer.model_max_length if max_length is None else max_length
-    strategy = padding_strategy(padding)
     data = pad_rows(
-        data, strategy, target, pad_to_multiple_of, padding_side or tokenizer.padding_side, tokenizer.pad_token_id, main
+        data, padding, max_length, pad_to_multiple_of, padding_side or tokenizer.padding_side, tokenizer.pad_token_id,
+        main
     )
+    if check_length:
+        warn_if_too_long(tokenizer, data[main], max_length)
     if return_length:
         data["length"] = [len(x) for x in data[main]]
     if overflow_to_sample is not None:

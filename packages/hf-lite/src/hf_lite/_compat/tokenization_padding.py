@@ -8,7 +8,13 @@ attention mask (0 on padding).
 
 from __future__ import annotations
 
+import logging
+import warnings
+
+logger = logging.getLogger(__name__)
+
 VERY_LARGE_INTEGER = int(1e30)
+LARGE_INTEGER = int(1e20)  # a model_max_length above it means the tokenizer knows no maximum length
 # What each padded key is filled with (transformers' ``_pad``); other keys (labels) are left as they are.
 PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1}
 _TRUNCATION = {
@@ -35,6 +41,47 @@ def padding_strategy(padding) -> str | None:
     if padding == "max_length":
         return "max_length"
     raise ValueError(f"padding={padding!r}: use True, 'longest', 'max_length' or False")
+
+
+def padding_truncation_strategies(tokenizer, padding, truncation, max_length, pad_to_multiple_of):
+    """(padding, truncation, max_length) as they are applied (transformers' ``_get_padding_truncation_strategies``,
+    the rules of its ``pad_truncation.md``): ``max_length`` alone turns truncation on; without ``max_length``, padding
+    to ``'max_length'`` and truncation use ``model_max_length``, and do nothing when the tokenizer has none."""
+    if max_length is not None and padding is False and truncation is None:
+        truncation = "longest_first"
+    if padding is True and max_length is not None and truncation in (None, False, "do_not_truncate"):
+        warnings.warn("`max_length` is ignored when `padding`=`True` and there is no truncation strategy. To pad to "
+                      "max length, use `padding='max_length'`.", stacklevel=3)
+    padding, truncation = padding_strategy(padding), truncation_strategy(truncation)
+    known = tokenizer.model_max_length <= LARGE_INTEGER
+    if max_length is None and padding == "max_length":
+        padding, max_length = (padding, tokenizer.model_max_length) if known else (None, None)
+    if max_length is None and truncation is not None:
+        truncation, max_length = (truncation, tokenizer.model_max_length) if known else (None, max_length)
+    if padding is not None and tokenizer.pad_token_id is None:
+        raise ValueError(
+            "Asking to pad but the tokenizer does not have a padding token. Please select a token to use as "
+            "`pad_token` `(tokenizer.pad_token = tokenizer.eos_token e.g.)` or add a new pad token via "
+            "`tokenizer.add_special_tokens({'pad_token': '[PAD]'})`."
+        )
+    if truncation and padding and pad_to_multiple_of is not None and max_length % pad_to_multiple_of:
+        raise ValueError("Truncation and padding are both activated but truncation length "
+                         f"({max_length}) is not a multiple of pad_to_multiple_of ({pad_to_multiple_of}).")
+    return padding, truncation, max_length
+
+
+def warn_if_too_long(tokenizer, rows: list[list[int]], max_length) -> None:
+    """transformers' ``_eventual_warn_about_too_long_sequence``: once per tokenizer, for the first (padded) row longer
+    than ``model_max_length`` when no ``max_length`` applied."""
+    flags = tokenizer.__dict__.setdefault("deprecation_warnings", {})
+    key = "sequence-length-is-longer-than-the-specified-maximum"
+    for row in rows:
+        if max_length is None and len(row) > tokenizer.model_max_length and tokenizer.model_max_length != 0:
+            if not flags.get(key):
+                logger.warning("Token indices sequence length is longer than the specified maximum sequence length "
+                               f"for this model ({len(row)} > {tokenizer.model_max_length}). Running this sequence "
+                               "through the model will result in indexing errors")
+            flags[key] = True
 
 
 def windows(ids: list[int], max_len: int, stride: int, side: str) -> list[list[int]]:
@@ -64,8 +111,8 @@ def truncate(ids_a, ids_b, strategy, limit: int, stride: int, side: str):
     if strategy is None or len(ids_a) + len(ids_b or []) <= limit:
         return [ids_a], None if ids_b is None else [ids_b]
     if ids_b is None:
-        if strategy == "only_second":
-            raise ValueError("truncation='only_second' needs a second sequence (text_pair)")
+        if strategy == "only_second":  # the Rust tokenizers' words, which transformers 5 shows
+            raise ValueError("Truncation error: Second sequence not provided")
         return windows(ids_a, limit, stride, side), None
     if strategy == "longest_first":
         # The shorter one keeps its length when the longer alone can make room; otherwise both get half.
@@ -79,10 +126,7 @@ def truncate(ids_a, ids_b, strategy, limit: int, stride: int, side: str):
     target = ids_a if strategy == "only_first" else ids_b
     to_remove = len(ids_a) + len(ids_b) - limit
     if len(target) <= to_remove:
-        raise ValueError(
-            f"truncation={strategy!r}: the sequence to truncate has {len(target)} tokens, {to_remove} must go to "
-            "respect max_length"
-        )
+        raise ValueError("Truncation error: Sequence to truncate too short to respect the provided max_length")
     kept = windows(target, len(target) - to_remove, stride, side)
     return (kept, [ids_b]) if strategy == "only_first" else ([ids_a], kept)
 
@@ -91,20 +135,12 @@ def pad_rows(rows: dict[str, list[list]], strategy, max_length, pad_to_multiple_
     """Pad every padded key of ``rows`` to one length; returns new lists."""
     if strategy is None:
         return rows
-    if pad_token_id is None:
-        raise ValueError(
-            "Asking to pad but the tokenizer does not have a padding token. Please select a token to use as "
-            "`pad_token` `(tokenizer.pad_token = tokenizer.eos_token e.g.)` or add a new pad token via "
-            "`tokenizer.add_special_tokens({'pad_token': '[PAD]'})`."
-        )
     if side not in ("left", "right"):
         raise ValueError(f"padding_side should be 'left' or 'right', got {side!r}")
     if strategy == "longest":
         target = max((len(x) for x in rows[main_key]), default=0)
     else:
         target = max_length
-        if target is None or target >= VERY_LARGE_INTEGER:
-            raise ValueError("padding='max_length' needs max_length (the tokenizer has no model_max_length)")
     if pad_to_multiple_of:
         target = -(-target // pad_to_multiple_of) * pad_to_multiple_of
     values = {main_key: pad_token_id, **PAD_VALUES}

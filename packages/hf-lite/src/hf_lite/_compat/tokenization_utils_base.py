@@ -18,7 +18,7 @@ from .._infra.atomic_io import atomic_save_directory, atomic_write_text
 from .._infra.hub import cached_directory, pop_hub_kwargs
 from .batch_encoding import BatchEncoding, as_rows, encode_rows, finish_rows
 from .chat_template_utils import render_conversations
-from .tokenization_padding import VERY_LARGE_INTEGER
+from .tokenization_padding import VERY_LARGE_INTEGER, padding_truncation_strategies
 from .tokenization_special_tokens import SPECIAL_TOKENS_ATTRIBUTES, SpecialTokensMixin, _content
 from .tokenization_template import SpecialTokensTemplate
 
@@ -197,6 +197,8 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, abc.ABC):
                 raise ValueError("text_pair must be one text for one text, or a list as long as the batch")
         if not all(isinstance(t, str) for t in texts + (pairs or [])):
             raise ValueError("text input must be of type `str` (single example) or `list[str]` (batch)")
+        padding, truncation, max_length = padding_truncation_strategies(self, padding, truncation, max_length,
+                                                                        pad_to_multiple_of)
         ids_a = self._encode_texts(texts, add_prefix_space)
         ids_b = self._encode_texts(pairs, add_prefix_space) if pairs is not None else [None] * len(texts)
         rows, sample = encode_rows(
@@ -224,6 +226,7 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, abc.ABC):
             return_special_tokens_mask=return_special_tokens_mask,
             return_length=return_length,
             overflow_to_sample=sample if return_overflowing_tokens else None,
+            check_length=True,
         )
 
     def encode(
@@ -274,6 +277,7 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, abc.ABC):
         """Pad already-encoded examples (what data collators call): a dict of lists or a list of dicts. Keys other
         than the model inputs and masks (labels) are passed through unpadded, as in transformers."""
         rows, batched = as_rows(encoded_inputs, self.model_input_names[0])
+        padding, _, max_length = padding_truncation_strategies(self, padding, None, max_length, pad_to_multiple_of)
         return finish_rows(
             self,
             rows,
