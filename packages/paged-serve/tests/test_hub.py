@@ -79,6 +79,16 @@ def test_download_dir_hf_home_and_a_tokenizer_by_hub_name(hub, tmp_path, monkeyp
     assert llm.get_tokenizer().encode(PROMPT) == LLM("org/tiny", num_gpu_blocks=32).get_tokenizer().encode(PROMPT)
 
 
+def test_generation_config_by_hub_name(hub, tmp_path):
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    (gen / "generation_config.json").write_text('{"temperature": 0.3, "max_new_tokens": 9}')
+    add_to_hub_cache(hub, "org/gen", gen, "e" * 40)
+    llm = LLM("org/tiny", generation_config="org/gen", num_gpu_blocks=32)
+    params = llm.get_default_sampling_params()
+    assert (params.temperature, params.max_tokens) == (0.3, 9)
+
+
 def test_a_name_neither_local_nor_cached_while_offline_is_an_error_naming_it(hub):
     with pytest.raises(OSError, match=r"'org/missing' \(revision main\) is neither a local directory nor in the "
                                       r"Hugging Face cache .*HF_HUB_OFFLINE"):  # fmt: skip

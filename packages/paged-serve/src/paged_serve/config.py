@@ -108,7 +108,9 @@ class ModelConfig:
         ``SamplingParams``' names (vLLM ``ModelConfig.get_diff_sampling_param``)."""
         config = {}
         if self.generation_config != "vllm":
-            source = self.model if self.generation_config == "auto" else get_model_path(self.generation_config)
+            source = self.model
+            if self.generation_config != "auto":  # a directory or a hub name holding generation_config.json
+                source = get_model_path(self.generation_config, None, None, ["*.json"], "generation_config.json")
             config = try_get_generation_config(source)
         config.update(self.override_generation_config or {})
         keys = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
