@@ -1,6 +1,7 @@
 """Fully sharded data parallelism over pt_dist groups (torch.distributed.fsdp): FSDP1's
 ``FullyShardedDataParallel`` and FSDP2's ``fully_shard``."""
 
+from pt_dist._compat.fsdp.fsdp_forward_method import register_fsdp_forward_method
 from pt_dist.fsdp._fully_shard import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -8,7 +9,6 @@ from pt_dist.fsdp._fully_shard import (
     OffloadPolicy,
     UnshardHandle,
     fully_shard,
-    register_fsdp_forward_method,
 )
 from pt_dist.fsdp.api import (
     BackwardPrefetch,

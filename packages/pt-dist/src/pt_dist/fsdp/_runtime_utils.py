@@ -295,11 +295,9 @@ class FullyShardedDataParallel(nn.Module):
 
     # -- state dicts (the full one by default; this rank's rows for pt_dist.checkpoint) -------------------------
 
-    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
-        """nn.Module's protocol (``destination``, ``prefix``; positionally too), so a unit inside a plain parent
+    def state_dict(self, *, destination=None, prefix: str = "", keep_vars: bool = False):
+        """nn.Module's protocol (``destination``, ``prefix``), so a unit inside a plain parent
         (``checkpoint_wrapper(FSDP(...))``) adds its entries to the parent's state dict under its prefix."""
-        if args:  # nn.Module's deprecated positional form: (destination, prefix, keep_vars)
-            destination, prefix, keep_vars = (list(args) + [destination, prefix, keep_vars][len(args):])[:3]
         self._lazy_init()
         own = self._unit_state_dict()
         if destination is None:

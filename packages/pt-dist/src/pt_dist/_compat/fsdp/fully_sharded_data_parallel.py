@@ -101,6 +101,12 @@ class FullyShardedDataParallel(_runtime_utils.FullyShardedDataParallel):
 
     # -- state dicts of the type state_dict_type selects ---------------------------------------------------------
 
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """Also nn.Module's deprecated positional form, ``state_dict(destination, prefix, keep_vars)``."""
+        if args:
+            destination, prefix, keep_vars = (list(args) + [destination, prefix, keep_vars][len(args):])[:3]
+        return super().state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+
     def _unit_state_dict(self) -> dict:
         return _sdt.state_dict(self)
 

@@ -67,6 +67,11 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 class FSDPParam:
     """Manages one parameter's sharded, all-gather and unsharded tensors (dim-0 per-parameter sharding)."""
 
+    dtensor_param_class: type | None = None  # for DTensor (tensor-parallel) parameters: _compat/fsdp/tensor_parallel.py
+
+    def __new__(cls, param: nn.Parameter, *args, **kwargs):
+        return super().__new__(cls.dtensor_param_class if getattr(param, "_local_tensor", None) is not None else cls)
+
     def __init__(self, param: nn.Parameter, module_info: ParamModuleInfo, mesh_info: FSDPMeshInfo,
                  post_forward_mesh_info: FSDPMeshInfo | None, device: torch.device,
                  mp_policy: MixedPrecisionPolicy, offload_policy: OffloadPolicy):
@@ -91,9 +96,6 @@ class FSDPParam:
         if not param.is_contiguous():
             raise NotImplementedError(f"FSDP does not support non-contiguous parameters yet: {param.shape=} "
                                       f"{param.stride()=}")
-        if getattr(param, "_local_tensor", None) is not None:
-            raise NotImplementedError(f"fully_shard: parameters that are already DTensors (tensor parallel) are not "
-                                      f"supported here, got {type(param).__name__} of shape {tuple(param.shape)}")
         shard_rank, shard_world_size = self.mesh_info.shard_mesh_rank, self.mesh_info.shard_mesh_size
         self._orig_size = param.size()
         self._contiguous_orig_stride = torch.empty(self._orig_size, device="meta").stride()
@@ -164,6 +166,10 @@ class FSDPParam:
     @property
     def unsharded_param(self) -> nn.Parameter:
         return self._unsharded_param
+
+    @property
+    def unsharded_grad_data(self) -> torch.Tensor:
+        return self._unsharded_param.grad
 
     # -- registration ---------------------------------------------------------------------------------------------
 

@@ -262,7 +262,7 @@ class FSDPParamGroup:
             if param is None or param.grad is None:
                 continue
             with_grad.append(fsdp_param)
-            grads.append(param.grad)
+            grads.append(fsdp_param.unsharded_grad_data)
             param.grad = None
         return with_grad, grads
 

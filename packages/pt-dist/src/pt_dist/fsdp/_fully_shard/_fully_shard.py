@@ -8,7 +8,6 @@ bottom-up: per block, then on the root.
 
 from __future__ import annotations
 
-import functools
 from contextlib import contextmanager
 
 from torch import nn
@@ -29,8 +28,7 @@ from pt_dist.fsdp._fully_shard._fsdp_init import (
 from pt_dist.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 from pt_dist.fsdp._fully_shard._fsdp_state import FSDPState, _get_module_fsdp_state
 
-__all__ = ["FSDPModule", "UnshardHandle", "disable_fsdp_module_new_init", "fully_shard", "get_cls_to_fsdp_cls",
-           "register_fsdp_forward_method"]
+__all__ = ["FSDPModule", "UnshardHandle", "disable_fsdp_module_new_init", "fully_shard", "get_cls_to_fsdp_cls"]
 
 cls_to_fsdp_cls: dict[type, type] = {}
 
@@ -228,24 +226,6 @@ class _UnshardHandleImpl(UnshardHandle):
             for group in self._fsdp_param_groups:
                 group.wait_for_unshard()
             self._fsdp_param_groups = None
-
-
-def register_fsdp_forward_method(module: nn.Module, method_name: str) -> None:
-    """Run FSDP's pre/post-forward around ``module.<method_name>`` too (e.g. ``generate``); no-op if not FSDP."""
-    if not isinstance(module, FSDPModule):
-        return
-    if not hasattr(module, method_name):
-        raise ValueError(f"{type(module)} does not have a method {method_name}")
-    orig_method = getattr(module, method_name)
-
-    @functools.wraps(orig_method)
-    def wrapped_method(self, *args, **kwargs):
-        fsdp_state = self._get_fsdp_state()
-        args, kwargs = fsdp_state._pre_forward(self, args, kwargs)
-        out = orig_method(*args, **kwargs)
-        return fsdp_state._post_forward(self, args, out)
-
-    setattr(module, method_name, wrapped_method.__get__(module, type(module)))
 
 
 def _assert_all_fsdp_modules(modules) -> None:
