@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
 
 import huggingface_hub
 import pytest
@@ -219,3 +221,24 @@ def test_download_goes_through_hf_hub_download(tmp_path, monkeypatch, trained_to
     tok = AutoTokenizer.from_pretrained(REPO, cache_dir=cache, token="hf_secret")
     assert tok(PROMPTS[0])["input_ids"] == transformers.AutoTokenizer.from_pretrained(served)(PROMPTS[0])["input_ids"]
     assert {"tokenizer.json", "tokenizer_config.json"} <= {c["filename"] for c in calls}
+
+
+def test_hf_home_and_hf_hub_offline_from_the_environment(tmp_path, trained_tokenizer_dir):
+    """A fresh process with only ``HF_HOME`` and ``HF_HUB_OFFLINE=1`` in its environment finds the name under
+    ``$HF_HOME/hub`` and loads the same model transformers loads there."""
+    home = tmp_path / "hf-home"
+    add_snapshot(str(home / "hub"), REPO, SHA_A, transformers_checkpoint(tmp_path / "ckpt", trained_tokenizer_dir, 0))
+    code = (
+        "import torch, transformers, hf_lite\n"
+        f"ids = torch.tensor([[5, 6, 7, 8]])\n"
+        f"ours = hf_lite.AutoModelForCausalLM.from_pretrained({REPO!r})(input_ids=ids).logits\n"
+        f"theirs = transformers.AutoModelForCausalLM.from_pretrained({REPO!r})(input_ids=ids).logits\n"
+        "torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)\n"
+        f"assert hf_lite.AutoTokenizer.from_pretrained({REPO!r}).model_max_length > 0\n"
+        "print('loaded from', hf_lite.utils.hub.cached_file(" + repr(REPO) + ", 'config.json'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env.update(HF_HOME=str(home), HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"loaded from {home / 'hub'}" in done.stdout

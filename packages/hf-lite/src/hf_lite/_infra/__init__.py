@@ -1,2 +1,3 @@
 """hf-lite's infrastructure: the hardening the core calls at one point (atomic writes and directory swaps, validated
-safetensors headers). Imports neither the core nor ``_compat``."""
+safetensors headers, hub names resolved and pushed through ``huggingface_hub`` in ``hub.py``). Imports neither the
+core nor ``_compat``."""
