@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import huggingface_hub
@@ -19,7 +16,7 @@ from paged_serve import LLM, EngineArgs, SamplingParams
 from transformers import AutoModelForCausalLM
 
 from .hub_cache import add_to_hub_cache
-from .test_serve_flags import _free_port
+from .test_serve_flags import start_server
 
 SHA_A, SHA_B, SHA_T = "a" * 40, "b" * 40, "c" * 40
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -136,23 +133,10 @@ def test_a_failed_download_names_the_model(hub, monkeypatch):
 
 
 def test_serve_a_hub_name_from_the_cache(hub):
-    port = _free_port()
     env = {**os.environ, "TRITON_INTERPRET": "1", "TOKENIZERS_PARALLELISM": "false"}  # the fixture's HF_* too
-    cmd = [sys.executable, "-m", "paged_serve.entrypoints.cli", "serve", "org/tiny", "--revision", "v2", "--port",
-           str(port), "--num-gpu-blocks", "64", "--log-level", "warning"]  # fmt: skip
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
+    server, url = start_server(["org/tiny", "--revision", "v2", "--num-gpu-blocks", "64", "--log-level", "warning"],
+                               env)  # fmt: skip
     try:
-        deadline = time.time() + 90
-        while True:
-            assert server.poll() is None, server.stderr.read()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.time() < deadline, "the server did not start"
-            time.sleep(0.2)
         assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == ["org/tiny"]
         body = {"model": "org/tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
         reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()

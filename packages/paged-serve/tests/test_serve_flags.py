@@ -91,30 +91,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_server(args: list[str], env: dict) -> tuple[subprocess.Popen, str]:
+    """``paged-serve serve *args`` on a free loopback port, once /health answers: (the process, its URL)."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "paged_serve.entrypoints.cli", "serve", *args, "--port", str(port)]
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        assert server.poll() is None, server.stderr.read()
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return server, url
+        except httpx.TransportError:
+            pass
+        assert time.time() < deadline, "the server did not start"
+        time.sleep(0.2)
+
+
 def test_benchmark_serving_server_command_starts_with_the_pasted_flags(checkpoint, tmp_path):
     """``vllm serve <your_model> --swap-space 16 --disable-log-requests`` (benchmark_serving.py's docstring), plus
     the server flags users add: two served names, a chat template file, an API key, a no-op flag."""
     path, _ = checkpoint("llama")
     template = tmp_path / "template.jinja"
     template.write_text("{% for m in messages %}## {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}## assistant:")
-    port = _free_port()
-    cmd = [sys.executable, "-m", "paged_serve.entrypoints.cli", "serve", path, "--swap-space", "16",
-           "--disable-log-requests", "--port", str(port), "--served-model-name", "first", "second",
-           "--chat-template", str(template), "--api-key", "sesame", "--disable-log-stats", "--max-model-len", "128",
-           "--num-gpu-blocks", "64", "--log-level", "info"]  # fmt: skip
-    server = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer sesame"}
+    args = [path, "--swap-space", "16", "--disable-log-requests", "--served-model-name", "first", "second",
+            "--chat-template", str(template), "--api-key", "sesame", "--disable-log-stats", "--max-model-len", "128",
+            "--num-gpu-blocks", "64", "--log-level", "info"]  # fmt: skip
+    server, url = start_server(args, ENV)
+    auth = {"Authorization": "Bearer sesame"}
     try:
-        deadline = time.time() + 90
-        while True:
-            assert server.poll() is None, server.stderr.read()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.time() < deadline, "the server did not start"
-            time.sleep(0.2)
         assert httpx.get(f"{url}/v1/models").status_code == 401
         assert [m["id"] for m in httpx.get(f"{url}/v1/models", headers=auth).json()["data"]] == ["first"]
         messages = [{"role": "user", "content": "the lazy dog"}]
