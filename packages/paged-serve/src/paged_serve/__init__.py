@@ -2,6 +2,7 @@
 
 from paged_serve._compat.arg_utils import EngineArgs
 from paged_serve._compat.llm import LLM
+from paged_serve._compat.model_executor.models import registry as _model_families  # noqa: F401 (registers them)
 from paged_serve.engine.llm_engine import LLMEngine
 from paged_serve.inputs import PromptType, TextPrompt, TokensPrompt
 from paged_serve.outputs import CompletionOutput, RequestOutput

@@ -10,6 +10,7 @@ is a group of one and every collective is the identity.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 
@@ -26,7 +27,8 @@ def _move(obj, device):
     if isinstance(obj, (list, tuple)):
         return type(obj)(_move(v, device) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _move(getattr(obj, f.name), device) for f in dataclasses.fields(obj)})
+        moved = {f.name: _move(getattr(obj, f.name), device) for f in dataclasses.fields(obj)}
+        return dataclasses.replace(obj, **moved)
     return obj
 
 
@@ -92,6 +94,18 @@ def init_distributed_environment(world_size: int, rank: int, distributed_init_me
     # the metadata group's workers wait for the next step however long the engine stays idle
     cpu_group = dist.new_group(list(range(world_size)), backend="gloo", timeout=datetime.timedelta(days=1))
     _TP = GroupCoordinator(rank, world_size, device, dist.group.WORLD, cpu_group)
+
+
+@contextlib.contextmanager
+def use_tp_group(group: GroupCoordinator):
+    """Make ``group`` current while a model is built (its layers keep the group current at construction), so a
+    one-rank engine built beside a tensor-parallel one in the same process stays one rank."""
+    global _TP
+    previous, _TP = _TP, group
+    try:
+        yield group
+    finally:
+        _TP = previous
 
 
 def destroy_model_parallel() -> None:

@@ -22,42 +22,33 @@ from paged_serve.engine.metrics import StatLogger, Stats
 from paged_serve.engine.output_processor import OutputProcessor, RequestState
 from paged_serve.engine.prompt_logprobs import record_prompt_logprobs
 from paged_serve.engine.stop_checker import StopChecker
+from paged_serve.executor.multiproc_executor import MultiprocExecutor
 from paged_serve.inputs import PromptType
 from paged_serve.model_executor.layers.sampler import Sampler
-from paged_serve.model_executor.model_loader import get_model, load_hf_config, resolve_dtype
+from paged_serve.model_executor.model_loader import load_hf_config
 from paged_serve.outputs import RequestOutput
 from paged_serve.sampling_params import SamplingParams
 from paged_serve.transformers_utils.tokenizer import Tokenizer
-from paged_serve.worker.kv_budget import initialize_kv_cache
-from paged_serve.worker.model_runner import ModelRunner
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but no CUDA device is available")
-    return torch.device(name)
+from paged_serve.worker.worker import ExecuteModelRequest
 
 
 class LLMEngine:
     def __init__(self, vllm_config: VllmConfig):
         self.model_config = model_config = vllm_config.model_config
         self.cache_config, self.scheduler_config = vllm_config.cache_config, vllm_config.scheduler_config
-        self.device = _device(model_config.device)
+        self.parallel_config = vllm_config.parallel_config
         model_dir = Path(model_config.model)
         self.hf_config = load_hf_config(model_dir)
-        self.dtype = resolve_dtype(model_config.dtype, self.hf_config)
+        self.parallel_config.verify_with_hf_config(self.hf_config)  # before any worker starts
         self.tokenizer = None
         if not model_config.skip_tokenizer_init:
             self.tokenizer = Tokenizer(model_config.tokenizer or model_config.model)
-        self.model = get_model(model_dir, self.dtype, self.device, self.hf_config)
+        self.model_executor = MultiprocExecutor(vllm_config)  # the driver's Worker here, the other ranks' processes
+        driver = self.model_executor.driver_worker
+        self.model, self.cache_engine, self.model_runner = driver.model, driver.cache_engine, driver.model_runner
+        self.device, self.dtype = driver.device, driver.dtype
         self.vocab_size = self.hf_config["vocab_size"]
-        num_layers = self.hf_config.get("num_hidden_layers") or self.hf_config["n_layer"]
-        self.cache_engine = initialize_kv_cache(self.cache_config, self.scheduler_config, self.model, num_layers,
-                                                self.dtype, self.device)  # fmt: skip
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config)
-        self.model_runner = ModelRunner(self.model, self.cache_config.block_size, self.device)
         self.sampler = Sampler(torch.Generator(self.device).manual_seed(model_config.seed))
         self.seq_counter = itertools.count()
         stop_checker = StopChecker(self.scheduler_config.max_model_len)
@@ -121,13 +112,11 @@ class LLMEngine:
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
         metas, outs = self.scheduler.schedule()
-        self.cache_engine.swap_out(outs.blocks_to_swap_out)
-        self.cache_engine.swap_in(outs.blocks_to_swap_in)
-        self.cache_engine.copy(outs.blocks_to_copy)
+        model_input = self.model_runner.prepare_input(metas) if metas else None
+        request = ExecuteModelRequest(outs.blocks_to_swap_in, outs.blocks_to_swap_out, outs.blocks_to_copy, model_input)
+        logits = self.model_executor.execute_model(request)  # every rank: swaps, copies, forward; logits here
         num_prompt = num_gen = 0
         if metas:
-            model_input = self.model_runner.prepare_input(metas)
-            logits = self.model_runner.execute_model(model_input, self.cache_engine.gpu_cache)
             self.scheduler.update_from_output(outs)  # the scheduled tokens have KV now
             num_prompt = model_input.attn_metadata.num_prefill_tokens
             num_gen = len(model_input.sampled_seqs)  # the sampled rows come first, then prompt_logprobs rows
@@ -151,3 +140,16 @@ class LLMEngine:
 
     def get_stats(self) -> Stats:
         return self.stat_logger.snapshot(self.scheduler, self.cache_config)
+
+    def shutdown(self) -> None:
+        """Stop the executor's worker processes (vLLM ``LLMEngine.shutdown``); nothing outlives the engine. Then
+        drop the requests, the model and the KV cache, so a second engine in the process has the memory.
+        Idempotent; ``__del__`` calls it (``del llm``)."""
+        if getattr(self, "model_executor", None) is None:
+            return
+        self.model_executor.shutdown()
+        self.abort_request(list(self.requests))
+        self.model_executor = self.model = self.model_runner = self.cache_engine = None
+
+    def __del__(self):
+        self.shutdown()

@@ -16,16 +16,27 @@ import torch
 from safetensors import safe_open
 
 from paged_serve.model_executor.layers.rotary_embedding import RotaryEmbedding
-from paged_serve.model_executor.models.gpt2 import GPT2LMHeadModel
 from paged_serve.model_executor.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
-MODEL_REGISTRY = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "GPT2LMHeadModel": GPT2LMHeadModel,
-}
+
+class ModelRegistry:
+    """Architecture name (config.json ``architectures``) -> model class (vLLM ``ModelRegistry``); the other families
+    register themselves from ``_compat/model_executor/models/``."""
+
+    models: dict[str, type] = {"LlamaForCausalLM": LlamaForCausalLM, "MistralForCausalLM": LlamaForCausalLM}
+
+    @classmethod
+    def register_model(cls, model_arch: str, model_cls: type) -> None:
+        cls.models[model_arch] = model_cls
+
+    @classmethod
+    def get_supported_archs(cls) -> list[str]:
+        return sorted(cls.models)
+
+
+MODEL_REGISTRY = ModelRegistry.models
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -61,17 +72,15 @@ def model_class(config: dict):
     for arch in config.get("architectures") or []:
         if arch in MODEL_REGISTRY:
             return MODEL_REGISTRY[arch]
-    by_type = {"llama": LlamaForCausalLM, "mistral": LlamaForCausalLM, "gpt2": GPT2LMHeadModel}
-    if config.get("model_type") in by_type:
-        return by_type[config["model_type"]]
     raise ValueError(
         f"architectures {config.get('architectures')} (model_type {config.get('model_type')!r}) not supported; "
-        f"supported: {sorted(MODEL_REGISTRY)}"
+        f"supported: {ModelRegistry.get_supported_archs()}"
     )
 
 
-def iterate_weights(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor of the checkpoint, shard by shard."""
+def iterate_weights(model_dir: str | Path) -> Iterator[tuple[str, object]]:
+    """(name, lazy slice) for every tensor of the checkpoint, file by file: a weight loader reads only the part
+    its rank keeps (``slice[a:b]``, ``slice[:]`` for all of it)."""
     model_dir = Path(model_dir)
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
@@ -83,7 +92,7 @@ def iterate_weights(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]
     for name in files:
         with safe_open(str(model_dir / name), framework="pt", device="cpu") as f:
             for key in f.keys():
-                yield key, f.get_tensor(key)
+                yield key, f.get_slice(key)
 
 
 def get_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device, config: dict | None = None):

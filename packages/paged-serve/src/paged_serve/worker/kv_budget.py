@@ -14,6 +14,7 @@ import logging
 import torch
 
 from paged_serve.config import CacheConfig, SchedulerConfig
+from paged_serve.distributed.parallel_state import GroupCoordinator
 from paged_serve.model_executor.layers.attention import AttentionMetadata
 from paged_serve.worker.cache_engine import CacheEngine
 
@@ -95,11 +96,13 @@ def determine_num_blocks(
 
 
 def initialize_kv_cache(cache: CacheConfig, config: SchedulerConfig, model, num_layers: int, dtype: torch.dtype,
-                        device: torch.device) -> CacheEngine:  # fmt: skip
+                        device: torch.device, tp_group: GroupCoordinator | None = None) -> CacheEngine:  # fmt: skip
     """Size both pools (``determine_num_blocks``), record the counts in ``cache`` and allocate every layer's KV
     cache (vLLM ``Worker.initialize_cache``); the device pool must hold at least one ``max_model_len`` sequence."""
     geometry = (cache.block_size, num_layers, model.num_kv_heads, model.head_dim, dtype)
-    num_gpu, num_cpu = determine_num_blocks(cache, model, geometry, device, config)
+    # every rank must hold the same blocks: the fewest any rank can (vLLM's executor takes the minimum)
+    num_blocks = determine_num_blocks(cache, model, geometry, device, config)
+    num_gpu, num_cpu = (tp_group or GroupCoordinator()).min_over_ranks(num_blocks)
     if num_gpu * cache.block_size < config.max_model_len:
         raise ValueError(
             f"max_model_len ({config.max_model_len}) is larger than the KV cache holds ({num_gpu} blocks x "
