@@ -13,8 +13,11 @@ from pt_dist.tensor.placement_types import Replicate
 aten = torch.ops.aten
 
 
-@register_prop_rule([getattr(aten, n) for n in dir(aten) if n.startswith("_foreach_")
-                     and n not in ("_foreach_norm", "_foreach_max")])
+_NAMES = sorted({n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
+                 if n.startswith("aten::_foreach_")} - {"_foreach_norm", "_foreach_max"})
+
+
+@register_prop_rule([getattr(aten, n) for n in _NAMES])
 def foreach_rule(call: OpCall) -> OutputSharding:
     element, lead = [], None  # per spec: its index in its list (None: not in a list); the first list's specs
     i = 0

@@ -162,3 +162,17 @@ def slice_backward_rule(call: OpCall) -> OutputSharding:
     sizes = list(call.arg(1, "input_sizes"))
     dim = call.arg(2, "dim") % max(len(sizes), 1)
     return _with_local_size(call, _map_dims(call, lambda d: None if d == dim else d), sizes)
+
+
+@register_prop_rule([aten.view_as_complex])
+def view_as_complex_rule(call: OpCall) -> OutputSharding:
+    """``[..., 2]`` real pairs as complex numbers: the pair dim goes (a shard of it is gathered first)."""
+    last = call.specs[0].ndim - 1
+    return _map_dims(call, lambda d: None if d == last else d)
+
+
+@register_prop_rule([aten.view_as_real, aten._conj, aten.conj_physical, aten._conj_physical, aten.resolve_conj,
+                     aten.resolve_neg])
+def view_as_real_rule(call: OpCall) -> OutputSharding:
+    """Complex numbers as ``[..., 2]`` real pairs (a new last dim), and the conjugate views: shards stay."""
+    return _map_dims(call, lambda d: d)
