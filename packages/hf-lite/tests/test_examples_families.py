@@ -134,3 +134,64 @@ def test_run_generation_samples_what_transformers_samples(workdir, model_type):
     ours = _sequences(_run(workdir, os.path.join(EXAMPLES, "run_generation.py"), args).stdout)
     assert len(theirs) == 3 and ours == theirs
     assert len({s.split("\n", 1)[1] for s in ours}) > 1, "sanity: the three samples differ"
+
+
+# ------------------------------------------------------------------------------------------------------ run_glue.py
+GLUE_ARGS = [
+    "--model_name_or_path", "llama", "--train_file", "train.csv", "--validation_file", "valid.csv",
+    "--test_file", "test.csv", "--do_train", "--do_eval", "--do_predict", "--max_seq_length", "32",
+    "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--max_steps", "6",
+    "--learning_rate", "1e-3", "--seed", "0", "--report_to", "none", "--save_strategy", "no", "--use_cpu",
+    "--optim", "adamw_torch", "--disable_tqdm", "true", "--logging_steps", "1",
+]  # fmt: skip
+TIMINGS = ("_runtime", "_per_second")
+
+
+def _label(line: str) -> int:
+    return len(line) % 3
+
+
+@pytest.fixture(scope="module")
+def glue_workdir(workdir):
+    """Three CSVs of stdlib source lines labelled by their length mod 3 (three classes), and the local accuracy
+    metric `evaluate.load("accuracy")` finds in the working directory."""
+    pytest.importorskip("datasets", reason="run_glue.py loads its CSVs with `datasets`")
+    pytest.importorskip("evaluate", reason="run_glue.py computes accuracy with `evaluate`")
+    import csv
+
+    from test_examples import ACCURACY
+
+    lines = [line.strip() for line in stdlib_texts(6)[0].splitlines() if len(line.strip()) > 8][:80]
+    for name, rows in (("train.csv", lines[:48]), ("valid.csv", lines[48:64]), ("test.csv", lines[64:80])):
+        with open(workdir / name, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["sentence", "label"])
+            writer.writerows([line, _label(line)] for line in rows)
+    (workdir / "accuracy").mkdir(exist_ok=True)
+    (workdir / "accuracy" / "accuracy.py").write_text(ACCURACY)
+    (workdir / "run_glue_upstream.py").write_text(upstream_source("run_glue.py", GLUE_IMPORTS))
+    return workdir
+
+
+def _results(directory, name):
+    results = json.loads((directory / name).read_text())
+    return {k: v for k, v in results.items() if not k.endswith(TIMINGS)}
+
+
+def test_run_glue_trains_evaluates_and_predicts_as_transformers(glue_workdir):
+    _run(glue_workdir, glue_workdir / "run_glue_upstream.py", [*GLUE_ARGS, "--output_dir", "glue_t"])
+    proc = _run(glue_workdir, os.path.join(EXAMPLES, "run_glue.py"), [*GLUE_ARGS, "--output_dir", "glue_o"])
+    theirs_dir, ours_dir = glue_workdir / "glue_t", glue_workdir / "glue_o"
+    for name in ("train_results.json", "eval_results.json", "all_results.json"):
+        theirs, ours = _results(theirs_dir, name), _results(ours_dir, name)
+        assert sorted(ours) == sorted(theirs), name
+        assert ours == pytest.approx(theirs, rel=1e-5), name
+    assert (ours_dir / "predict_results_None.txt").read_text() == (theirs_dir / "predict_results_None.txt").read_text()
+    losses = [[h["loss"] for h in json.loads((d / "trainer_state.json").read_text())["log_history"] if "loss" in h]
+              for d in (theirs_dir, ours_dir)]
+    assert len(losses[0]) == 6 and losses[1] == pytest.approx(losses[0], rel=1e-6)  # the new score head's init too
+    assert "***** eval metrics *****" in proc.stdout + proc.stderr
+    config = json.loads((ours_dir / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForSequenceClassification"] and len(config["id2label"]) == 3
+    again = transformers.AutoModelForSequenceClassification.from_pretrained(ours_dir)
+    assert again.config.num_labels == 3

@@ -26,6 +26,10 @@ _BASE_DEFAULTS: dict[str, Any] = {
     "output_attentions": False, "return_dict": True, "chunk_size_feed_forward": 0, "problem_type": None,
 }
 
+# transformers' defaults of what classification heads read, answered while unset and written once set.
+_UNSET_DEFAULTS: dict[str, Any] = {"id2label": {0: "LABEL_0", 1: "LABEL_1"}, "label2id": {"LABEL_0": 0, "LABEL_1": 1},
+                                   "finetuning_task": None}
+
 
 def to_torch_dtype(dtype) -> torch.dtype | None:
     """``"bfloat16"`` / ``"torch.bfloat16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; anything else is an error."""
@@ -94,8 +98,8 @@ class PretrainedConfig:
             return self.dtype
         if key in _BASE_DEFAULTS and not key.startswith("__"):
             return copy.copy(_BASE_DEFAULTS[key])
-        if key in ("id2label", "label2id"):  # unset: two labels, not written to config.json
-            return {0: "LABEL_0", 1: "LABEL_1"} if key == "id2label" else {"LABEL_0": 0, "LABEL_1": 1}
+        if key in _UNSET_DEFAULTS:
+            return copy.deepcopy(_UNSET_DEFAULTS[key])
         raise AttributeError(f"{type(self).__name__} has no attribute {key!r}")
 
     def __init__(self, *, vocab_size: int | None = None, torch_dtype: str | torch.dtype | None = None, **kwargs):

@@ -86,6 +86,7 @@ class TrainingArguments:
     eval_delay: float = field(default=0, metadata={"help": "Steps or epochs before the first evaluation."})
     eval_on_start: bool = field(default=False, metadata={"help": "Evaluate before the first step."})
     prediction_loss_only: bool = field(default=False, metadata={"help": "Evaluate the loss only."})
+    eval_do_concat_batches: bool = field(default=True, metadata={"help": "Predictions as one array (only True)."})
     save_strategy: str = field(default="steps", metadata={"help": "no, steps, epoch, best"})
     save_steps: float = field(default=500, metadata={"help": "Save every X steps (or a ratio in [0, 1))."})
     save_total_limit: int | None = field(default=None, metadata={"help": "Keep at most this many checkpoints."})
@@ -118,6 +119,8 @@ class TrainingArguments:
     def __post_init__(self):
         if self.push_to_hub:
             raise ValueError("push_to_hub=True: hf-lite has no hub; save_model() writes a local directory")
+        if not self.eval_do_concat_batches:
+            raise ValueError("eval_do_concat_batches=False: hf-lite's evaluation loop concatenates the batches")
         if self.output_dir is None:
             self.output_dir = "trainer_output"
         self.output_dir = os.path.expanduser(os.fspath(self.output_dir))
