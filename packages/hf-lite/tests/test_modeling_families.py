@@ -114,6 +114,30 @@ def test_save_pretrained_loads_back_in_transformers(family, tmp_path):
     torch.testing.assert_close(_logits(again, ids, mask)[real], _logits(theirs, ids, mask)[real], rtol=0, atol=0)
 
 
+def test_loss_and_gradients_match_transformers_with_checkpointing(family):
+    """Training through each family: the loss over -100-masked labels and every parameter's gradient as transformers
+    computes them, with hf-lite recomputing its blocks in backward (gradient checkpointing)."""
+    _, theirs, directory, _ = family
+    ours = AutoModelForCausalLM.from_pretrained(directory)
+    ours.gradient_checkpointing_enable()
+    ours.train()
+    theirs.train()
+    ids, mask = _batch(seed=3)
+    labels = ids.masked_fill(mask == 0, -100)
+    theirs.zero_grad()
+    expected = theirs(input_ids=ids, attention_mask=mask, labels=labels).loss
+    expected.backward()
+    got = ours(input_ids=ids, attention_mask=mask, labels=labels).loss
+    got.backward()
+    theirs.eval()  # the module-scoped fixture's model goes back as the other tests expect it
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    grads = {name: p.grad for name, p in theirs.named_parameters() if p.grad is not None}
+    assert grads and {name for name, p in ours.named_parameters() if p.grad is not None} == set(grads)
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], rtol=1e-5, atol=1e-6, msg=name)
+    theirs.zero_grad()
+
+
 def test_sliding_window_changes_the_result():
     """The window is live in the tests above: the same Mistral weights without it give other logits."""
     config = transformers.MistralConfig(**LLAMA_LIKE, sliding_window=3)
