@@ -130,8 +130,8 @@ def test_training_md_bf16_padded_gqa_run_matches_transformers_per_step(tmp_path,
     common = dict(num_train_epochs=2, per_device_train_batch_size=2, gradient_accumulation_steps=4, bf16=True,
                   learning_rate=2e-3, logging_steps=1, eval_strategy="epoch", save_strategy="no", report_to="none",
                   disable_tqdm=True, use_cpu=True, seed=3)
-    t = transformers.Trainer(model=theirs, args=transformers.TrainingArguments(output_dir=str(tmp_path / "t"), **common),
-                             train_dataset=rows[:24], eval_dataset=rows[24:30],
+    their_args = transformers.TrainingArguments(output_dir=str(tmp_path / "t"), **common)
+    t = transformers.Trainer(model=theirs, args=their_args, train_dataset=rows[:24], eval_dataset=rows[24:30],
                              data_collator=transformers.DataCollatorForLanguageModeling(tok, mlm=False))
     t.train()
     their_grads, grads[:] = list(grads), []
