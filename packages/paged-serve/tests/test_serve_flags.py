@@ -5,8 +5,10 @@ docstring starts and serves."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +24,8 @@ from paged_serve._compat.openai.protocol import CompletionRequest
 from paged_serve._compat.openai.serving_engine import OpenAIServing
 from paged_serve.entrypoints.cli import make_parser
 from transformers import AutoTokenizer
+
+from .server_util import Server
 
 ENV = {**os.environ, "TRITON_INTERPRET": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
@@ -76,7 +80,10 @@ def test_a_flag_vllm_does_not_have_either_is_argparse_s_error(capsys):
 
 
 def test_disable_log_requests_silences_the_per_request_line(caplog):
-    fake = SimpleNamespace(engine=SimpleNamespace(tokenizer=None, scheduler_config=SimpleNamespace(max_model_len=8)))
+    model_config = SimpleNamespace(get_diff_sampling_param=dict)
+    scheduler_config = SimpleNamespace(max_model_len=8)
+    fake = SimpleNamespace(engine=SimpleNamespace(tokenizer=None, scheduler_config=scheduler_config,
+                                                  model_config=model_config))  # fmt: skip
     request = CompletionRequest(model="m", prompt="hi", max_tokens=3)
     for log_requests, lines in ((True, 1), (False, 0)):
         caplog.clear()
@@ -139,3 +146,28 @@ def test_benchmark_serving_server_command_starts_with_the_pasted_flags(checkpoin
     assert rc == 0, err[-3000:]
     assert "--disable-log-stats accepted with no effect" in err
     assert "received request" not in err  # --disable-log-requests
+
+
+def test_the_server_takes_what_a_request_leaves_out_from_the_generation_config(checkpoint, tmp_path):
+    """vLLM's serving classes: temperature, top_p, top_k, min_p, repetition_penalty a request does not give come
+    from the model's generation_config.json, and so does max_tokens when a chat request gives none."""
+    path, _ = checkpoint("llama")
+    model = tmp_path / "model"
+    shutil.copytree(path, model)
+    (model / "generation_config.json").write_text(json.dumps({"top_k": 1, "max_new_tokens": 3, "temperature": 0.9}))
+    server = Server(str(model))
+    try:
+        messages = [{"role": "user", "content": "the lazy dog"}]
+        body = {"messages": messages, "seed": 1, "ignore_eos": True}
+        first = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
+        assert first["usage"]["completion_tokens"] == 3  # max_new_tokens
+        greedy = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "temperature": 0}, timeout=60).json()
+        assert first["choices"][0]["message"] == greedy["choices"][0]["message"]  # top_k=1 is greedy
+        sampled = set()
+        for seed in range(4):  # the request's own top_k wins over the model's: sampling, not greedy
+            body = {**body, "top_k": -1, "seed": seed, "max_tokens": 8}
+            reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
+            sampled.add(reply["choices"][0]["message"]["content"])
+        assert len(sampled) > 1
+    finally:
+        server.close()

@@ -18,6 +18,7 @@ _INT64 = 2**63
 
 
 _IGNORED = ("tools", "tool_choice", "parallel_tool_calls", "store", "metadata", "service_tier")
+_MODEL_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # generation config may set
 
 
 class ResponseFormat(BaseModel):
@@ -76,17 +77,17 @@ class _SamplingFields(BaseModel):
         """Fields accepted for compatibility that change nothing here (logged once per request)."""
         return sorted(n for n in _IGNORED if getattr(self, n, None) is not None)
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None, defaults: dict | None = None) -> SamplingParams:
+        """The request's ``SamplingParams``; a field it leaves out takes ``defaults`` (the model's generation
+        config, vLLM's ``default_sampling_params``) where that has it."""
+        unset = {k: v for k, v in (defaults or {}).items() if k in _MODEL_DEFAULTS and k not in self.model_fields_set}
+        sampling = {k: getattr(self, k) for k in _MODEL_DEFAULTS} | unset
         return SamplingParams(
             n=self.n,
             best_of=self.best_of,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty,
+            **sampling,
             seed=self.seed,
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,

@@ -48,6 +48,10 @@ class OpenAIServing:
         self.log_requests = log_requests
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len = engine.engine.scheduler_config.max_model_len
+        # what the model's generation config sets, for the fields a request leaves out (vLLM's serving classes)
+        self.default_sampling_params = engine.engine.model_config.get_diff_sampling_param()
+        if self.default_sampling_params:
+            logger.info("sampling defaults from the model's generation config: %s", self.default_sampling_params)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.model_names:
@@ -62,7 +66,8 @@ class OpenAIServing:
         return int(time.time())
 
     def check_length(self, prompt_ids: list[int], max_tokens: int | None) -> int:
-        """The request's max_tokens, checked against the context (None: whatever is left of it)."""
+        """The request's max_tokens, checked against the context (None: whatever is left of it, at most the
+        generation config's ``max_new_tokens``)."""
         if not prompt_ids:
             raise OpenAIError("the prompt is empty", param="prompt")
         room = self.max_model_len - len(prompt_ids)
@@ -73,7 +78,7 @@ class OpenAIServing:
                 param="prompt",
             )
         if max_tokens is None:
-            return room
+            return min(room, self.default_sampling_params.get("max_tokens", room))
         if max_tokens < 1:
             raise OpenAIError(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
         if max_tokens > room:
@@ -85,10 +90,9 @@ class OpenAIServing:
             )
         return max_tokens
 
-    @staticmethod
-    def make_params(request, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def make_params(self, request, max_tokens: int, logprobs: int | None) -> SamplingParams:
         try:
-            return request.sampling_params(max_tokens, logprobs)
+            return request.sampling_params(max_tokens, logprobs, self.default_sampling_params)
         except ValueError as exc:
             raise OpenAIError(str(exc)) from None
 
