@@ -1,0 +1,141 @@
+"""Tensor parallelism at world size 2 (vLLM's ``tests/distributed/test_basic_distributed_correctness.py``: greedy
+outputs of ``tensor_parallel_size=2`` equal to one rank's and to transformers'), on spawned gloo processes.
+
+Each test checks that its mode happened (preemptions by swap broadcast to the worker, KV heads replicated, the
+worker really died), and that no process outlives an engine.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from paged_serve import LLM, SamplingParams
+from paged_serve.config import ParallelConfig
+from paged_serve.distributed import get_tp_group
+
+from .test_llm_engine import _prompts, hf_greedy
+
+N_NEW = 16
+# 2 layers x 16 tokens x head_size 16 x fp32, keys and values: 4,096 bytes per KV head per block
+KV_BYTES = 12 * 4096
+
+
+def _ids(outputs):
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def _tokens(prompts):
+    return [{"prompt_token_ids": p} for p in prompts]
+
+
+def _no_workers_left():
+    deadline = time.time() + 10
+    while multiprocessing.active_children() and time.time() < deadline:
+        time.sleep(0.1)
+    return not multiprocessing.active_children() and get_tp_group().world_size == 1 and not dist.is_initialized()
+
+
+def _engine_kw():
+    # small enough that 8 prompts of up to 40 + 16 tokens preempt (by swap, which every rank must apply)
+    return dict(kv_cache_memory_bytes=KV_BYTES, max_model_len=96, preemption_mode="swap", num_cpu_blocks=32)
+
+
+def test_tp2_greedy_and_seeded_sampling_equal_one_rank_and_transformers(checkpoint):
+    path, hf = checkpoint("llama")  # 4 query heads, 2 KV heads: one KV head per rank
+    prompts = _prompts(hf.config.vocab_size, seed=3)
+    want = hf_greedy(hf, prompts, n_new=N_NEW, eos_token_id=None)
+    greedy = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
+    seeded = [SamplingParams(temperature=1.0, top_p=0.9, seed=100 + i, max_tokens=N_NEW) for i in range(len(prompts))]
+    one = LLM(path, **_engine_kw())
+    one_greedy, one_seeded = _ids(one.generate(_tokens(prompts), greedy)), _ids(one.generate(_tokens(prompts), seeded))
+    one_blocks = one.llm_engine.cache_config.num_gpu_blocks
+    one.llm_engine.shutdown()
+    tp = LLM(path, tensor_parallel_size=2, **_engine_kw())
+    try:
+        engine = tp.llm_engine
+        assert len(multiprocessing.active_children()) == 1  # the rank-1 worker
+        assert _ids(tp.generate(_tokens(prompts), greedy)) == one_greedy == want
+        assert engine.get_stats().num_preemptions_swap > 0  # swaps ran on both ranks' caches
+        assert _ids(tp.generate(_tokens(prompts), seeded)) == one_seeded
+        # each rank holds half the heads and of the vocabulary, and one of the two KV heads
+        attn = engine.model.model.layers[0].self_attn
+        assert (attn.num_heads, attn.num_kv_heads) == (2, 1)
+        assert attn.qkv_proj.weight.shape[0] == (2 + 2 * 1) * attn.head_dim
+        assert engine.model.model.layers[0].mlp.down_proj.weight.shape[1] == hf.config.intermediate_size // 2
+        assert engine.model.lm_head.weight.shape[0] * 2 >= hf.config.vocab_size
+        # the same KV bytes per rank hold twice the blocks: half the KV heads each
+        assert engine.cache_config.num_gpu_blocks == 2 * one_blocks == KV_BYTES // 4096
+        assert engine.cache_engine.gpu_cache[0][0].shape[2] == 1
+    finally:
+        tp.llm_engine.shutdown()
+    assert _no_workers_left()
+
+
+def test_tp2_with_fewer_kv_heads_than_ranks_replicates_them(checkpoint):
+    path, hf = checkpoint("llama", num_key_value_heads=1)  # MQA: the one KV head on both ranks (vLLM's rule)
+    prompts = _prompts(hf.config.vocab_size, n=4, seed=5)
+    want = hf_greedy(hf, prompts, n_new=N_NEW, eos_token_id=None)
+    tp = LLM(path, tensor_parallel_size=2, num_gpu_blocks=64)
+    try:
+        attn = tp.llm_engine.model.model.layers[0].self_attn
+        assert (attn.num_heads, attn.num_kv_heads, attn.qkv_proj.num_kv_head_replicas) == (2, 1, 2)
+        assert _ids(tp.generate(_tokens(prompts), SamplingParams(temperature=0, max_tokens=N_NEW))) == want
+    finally:
+        tp.llm_engine.shutdown()
+    assert _no_workers_left()
+
+
+def test_sizes_that_do_not_divide_the_heads_fail_before_any_worker_starts(checkpoint):
+    path, _ = checkpoint("llama")
+    with pytest.raises(ValueError, match=r"attention heads \(4\) must be divisible by tensor parallel size \(3\)"):
+        LLM(path, tensor_parallel_size=3)
+    assert not multiprocessing.active_children()
+    with pytest.raises(ValueError, match=r"key/value heads \(3\) and tensor parallel size \(2\)"):
+        ParallelConfig(2).verify_with_hf_config({"num_attention_heads": 6, "num_key_value_heads": 3})
+    ParallelConfig(4).verify_with_hf_config({"num_attention_heads": 4, "num_key_value_heads": 2})  # replicated: ok
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="tensor_parallel_size must be an int >= 1"):
+            LLM(path, tensor_parallel_size=bad)
+
+
+def test_a_worker_that_dies_mid_generation_fails_the_engine_and_leaves_no_process(checkpoint):
+    path, hf = checkpoint("llama")
+    tp = LLM(path, tensor_parallel_size=2, num_gpu_blocks=64)
+    (worker,) = multiprocessing.active_children()
+    killer = threading.Timer(1.0, os.kill, (worker.pid, signal.SIGKILL))
+    start = time.time()
+    killer.start()
+    with pytest.raises(RuntimeError, match=rf"worker rank 1 \(pid {worker.pid}\) died with exit code -9"):
+        tp.generate(_tokens(_prompts(hf.config.vocab_size, n=8)), SamplingParams(max_tokens=200, ignore_eos=True),
+                    use_tqdm=False)  # fmt: skip
+    assert time.time() - start < 60
+    with pytest.raises(RuntimeError, match="died"):  # the engine stays failed
+        tp.generate(_tokens([[5, 6, 7]]), SamplingParams(max_tokens=2), use_tqdm=False)
+    tp.llm_engine.shutdown()
+    assert _no_workers_left()
+
+
+def test_tp2_loads_only_its_slice_of_each_tensor(checkpoint):
+    """The weight loaders read lazy safetensors slices: a rank's bytes read are its share, not the checkpoint."""
+    from paged_serve.distributed.parallel_state import GroupCoordinator, use_tp_group
+    from paged_serve.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+    from safetensors import safe_open
+
+    path, hf = checkpoint("llama")
+    sd = hf.state_dict()
+    with safe_open(f"{path}/model.safetensors", framework="pt") as f, use_tp_group(GroupCoordinator(1, 2)):
+        qkv = QKVParallelLinear(64, 16, 4, 2, bias=False)
+        for shard in "qkv":
+            qkv.weight_loader(qkv.weight, f.get_slice(f"model.layers.0.self_attn.{shard}_proj.weight"), shard)
+        o = RowParallelLinear(64, 64, bias=False)
+        o.weight_loader(o.weight, f.get_slice("model.layers.0.self_attn.o_proj.weight"))
+    q, k, v = (sd[f"model.layers.0.self_attn.{s}_proj.weight"] for s in "qkv")
+    torch.testing.assert_close(qkv.weight, torch.cat([q[32:], k[16:], v[16:]]), rtol=0, atol=0)
+    torch.testing.assert_close(o.weight, sd["model.layers.0.self_attn.o_proj.weight"][:, 32:], rtol=0, atol=0)
