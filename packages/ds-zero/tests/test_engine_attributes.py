@@ -91,3 +91,85 @@ def test_engine_and_optimizer_attributes_have_deepspeeds_types_and_values():
                 assert ours[key][-1] == approx, (stage, key)
     norm = results[0][(1, "ds_zero")][("step 1 micro 1", "optimizer._global_grad_norm")]
     assert norm[0] == "Tensor" and norm[1] == () and norm[2] > 0  # the case DeepSpeed's ZeRO-3 tests read
+
+
+# DeepSpeedEngine's public surface users reach for (deepspeed/runtime/engine.py): attributes, then getters
+ATTRIBUTES = ["local_rank", "global_rank", "world_size", "dp_world_size", "mp_world_size", "device", "global_steps",
+              "global_samples", "micro_steps", "skipped_steps", "mpu", "dist_backend", "gradient_average",
+              "enable_backward_allreduce", "client_optimizer", "client_lr_scheduler", "training"]
+GETTERS = ["train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "get_lr", "get_mom",
+           "get_type", "steps_per_print", "optimizer_name", "optimizer_params", "scheduler_name", "scheduler_params",
+           "zero_optimization", "zero_optimization_stage", "zero_optimization_partition_gradients",
+           "zero_optimization_partition_weights", "zero_cpu_offload", "zero_use_cpu_optimizer", "zero_reduce_scatter",
+           "zero_overlap_comm", "zero_contiguous_gradients", "zero_reduce_bucket_size", "zero_allgather_bucket_size",
+           "zero_sub_group_size", "zero_prefetch_bucket_size", "zero_param_persistence_threshold",
+           "zero_max_live_parameters", "zero_max_reuse_distance", "fp16_enabled", "bfloat16_enabled", "loss_scale",
+           "dynamic_loss_scale", "initial_dynamic_scale", "dynamic_loss_scale_args", "gradient_clipping",
+           "wall_clock_breakdown", "is_gradient_accumulation_boundary", "get_global_grad_norm", "was_step_applied"]
+
+
+def _surface(engine, model, loader):
+    out = {name: _describe(getattr(engine, name)) for name in ATTRIBUTES}
+    out["device"] = str(engine.device)
+    out.update({f"{name}()": _describe(getattr(engine, name)()) for name in GETTERS})
+    out["module is the model"] = engine.module is model
+    out["lr_scheduler"] = type(engine.lr_scheduler).__name__
+    out["optimizer.param_groups"] = len(engine.optimizer.param_groups)
+    out["training_dataloader batches"] = len(loader)
+    out["module_state_dict keys"] = sorted(engine.module_state_dict())
+    return out
+
+
+def _public_surface(rank, world):
+    with lib.one_thread():
+        import deepspeed
+        import deepspeed.ops
+        import ds_zero
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        x, y = lib.make_data(1, 8 * GAS * world)
+        data = torch.utils.data.TensorDataset(x[0], y[0])
+        results = {}
+        for stage, dtype in ((0, "fp32"), (1, "fp32"), (2, "bf16"), (3, "fp32")):
+            for impl, init in (("deepspeed", deepspeed.initialize), ("ds_zero", ds_zero.initialize)):
+                model = lib.make_model()
+                cfg = lib.base_config(stage, world, gas=GAS, gradient_clipping=1.0, steps_per_print=5,
+                                      scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 4}})
+                cfg["bf16"] = {"enabled": dtype == "bf16"}
+                engine, _, loader, _ = init(model=model, model_parameters=model.parameters(), config=cfg,
+                                            training_data=data)
+                out = {"init": _surface(engine, model, loader)}
+                for m, (xb, yb) in enumerate(loader):
+                    xb = xb.to(torch.bfloat16) if dtype == "bf16" else xb
+                    engine.backward(torch.nn.functional.mse_loss(engine(xb).float(), yb))
+                    engine.step()
+                    out[f"micro {m}"] = _surface(engine, model, loader)
+                engine.set_gradient_accumulation_boundary(True)
+                out["forced boundary"] = engine.is_gradient_accumulation_boundary()
+                out["eval() returns"] = type(engine.eval()).__name__, engine.training
+                results[(stage, impl)] = out
+                if impl == "ds_zero":
+                    engine.destroy()
+        return results
+
+
+def test_public_attributes_and_getters_equal_deepspeeds_on_the_same_config(monkeypatch):
+    """Each name in ATTRIBUTES and GETTERS read on both engines at stages 0-3 (stage 2 in bf16), after
+    initialize and after every micro-step of a 2-step run over ``training_data``."""
+    results = run_ranks(_public_surface, 2, timeout=300, fresh=True)
+    for rank, rank_results in enumerate(results):
+        for stage in (0, 1, 2, 3):
+            theirs, ours = rank_results[(stage, "deepspeed")], rank_results[(stage, "ds_zero")]
+            assert ours.keys() == theirs.keys() and len(theirs) >= 6
+            for when in theirs:
+                if not isinstance(theirs[when], dict):
+                    assert ours[when] == theirs[when], (stage, when)
+                    continue
+                for key, value in theirs[when].items():
+                    mine = ours[when][key]
+                    if isinstance(value, tuple) and value and isinstance(value[-1], float):
+                        assert mine[:-1] == value[:-1] and mine[-1] == pytest.approx(value[-1], rel=1e-4), \
+                            (rank, stage, when, key, mine, value)
+                    else:
+                        assert mine == value, (rank, stage, when, key, mine, value)
+        assert rank_results[(0, "ds_zero")]["init"]["local_rank"] == ("int", rank)

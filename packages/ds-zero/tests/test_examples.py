@@ -181,3 +181,89 @@ def test_zero3_init_and_gathered_parameters_train_as_under_deepspeed(tmp_path):
     assert values(o_out, "position_embeddings trained") == pytest.approx(
         values(t_out, "position_embeddings trained"), rel=5e-2
     )
+
+
+# ---------------------------------------------------------------- DeepSpeedExamples training/cifar/cifar10_deepspeed.py
+CIFAR = EXAMPLES / "cifar" / "cifar10_deepspeed.py"
+CIFAR_UPSTREAM_SHA256 = "4ae71cfb528a3b91b8f95eddeb0787eba98db2b4b5b48631f5248f6765234666"
+CIFAR_IMPORTS = [
+    ("import ds_zero as deepspeed\n", "import deepspeed\n"),
+    ("from ds_zero.accelerator import get_accelerator\n", "from deepspeed.accelerator import get_accelerator\n"),
+    ("from ds_zero.moe.utils import", "from deepspeed.moe.utils import"),
+]
+CIFAR_OTHER = [  # (here, upstream): the header's non-import changes
+    ("""    trainset = torchvision.datasets.FakeData(
+        size=256, image_size=(3, 32, 32), num_classes=10, transform=transform
+    )
+    testset = torchvision.datasets.FakeData(
+        size=100, image_size=(3, 32, 32), num_classes=10, transform=transform, random_offset=256
+    )
+""", """    trainset = torchvision.datasets.CIFAR10(
+        root="./data", train=True, download=True, transform=transform
+    )
+    testset = torchvision.datasets.CIFAR10(
+        root="./data", train=False, download=True, transform=transform
+    )
+"""),
+    ("    torch.manual_seed(0)\n    net = Net(args)\n", "    net = Net(args)\n"),
+]
+
+
+def _runs_torch_adam(rank, world, plan):
+    """``_runs`` with the config the script builds in code given ``"torch_adam": true`` on its way into either
+    library's ``initialize`` (the test-only edit of the header above: DeepSpeed would JIT-compile its fused CPU
+    Adam otherwise, minutes)."""
+    import functools
+
+    import deepspeed
+    import ds_zero
+
+    def with_torch_adam(init, *args, config=None, **kwargs):
+        config = json.loads(json.dumps(config))
+        config["optimizer"]["params"]["torch_adam"] = True
+        return init(*args, config=config, **kwargs)
+
+    saved = deepspeed.initialize, ds_zero.initialize
+    deepspeed.initialize = functools.partial(with_torch_adam, saved[0])
+    ds_zero.initialize = functools.partial(with_torch_adam, saved[1])
+    try:
+        return _runs(rank, world, plan)
+    finally:
+        deepspeed.initialize, ds_zero.initialize = saved
+
+
+def test_cifar_example_is_upstream_but_for_the_listed_lines():
+    text = _deepspeed_source(CIFAR, CIFAR_IMPORTS)
+    head, rest = text.split("# ds-zero drop-in >>>\n", 1)
+    text = head + rest.split("# ds-zero drop-in <<<\n", 1)[1]
+    for here, upstream in CIFAR_OTHER:
+        assert text.count(here) == 1
+        text = text.replace(here, upstream)
+    # upstream's line ends are CRLF; the copy here has LF
+    assert hashlib.sha256(text.replace("\n", "\r\n").encode()).hexdigest() == CIFAR_UPSTREAM_SHA256
+
+
+def test_cifar_example_trains_at_zero_stages_0_to_3_as_under_deepspeed(tmp_path):
+    """The script's own config (Adam, WarmupLR, clipping 1.0, overlap_comm, its 5e7 buckets), fp32, one epoch of
+    256 FakeData images on 2 ranks: 16 steps, each step's loss printed (``--log-interval 1``), then the test-set
+    accuracy lines. The printed losses and accuracies equal DeepSpeed's at every stage."""
+    pytest.importorskip("torchvision")
+    theirs = tmp_path / "cifar10_deepspeed_ds.py"
+    theirs.write_text(_deepspeed_source(CIFAR, CIFAR_IMPORTS))
+    plan = []
+    for stage in (0, 1, 2, 3):
+        argv = ["--dtype", "fp32", "--stage", str(stage), "-e", "1", "--log-interval", "1"]
+        plan += [(str(theirs), argv), (str(CIFAR), argv)]
+    outs = run_ranks(_runs_torch_adam, 2, plan, timeout=600, fresh=True)[0]
+    for stage, (t_out, o_out) in zip((0, 1, 2, 3), zip(outs[::2], outs[1::2])):
+        t_losses, o_losses = _losses(t_out, "[ 1,"), _losses(o_out, "[ 1,")
+        assert len(t_losses) == 16 and o_losses == t_losses, (stage, o_losses, t_losses)
+        assert _losses(o_out, "Accuracy") == _losses(t_out, "Accuracy") and len(_losses(t_out, "Accuracy")) == 11
+
+
+def test_cifar_example_refuses_the_moe_layer_by_name():
+    """``--moe`` builds ``deepspeed.moe.layer.MoE``: ds_zero does not build it, and says so at construction."""
+    import ds_zero
+
+    with pytest.raises(NotImplementedError, match=r"deepspeed\.moe\.layer\.MoE\(hidden_size=84, num_experts=2"):
+        ds_zero.moe.layer.MoE(hidden_size=84, expert=torch.nn.Linear(84, 84), num_experts=2, ep_size=1, k=1)

@@ -5,18 +5,25 @@ torch-style ``output.backward(grad)`` on the engine's outputs."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
+import torch.distributed as dist
 import torch.utils._pytree as pytree
 
 from ds_zero import engine
 from ds_zero._compat import checkpoint
+from ds_zero._compat.accelerator import get_accelerator
 from ds_zero.pipe import engine as pipe_engine
+from ds_zero.runtime.zero.partition_parameters import is_zero_param
 
 
 class DeepSpeedEngineAPI:
     """DeepSpeed's engine methods that the training step itself does not need; both engines have them."""
+
+    client_optimizer = None  # the optimizer the caller passed to initialize (DeepSpeed's attribute)
+    client_lr_scheduler = None
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True) -> bool:
         return checkpoint.save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
@@ -25,6 +32,15 @@ class DeepSpeedEngineAPI:
                         load_lr_scheduler_states: bool = True):
         """Returns ``(load_path, client_state)``, or ``(None, None)`` when there is no ``latest`` (as DeepSpeed)."""
         return checkpoint.load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
+
+    def _init_distributed_vars(self) -> None:
+        """``local_rank`` from ``LOCAL_RANK`` (the launcher's; DeepSpeed requires it), ``world_size`` and the device
+        the accelerator names for it (DeepSpeed's ``_configure_with_arguments`` / ``_set_distributed_vars``)."""
+        self.local_rank = int(os.environ.get("LOCAL_RANK", -1))
+        self.world_size = dist.get_world_size()
+        self.dist_backend = get_accelerator().communication_backend_name()
+        self.gradient_average = True
+        self.enable_backward_allreduce = True
 
     def train_batch_size(self) -> int:
         return self._config.train_batch_size
@@ -42,17 +58,130 @@ class DeepSpeedEngineAPI:
     def config(self):
         return self._config
 
+    def _get_optimizer_param(self, name: str) -> list:
+        """Each group's value, 0.0 where a group has none (as DeepSpeed reads them)."""
+        return [g.get(name, 0.0) for g in self.optimizer.param_groups] if self.optimizer else []
+
     def get_lr(self) -> list[float]:
-        return [g["lr"] for g in self.optimizer.param_groups]
+        return self._get_optimizer_param("lr")
+
+    def get_mom(self) -> list:
+        """``momentum`` for SGD and RMSprop, else the Adam ``betas`` of each group."""
+        return self._get_optimizer_param("momentum" if self.optimizer_name() in ("SGD", "RMSprop") else "betas")
+
+    def get_type(self) -> list:
+        return self._get_optimizer_param("type")
+
+    def optimizer_name(self) -> str | None:
+        """The client optimizer's class name, else the config's type as DeepSpeed spells it (lower case)."""
+        if self.client_optimizer is not None:
+            return type(self.client_optimizer).__name__
+        return None if self._config.optimizer_name is None else self._config.optimizer_name.lower()
+
+    def optimizer_params(self) -> dict | None:
+        return self._config.raw.get("optimizer", {}).get("params")
+
+    def scheduler_name(self) -> str | None:
+        return self._config.scheduler_name
+
+    def scheduler_params(self) -> dict | None:
+        return self._config.raw.get("scheduler", {}).get("params")
+
+    def gradient_clipping(self) -> float:
+        return self._config.gradient_clipping
+
+    def dynamic_loss_scale(self) -> bool:
+        return self._config.fp16.loss_scale == 0
+
+    def initial_dynamic_scale(self) -> int:
+        return 2 ** self._config.fp16.initial_scale_power
+
+    def dynamic_loss_scale_args(self) -> dict:
+        f = self._config.fp16
+        return {"init_scale": 2 ** f.initial_scale_power, "scale_window": f.loss_scale_window,
+                "delayed_shift": f.hysteresis, "consecutive_hysteresis": f.consecutive_hysteresis,
+                "min_scale": f.min_loss_scale}
+
+    def wall_clock_breakdown(self) -> bool:
+        return bool(self._config.raw.get("wall_clock_breakdown", False))
+
+    def zero_optimization(self) -> bool:
+        return self._config.zero.stage > 0
+
+    def zero_optimization_partition_gradients(self) -> bool:
+        return self._config.zero.stage >= 2
+
+    def zero_optimization_partition_weights(self) -> bool:
+        return self._config.zero.stage >= 3
+
+    def zero_cpu_offload(self) -> bool:
+        return self._config.zero.offload_optimizer.device == "cpu"
+
+    def zero_use_cpu_optimizer(self) -> bool:
+        return self._config.zero.offload_optimizer.device in ("cpu", "nvme")
+
+    def zero_reduce_scatter(self) -> bool:
+        return self._config.zero.reduce_scatter
+
+    def zero_overlap_comm(self) -> bool:
+        return self._config.zero.overlap_comm
+
+    def zero_contiguous_gradients(self) -> bool:
+        return self._config.zero.contiguous_gradients
+
+    def zero_reduce_bucket_size(self) -> int:
+        return self._config.zero.reduce_bucket_size
+
+    def zero_allgather_bucket_size(self) -> int:
+        return self._config.zero.allgather_bucket_size
+
+    def zero_sub_group_size(self) -> int:
+        return self._config.zero.sub_group_size
+
+    def zero_prefetch_bucket_size(self) -> int:
+        return self._config.zero.prefetch_bucket_size
+
+    def zero_param_persistence_threshold(self) -> int:
+        return self._config.zero.param_persistence_threshold
+
+    def zero_max_live_parameters(self) -> int:
+        return self._config.zero.max_live_parameters
+
+    def zero_max_reuse_distance(self) -> int:
+        return self._config.zero.max_reuse_distance
+
+    def get_data_parallel_rank(self) -> int:
+        return self.groups.dp_rank
+
+    def get_model_parallel_rank(self) -> int:
+        return 0 if self.mpu is None else self.mpu.get_model_parallel_rank()
+
+    def train(self, mode: bool = True) -> None:
+        """Switches the wrapped module only and returns None, as DeepSpeed's engine does."""
+        self.module.train(mode)
+
+    def eval(self) -> None:
+        self.module.train(False)
+
+    def module_state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False,
+                          exclude_frozen_parameters: bool = False) -> dict:
+        sd = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if exclude_frozen_parameters:
+            for n, p in self.module.named_parameters():
+                if not p.requires_grad:
+                    sd.pop(prefix + n, None)
+        return sd
 
     def was_step_applied(self) -> bool:
         """Whether the last ``step()`` updated the parameters (False off a boundary or on an fp16 overflow)."""
         return self._step_applied
 
     def get_global_grad_norm(self):
-        """The last step's gradient norm: a 0-dim tensor at ZeRO stages 1-3, a float at stage 0, inf after an
-        overflow, None before the first step (DeepSpeed's types)."""
-        return self.optimizer.get_global_grad_norm() if self._stepped else None
+        """The last step's gradient norm: a 0-dim tensor at ZeRO stages 1-3, a float at stage 0 in fp16/bf16, inf
+        after an overflow, None before the first step (DeepSpeed's types). None at stage 0 in fp32 too: DeepSpeed
+        then steps the bare torch optimizer, which keeps no norm."""
+        bare = self._config.zero.stage == 0 and not (self.fp16_enabled() or self.bfloat16_enabled())
+        return self.optimizer.get_global_grad_norm() if self._stepped and not bare else None
 
     def fp16_enabled(self) -> bool:
         return self._config.fp16.enabled
@@ -83,14 +212,37 @@ class DeepSpeedEngineAPI:
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'") from None
 
 
+def _to_accelerator(model: torch.nn.Module) -> None:
+    """DeepSpeed's engine moves the module to its accelerator's device for ``LOCAL_RANK``
+    (``_configure_distributed_model``); a model built partitioned by ``zero.Init`` is already placed."""
+    accel, local_rank = get_accelerator(), int(os.environ.get("LOCAL_RANK", -1))
+    if accel.device_name() == "cpu" or local_rank < 0 or any(is_zero_param(p) for p in model.parameters()):
+        return
+    accel.set_device(local_rank)
+    model.to(torch.device(accel.device_name(local_rank)))
+
+
 class DeepSpeedEngine(DeepSpeedEngineAPI, engine.DeepSpeedEngine):
     """``output.backward(grad)`` without ``engine.backward``: hooks on the outputs scale the gradient as
     ``engine.backward`` scales the loss, and finish the micro-step after autograd is done."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, model, *args, **kwargs):
+        _to_accelerator(model)
+        super().__init__(model, *args, **kwargs)
+        self._init_distributed_vars()
         self._in_engine_backward = False
         self._torch_style_backward = False
+        self._forced_boundary = None
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        if self._forced_boundary is not None:
+            return self._forced_boundary
+        return super().is_gradient_accumulation_boundary()
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Make every following micro-step a boundary or not, for loops that call ``step()`` once per batch
+        (DeepSpeed's override of the micro-step count)."""
+        self._forced_boundary = is_boundary
 
     def forward(self, *inputs, **kwargs):
         out = super().forward(*inputs, **kwargs)
@@ -128,6 +280,7 @@ class PipelineEngine(DeepSpeedEngineAPI, pipe_engine.PipelineEngine):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._init_distributed_vars()
         self._progress_t0 = None
 
     def train_batch(self, data_iter=None) -> torch.Tensor:

@@ -49,17 +49,22 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise ValueError("both a client optimizer and the 'optimizer' config key were given; use one")
     model_parameters = list(model.parameters() if model_parameters is None else model_parameters)
     init_distributed(dist_init_required=dist_init_required, distributed_port=distributed_port)
+    client = optimizer
     if optimizer is None:
         optimizer = build_basic_optimizer(cfg.optimizer_name, cfg.optimizer_params, model_parameters,
                                           offload=cfg.zero.offload_optimizer.enabled)
     else:
         optimizer = client_optimizer(optimizer, model_parameters)
+    client_scheduler = lr_scheduler
     if lr_scheduler is None and cfg.scheduler_name is not None:
         lr_scheduler = functools.partial(SCHEDULERS[cfg.scheduler_name], **cfg.scheduler_params)
     if pipeline:
         engine = PipelineEngine(model, optimizer, cfg, lr_scheduler=lr_scheduler)
     else:
         engine = DeepSpeedEngine(model, optimizer, cfg, mpu=mpu, lr_scheduler=lr_scheduler)
+    engine.client_optimizer, engine.client_lr_scheduler = client, client_scheduler
+    if args is not None and hasattr(args, "local_rank"):
+        args.local_rank = engine.local_rank  # DeepSpeed aligns it with LOCAL_RANK
     engine.training_dataloader = build_dataloader(engine, training_data, collate_fn, pipeline=pipeline)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
