@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pt_dist
 import pt_dist.rpc as rpc
 import pytest
 import torch
@@ -263,6 +264,39 @@ def test_init_rpc_through_an_init_method_and_worker_infos():
         assert (peer.name, peer.id) == (f"trainer{1 - rank}", 1 - rank) and repr(peer).startswith("WorkerInfo(id=")
         assert torch.equal(got, torch.full((2,), float(rank + 1)))
         assert "already initialized" in twice
+
+
+def _process_group_then_rpc(rank, world_size, lib):
+    """pytorch/examples' distributed/rpc/batch/parameter_server.py: init_process_group, then init_rpc, both
+    env:// on the same MASTER_ADDR:MASTER_PORT (torch serves both from one multi-tenant TCPStore per port)."""
+    import os
+
+    import ptdist_testutil
+    import torch.distributed as dist
+    import torch.distributed.rpc as torch_rpc
+
+    import harness
+
+    if rank == 0:
+        harness.store().set(f"pg_rpc_port_{lib}", str(ptdist_testutil.free_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=harness.store().get(f"pg_rpc_port_{lib}").decode())
+    c10d, api = (pt_dist, rpc) if lib == "pt_dist" else (dist, torch_rpc)
+    c10d.init_process_group("tcp" if lib == "pt_dist" else "gloo", rank=rank, world_size=world_size)
+    try:
+        api.init_rpc(f"worker{rank}", rank=rank, world_size=world_size)
+        got = api.rpc_sync(f"worker{(rank + 1) % world_size}", torch.add, args=(torch.ones(2), rank))
+        t = torch.ones(1) * (rank + 1)
+        c10d.all_reduce(t)
+        api.shutdown()
+        return got, t
+    finally:
+        c10d.destroy_process_group()
+
+
+@pytest.mark.parametrize("lib", ["torch", "pt_dist"])
+def test_init_process_group_then_init_rpc_share_master_port(lib):
+    for rank, (got, t) in enumerate(run_ranks(_process_group_then_rpc, 2, lib, backend=None, timeout=120)):
+        assert torch.equal(got, torch.full((2,), 1.0 + rank)) and t.item() == 3
 
 
 # --- a request served on its connection's reader (threads.py) must not hold that connection ---------------------

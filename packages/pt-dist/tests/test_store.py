@@ -395,6 +395,29 @@ def test_a_port_already_taken_is_a_clear_store_error():
     first.close()
 
 
+def test_multi_tenant_masters_on_one_port_share_the_server_until_the_last_closes():
+    """torch's multi_tenant TCPStore (what rendezvous makes: init_process_group and rpc.init_rpc on one
+    MASTER_PORT): a second master in the process shares the first's server and keys; the server stops with the
+    last of them; without multi_tenant the port is refused as above."""
+    first = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=2, multi_tenant=True, secret=SECRET)
+    second = TCPStore("127.0.0.1", first.port, 1, is_master=True, timeout=2, multi_tenant=True, secret=SECRET)
+    client = TCPStore("127.0.0.1", first.port, 1, timeout=2, secret=SECRET)
+    first.set("k", "v")
+    assert second.get("k") == b"v" and second.is_master
+    with pytest.raises(DistNetworkError, match="cannot listen"):
+        TCPStore("127.0.0.1", first.port, 1, is_master=True, timeout=2, secret=SECRET)
+    first.close()
+    client.set("k2", "v2")  # still served
+    assert second.get("k2") == b"v2"
+    second.close()
+    with pytest.raises(DistNetworkError):
+        TCPStore("127.0.0.1", first.port, 1, timeout=1, secret=SECRET)
+    third = TCPStore("127.0.0.1", first.port, 1, is_master=True, timeout=2, multi_tenant=True, secret=SECRET)
+    assert not third.check(["k"])  # a new server: the port was freed
+    third.close()
+    client.close()
+
+
 def test_a_forked_child_collecting_its_copy_leaves_the_parents_store_serving():
     """DataLoader workers and ``os.fork()`` children inherit the master's server sockets. A child that exits through
     ``sys.exit`` collects its copy of the store; shutting the shared sockets down there cut the parent's own

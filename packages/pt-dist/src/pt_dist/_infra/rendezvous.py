@@ -100,7 +100,7 @@ def rendezvous(init_method: str, rank: int = -1, world_size: int = -1, timeout: 
         _secret.refuse_multi_host(host, port)  # on every rank at once, before any of them waits for another
     if url.scheme == "env" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true"):
         return Rendezvous(_beside_agent_store(host, port, rank, world_size, timeout, secret), rank, world_size)
-    store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, secret=secret)
+    store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, multi_tenant=True, secret=secret)
     return Rendezvous(store, rank, world_size)
 
 

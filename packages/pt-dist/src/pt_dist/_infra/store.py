@@ -182,31 +182,79 @@ class PrefixStore(Store):
         return self.underlying_store.multi_get([self._k(k) for k in keys])
 
 
+class _Tenant:
+    """The stores of this process that share one server on host:port (torch's multi-tenant TCPStore:
+    ``init_process_group`` and ``rpc.init_rpc`` on the same MASTER_PORT); the last to close stops it."""
+
+    _servers: dict[tuple[str, int], _Tenant] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, key: tuple[str, int], server: StoreServer, secret: bytes, secret_file) -> None:
+        self.key, self.server, self.secret, self.secret_file, self.stores = key, server, secret, secret_file, 1
+
+    @classmethod
+    def register(cls, host: str, port: int, server: StoreServer, secret: bytes, secret_file, shared: bool
+                 ) -> _Tenant:
+        """A new server's tenancy (found by later multi-tenant masters on host:port if ``shared``)."""
+        tenant = cls((host, port), server, secret, secret_file)
+        if shared:
+            with cls._lock:
+                cls._servers[(host, port)] = tenant
+        return tenant
+
+    def leave(self) -> bool:
+        """One store fewer; True when it was the last (the caller stops the server)."""
+        with self._lock:
+            self.stores -= 1
+            if self.stores > 0:
+                return False
+            if self._servers.get(self.key) is self:
+                del self._servers[self.key]
+            return True
+
+
+def _tenant_of(host: str, port: int, secret: bytes | None) -> _Tenant | None:
+    """The server this process already runs on ``host:port`` (None: none, or port 0), one more store on it."""
+    with _Tenant._lock:
+        tenant = _Tenant._servers.get((host, port)) if port else None
+        if tenant is None or not tenant.server.in_owner_process():
+            return None
+        if secret is not None and secret != tenant.secret:
+            raise ValueError(f"TCPStore {host}:{port}: this process already serves the store with another secret")
+        tenant.stores += 1
+        return tenant
+
+
 class TCPStore(Store):
     """c10d's TCPStore rebuilt: the master (``is_master=True``) hosts the server, every rank is a client.
 
-    ``port=0`` binds a free port (read it back from ``.port``). ``secret`` (or ``$PT_DIST_SECRET``) is the
-    job's shared secret; without one, the master draws a random one that ranks on its host read from a private
-    file (``secret.py``). Clients that cannot prove it are dropped before any frame is parsed.
+    ``port=0`` binds a free port (read it back from ``.port``). ``multi_tenant``: a master on a port another
+    multi-tenant store of this process serves shares that server (as torch's, which rendezvous uses).
+    ``secret`` (or ``$PT_DIST_SECRET``) is the job's shared secret; without one, the master draws a random one
+    that ranks on its host read from a private file (``secret.py``). Clients that cannot prove it are dropped
+    before any frame is parsed.
     """
 
     def __init__(self, host_name: str = "127.0.0.1", port: int = 0, world_size: int | None = None,
                  is_master: bool = False, timeout=DEFAULT_TIMEOUT, wait_for_workers: bool = True,
-                 secret: str | bytes | None = None):
+                 multi_tenant: bool = False, secret: str | bytes | None = None):
         super().__init__(timeout)
         if world_size is not None and world_size < 1:
             raise ValueError(f"TCPStore world size cannot be {world_size}: want >= 1, or None for any")
         if not is_master and port == 0:
             raise ValueError("TCPStore: a client needs the master's port, got port=0")
-        self.host, self._secret_file = host_name, None
+        self.host, self._secret_file, self._is_master = host_name, None, is_master
         self._secret = _secret.given(secret)
         if self._secret is None:
             _secret.refuse_multi_host(host_name, port)  # before binding or connecting anything
-        self._server = StoreServer(host_name, port) if is_master else None
+        tenant = _tenant_of(host_name, port, self._secret) if is_master and multi_tenant else None
+        self._server = tenant.server if tenant else StoreServer(host_name, port) if is_master else None
         self.port = self._server.port if is_master else port
+        if tenant is not None:  # another store of this process serves host:port: share it (its secret, its data)
+            self._secret, self._tenant = tenant.secret, tenant
         if self._secret is None and _secret.insecure():
             self._secret = _secret.derived(host_name, self.port)
-        if self._server is not None:
+        if self._server is not None and tenant is None:
             if self._secret is None:
                 try:
                     self._secret, self._secret_file = _secret.publish(self.port)
@@ -214,6 +262,8 @@ class TCPStore(Store):
                     self._server.close()
                     raise
             self._server.start(self._secret)
+            self._tenant = _Tenant.register(host_name, self.port, self._server, self._secret, self._secret_file,
+                                            shared=multi_tenant)
         self._lock = threading.Lock()
         self._idle: list[socket.socket] = [self._connect()]
         self.add(_WORKERS_KEY, 1)
@@ -334,7 +384,7 @@ class TCPStore(Store):
 
     @property
     def is_master(self) -> bool:
-        return self._server is not None
+        return self._is_master
 
     def close(self, wait_for_master: float = 0.0) -> None:
         """Close this client (and the server, on the master). With ``wait_for_master``, a client first waits (up to
@@ -350,10 +400,11 @@ class TCPStore(Store):
                 pass
         for sock in idle:
             sock.close()
-        if self._server is not None:
-            if self._secret_file is not None and self._server.in_owner_process():
-                _secret.unpublish(self._secret_file, self._secret)
-            self._server.close()
+        server, self._server = self._server, None  # (closed once: __del__ closes again)
+        if server is not None and self._tenant.leave():  # the last store of this process on the server
+            if self._tenant.secret_file is not None and server.in_owner_process():
+                _secret.unpublish(self._tenant.secret_file, self._tenant.secret)
+            server.close()
 
     def __del__(self):
         try:
