@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from paged_serve import EngineArgs
+from paged_serve import LLM, EngineArgs
 from paged_serve._compat.openai.cli_args import VLLM_ONLY_FLAGS, check_vllm_only_args
 from paged_serve._compat.openai.protocol import CompletionRequest
 from paged_serve._compat.openai.serving_engine import OpenAIServing
@@ -70,6 +70,22 @@ def test_vllm_flags_that_change_nothing_here_are_accepted_with_a_note(argv, capl
 def test_vllm_flags_paged_serve_lacks_are_refused_by_name(argv):
     with pytest.raises(SystemExit, match=f"paged-serve: {' '.join(argv)} is not supported: "):
         check_vllm_only_args(_serve_args("m", *argv))
+
+
+def test_llm_takes_the_same_vllm_arguments_as_keywords(checkpoint, caplog):
+    """``LLM(model, enforce_eager=True, trust_remote_code=True, ...)`` as vLLM's scripts write it."""
+    path, _ = checkpoint("llama")
+    with caplog.at_level(logging.INFO, logger="paged_serve._compat.openai.cli_args"):
+        LLM(path, num_gpu_blocks=32, enforce_eager=True, trust_remote_code=True, quantization=None,
+            cpu_offload_gb=0.0, pipeline_parallel_size=1, enable_lora=False)  # fmt: skip
+    notes = sorted(r.getMessage().split("=")[0] for r in caplog.records)
+    assert notes == ["cpu_offload_gb", "enforce_eager", "pipeline_parallel_size", "trust_remote_code"]
+    for kwargs in ({"quantization": "awq"}, {"enable_lora": True}, {"kv_cache_dtype": "fp8"}):
+        (name,) = kwargs
+        with pytest.raises(ValueError, match=f"{name}=.* is not supported: "):
+            LLM(path, **kwargs)
+    with pytest.raises(TypeError, match="unknown engine argument.*no_such_argument"):
+        LLM(path, no_such_argument=1)
 
 
 def test_a_flag_vllm_does_not_have_either_is_argparse_s_error(capsys):

@@ -23,6 +23,7 @@ from paged_serve._compat.chat_utils import (
     parse_chat_messages,
     resolve_chat_template_content_format,
 )
+from paged_serve._compat.openai.cli_args import check_vllm_only_kwargs
 from paged_serve.engine.llm_engine import LLMEngine
 from paged_serve.engine.metrics import Stats
 from paged_serve.inputs import PROMPT_FORMS, PromptType, is_token_ids, parse_prompt
@@ -51,6 +52,7 @@ def parse_prompts(prompts, prompt_token_ids: Sequence[Sequence[int]] | None = No
 
 class LLM:
     def __init__(self, model: str, **kwargs):
+        kwargs = check_vllm_only_kwargs(kwargs)  # vLLM's enforce_eager=, quantization=, ...: noted or refused
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs.from_kwargs(model, **kwargs))
         self._counter = itertools.count()
         self.default_sampling_params: dict[str, Any] | None = None

@@ -1,4 +1,5 @@
-"""The ``vllm serve`` flags paged-serve has no mechanism for (vLLM ``entrypoints/openai/cli_args.py``).
+"""The ``vllm serve`` flags (and ``LLM`` arguments) paged-serve has no mechanism for (vLLM
+``entrypoints/openai/cli_args.py``, ``engine/arg_utils.py``).
 
 Users paste vLLM's server commands. Each flag here is parsed, then either accepted with a logged note (it changes
 nothing here: ``--disable-log-stats`` where no stats are logged, ``--enforce-eager`` where there are no CUDA
@@ -71,15 +72,37 @@ def add_vllm_only_args(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, dest=_dest(flag), action="store_true", default=None, help=help_text)
 
 
+def _is_noop(flag: str, value) -> bool:
+    takes_value, noop, _ = VLLM_ONLY_FLAGS[flag]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = f"{value:g}"  # 0.0 and 0 are the same "0"
+    return noop is ANY or (takes_value and str(value) in noop)
+
+
 def check_vllm_only_args(args: argparse.Namespace) -> None:
     """Log a note for each vLLM flag that changes nothing here; exit naming the first one paged-serve lacks."""
-    for flag, (takes_value, noop, reason) in VLLM_ONLY_FLAGS.items():
+    for flag, (takes_value, _, reason) in VLLM_ONLY_FLAGS.items():
         value = getattr(args, _dest(flag), None)
         if value is None:
             continue
-        if noop is ANY or (takes_value and str(value) in noop):
-            shown = f"{flag} {value}" if takes_value else flag
-            logger.info("%s accepted with no effect: %s", shown, reason)
-            continue
         shown = f"{flag} {value}" if takes_value else flag
-        raise SystemExit(f"paged-serve: {shown} is not supported: {reason}")
+        if not _is_noop(flag, value):
+            raise SystemExit(f"paged-serve: {shown} is not supported: {reason}")
+        logger.info("%s accepted with no effect: %s", shown, reason)
+
+
+def check_vllm_only_kwargs(kwargs: dict) -> dict:
+    """``LLM(**kwargs)`` with the same flags as keyword arguments (``enforce_eager=True``, ``quantization="awq"``):
+    noted or refused (``ValueError`` naming it) as on the command line; None / False (vLLM's defaults) pass
+    silently. Returns the other arguments, for ``EngineArgs``."""
+    rest = {}
+    for name, value in kwargs.items():
+        flag = "--" + name.replace("_", "-")
+        if flag not in VLLM_ONLY_FLAGS:
+            rest[name] = value
+        elif value is not None and value is not False:
+            reason = VLLM_ONLY_FLAGS[flag][2]
+            if not _is_noop(flag, value):
+                raise ValueError(f"{name}={value!r} is not supported: {reason}")
+            logger.info("%s=%r accepted with no effect: %s", name, value, reason)
+    return rest
