@@ -12,6 +12,7 @@ same names from it with ``HF_HUB_CACHE`` / ``HF_HUB_OFFLINE=1`` set. Downloading
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -145,6 +146,10 @@ def test_sharded_bf16_checkpoint_by_hub_name_loads_in_bf16_with_dtype_auto(tmp_p
     for key, value in theirs.state_dict().items():
         assert torch.equal(ours.state_dict()[key], value), key
     assert AutoModelForCausalLM.from_pretrained(REPO, torch_dtype=torch.float32).dtype == torch.float32
+    # no dtype: transformers 5 loads as the checkpoint's ("auto"), and so does hf-lite
+    assert AutoModelForCausalLM.from_pretrained(REPO).dtype == transformers.AutoModelForCausalLM.from_pretrained(
+        REPO).dtype == torch.bfloat16
+    assert json.loads(open(cached_file(REPO, "config.json")).read())["dtype"] == "bfloat16"  # as transformers 5 writes
 
 
 def test_offline_missing_name_raises_transformers_error_naming_the_name(offline_cache):
