@@ -52,7 +52,8 @@ def test_engine_flags_reach_engine_args(checkpoint):
 @pytest.mark.parametrize(
     "argv",
     [["--disable-log-stats"], ["--enforce-eager"], ["--trust-remote-code"], ["--kv-cache-dtype", "auto"],
-     ["--pipeline-parallel-size", "1"], ["--uvicorn-log-level", "debug"], ["--load-format", "safetensors"]],
+     ["--pipeline-parallel-size", "1"], ["--uvicorn-log-level", "debug"], ["--load-format", "safetensors"],
+     ["--scheduling-policy", "fcfs"], ["--max-log-len", "100"]],
 )  # fmt: skip
 def test_vllm_flags_that_change_nothing_here_are_accepted_with_a_note(argv, caplog):
     args = _serve_args("m", *argv)
@@ -65,7 +66,8 @@ def test_vllm_flags_that_change_nothing_here_are_accepted_with_a_note(argv, capl
 @pytest.mark.parametrize(
     "argv",
     [["--enable-lora"], ["--quantization", "awq"], ["--kv-cache-dtype", "fp8"], ["--pipeline-parallel-size", "2"],
-     ["--speculative-config", "{}"], ["--enable-auto-tool-choice"], ["--ssl-keyfile", "k.pem"]],
+     ["--speculative-config", "{}"], ["--enable-auto-tool-choice"], ["--ssl-keyfile", "k.pem"],
+     ["--scheduling-policy", "priority"], ["--hf-overrides", "{}"]],
 )  # fmt: skip
 def test_vllm_flags_paged_serve_lacks_are_refused_by_name(argv):
     with pytest.raises(SystemExit, match=f"paged-serve: {' '.join(argv)} is not supported: "):
@@ -145,7 +147,7 @@ def test_benchmark_serving_server_command_starts_with_the_pasted_flags(checkpoin
     auth = {"Authorization": "Bearer sesame"}
     try:
         assert httpx.get(f"{url}/v1/models").status_code == 401
-        assert [m["id"] for m in httpx.get(f"{url}/v1/models", headers=auth).json()["data"]] == ["first"]
+        assert [m["id"] for m in httpx.get(f"{url}/v1/models", headers=auth).json()["data"]] == ["first", "second"]
         messages = [{"role": "user", "content": "the lazy dog"}]
         body = {"model": "second", "messages": messages, "max_tokens": 2, "temperature": 0}
         reply = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth, timeout=60)

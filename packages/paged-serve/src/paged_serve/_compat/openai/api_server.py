@@ -99,16 +99,19 @@ def build_app(
     @app.get("/v1/models")
     async def models():
         max_len = engine.engine.scheduler_config.max_model_len
-        card = {
-            "id": served_model_name,
-            "object": "model",
-            "created": created,
-            "owned_by": "paged-serve",
-            "root": engine.engine.model_config.model,
-            "parent": None,
-            "max_model_len": max_len,
-        }
-        return JSONResponse({"object": "list", "data": [card]})
+        cards = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "paged-serve",
+                "root": engine.engine.model_config.model,
+                "parent": None,
+                "max_model_len": max_len,
+            }
+            for name in completion.model_names  # a card per served name, as vLLM lists them
+        ]
+        return JSONResponse({"object": "list", "data": cards})
 
     @app.get("/metrics")
     async def metrics():

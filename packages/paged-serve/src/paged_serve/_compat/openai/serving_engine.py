@@ -44,7 +44,7 @@ class OpenAIServing:
         every one is accepted); ``log_requests=False`` is ``--disable-log-requests``."""
         names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
         self.engine = engine
-        self.model_name, self.model_names = names[0], set(names)
+        self.model_name, self.model_names = names[0], names
         self.log_requests = log_requests
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len = engine.engine.scheduler_config.max_model_len
