@@ -69,13 +69,15 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: dict):
+    """A pre-norm block; a family that differs only in its attention, MLP or norm passes its own."""
+
+    def __init__(self, config: dict, attention_type=LlamaAttention, mlp_type=LlamaMLP, norm_type=RMSNorm):
         super().__init__()
         eps = config.get("rms_norm_eps", 1e-6)
-        self.self_attn = LlamaAttention(config)
-        self.mlp = LlamaMLP(config)
-        self.input_layernorm = RMSNorm(config["hidden_size"], eps)
-        self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps)
+        self.self_attn = attention_type(config)
+        self.mlp = mlp_type(config)
+        self.input_layernorm = norm_type(config["hidden_size"], eps)
+        self.post_attention_layernorm = norm_type(config["hidden_size"], eps)
 
     def forward(self, positions, hidden_states, kv_cache, attn_metadata):
         h = hidden_states + self.self_attn(positions, self.input_layernorm(hidden_states), kv_cache, attn_metadata)
@@ -83,14 +85,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: dict, layer_type: type[nn.Module] = LlamaDecoderLayer):
+    def __init__(self, config: dict, layer_type=LlamaDecoderLayer, norm_type=RMSNorm):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config["vocab_size"], config["hidden_size"])
         self.layers = nn.ModuleList(layer_type(config) for _ in range(config["num_hidden_layers"]))
         rope = self.layers[0].self_attn.rotary_emb
         for layer in self.layers[1:]:  # one table for every layer (vLLM's get_rope cache)
             layer.self_attn.rotary_emb = rope
-        self.norm = RMSNorm(config["hidden_size"], config.get("rms_norm_eps", 1e-6))
+        self.norm = norm_type(config["hidden_size"], config.get("rms_norm_eps", 1e-6))
 
     def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -111,7 +113,7 @@ class LlamaForCausalLM(nn.Module):
         ("gate_proj", "gate_up_proj", 0),
         ("up_proj", "gate_up_proj", 1),
     )
-    model_type: type[nn.Module] = LlamaModel
+    model_type = LlamaModel  # a family's model: its layers, norms and embedding
 
     def __init__(self, config: dict):
         super().__init__()
