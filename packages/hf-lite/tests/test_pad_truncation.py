@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import warnings
 
 import pytest
 import transformers
 from hf_lite import GPT2Tokenizer, PreTrainedTokenizerFast
+from tokenizers import Tokenizer, processors
 
 # the page's batch (its preprocessing guide's batch_sentences), and pairs for the STRATEGY rows
 BATCH = ["But what about second breakfast?", "Don't think he knows about second breakfast, Pip.",
@@ -63,16 +65,29 @@ def _cases():
                     yield pytest.param(inputs, call, id=f"{row} | {inputs} | {call}")
 
 
-@pytest.fixture(scope="module", params=[None, 12], ids=["no-model_max_length", "model_max_length=12"])
+@pytest.fixture(scope="module", params=[(None, False), (12, False), (12, True)],
+                ids=["no-model_max_length", "model_max_length=12", "model_max_length=12-bos-eos-template"])
 def checkpoint(request, trained_tokenizer_dir, tmp_path_factory):
-    """A tokenizer directory transformers wrote (with a pad token), with or without a model_max_length."""
+    """A tokenizer directory transformers wrote (with a pad token), with or without a model_max_length, and with a
+    Llama-like template adding special tokens around each sequence (truncation leaves room for them)."""
+    model_max_length, templated = request.param
     directory = tmp_path_factory.mktemp("pad_truncation")
-    transformers.AutoTokenizer.from_pretrained(trained_tokenizer_dir, pad_token="<pad>").save_pretrained(directory)
+    source = trained_tokenizer_dir
+    if templated:
+        tok = Tokenizer.from_file(os.path.join(trained_tokenizer_dir, "tokenizer.json"))
+        bos, eos = "<|im_start|>", "<|endoftext|>"
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B:1 {eos}:1",
+            special_tokens=[(bos, tok.token_to_id(bos)), (eos, tok.token_to_id(eos))])
+        source = str(directory / "source")
+        os.makedirs(source)
+        tok.save(os.path.join(source, "tokenizer.json"))
+    transformers.AutoTokenizer.from_pretrained(source, pad_token="<pad>").save_pretrained(directory)
     config_file = directory / "tokenizer_config.json"
     config = json.loads(config_file.read_text())
     config.pop("model_max_length", None)
-    if request.param is not None:
-        config["model_max_length"] = request.param
+    if model_max_length is not None:
+        config["model_max_length"] = model_max_length
     config_file.write_text(json.dumps(config))
     return str(directory)
 
@@ -125,5 +140,5 @@ def test_the_cases_cover_every_row_and_can_differ(checkpoint):
     assert len({row for row, _ in TABLE}) == 13 and len(list(_cases())) > 40
     theirs = transformers.AutoTokenizer.from_pretrained(checkpoint)
     longest, _ = _run(theirs, "transformers", BATCH, {"padding": True})
-    multiple, _ = _run(theirs, "transformers", BATCH, {"padding": True, "pad_to_multiple_of": 8})
-    assert longest != multiple
+    to_42, _ = _run(theirs, "transformers", BATCH, {"padding": "max_length", "max_length": 42})
+    assert longest != to_42
