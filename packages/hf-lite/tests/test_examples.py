@@ -48,14 +48,15 @@ class Accuracy(evaluate.Metric):
 """
 
 
-def upstream_source(name: str) -> str:
-    """The upstream file: the drop-in without its header block, import lines swapped back."""
+def upstream_source(name: str, swaps=IMPORTS) -> str:
+    """The upstream file: the drop-in without its header block, import lines (``swaps``: ours -> theirs) swapped
+    back."""
     text = open(os.path.join(EXAMPLES, name), encoding="utf-8").read()
     head, rest = text.split("# hf-lite drop-in >>>\n", 1)
     header, body = rest.split("# hf-lite drop-in <<<\n", 1)
     assert "Upstream: huggingface/transformers" in header and "commit" in header
     source = head + body
-    for ours, theirs in IMPORTS:
+    for ours, theirs in swaps:
         assert source.count(ours) == 1, f"{name}: {ours!r} should appear once"
         source = source.replace(ours, theirs)
     assert "hf_lite" not in source, f"{name}: hf_lite appears outside the import lines"

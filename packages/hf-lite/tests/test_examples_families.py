@@ -1,7 +1,8 @@
 """transformers' ``text-generation/run_generation.py`` and ``text-classification/run_glue.py`` run from
 ``examples/`` (hf-lite's imports) and as upstream (the test swaps the import lines back), on the same local
 checkpoints and data: the same sampled continuations for each family hf-lite has (GPT-2, Llama, OPT), and the same
-run_glue metrics and predictions with a tiny Llama and a CSV written here. Nothing is downloaded."""
+run_glue metrics and predictions with a tiny Llama and a CSV written here. Nothing is downloaded. Needs what
+``test_examples.py`` needs (``datasets``, ``evaluate``, ``accelerate``); its helpers rebuild the upstream files."""
 
 import json
 import os
@@ -11,10 +12,8 @@ import sys
 import pytest
 import transformers
 from hf_lite_testing import SPECIALS, stdlib_texts, trainer_model
+from test_examples import ACCURACY, EXAMPLES, IMPORTS, upstream_source
 
-pytest.importorskip("accelerate", reason="run_generation.py starts with accelerate's PartialState")
-
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 GENERATION_IMPORTS = [
     ("""from hf_lite import (
     AutoTokenizer,
@@ -57,28 +56,9 @@ from transformers import (
 """),
     ("from hf_lite.modeling_outputs import ", "from transformers.modeling_outputs import "),
 ]
-GLUE_IMPORTS = [
-    ("import hf_lite as transformers\n", "import transformers\n"),
-    ("from hf_lite import (\n", "from transformers import (\n"),
-    ("from hf_lite.utils import ", "from transformers.utils import "),
-    ("from hf_lite.utils.versions import ", "from transformers.utils.versions import "),
-]
+GLUE_IMPORTS = [swap for swap in IMPORTS if "testing_utils" not in swap[0]]  # run_glue has no CaptureLogger
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1",
        "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def upstream_source(name: str, swaps) -> str:
-    """The upstream file: the drop-in without its header block, its import lines swapped back."""
-    text = open(os.path.join(EXAMPLES, name), encoding="utf-8").read()
-    head, rest = text.split("# hf-lite drop-in >>>\n", 1)
-    header, body = rest.split("# hf-lite drop-in <<<\n", 1)
-    assert "Upstream: huggingface/transformers" in header and "commit" in header
-    source = head + body
-    for ours, theirs in swaps:
-        assert source.count(ours) == 1, f"{name}: {ours!r} should appear once"
-        source = source.replace(ours, theirs)
-    assert "hf_lite" not in source, f"{name}: hf_lite appears outside the import lines"
-    return source
 
 
 def _run(cwd, script, args):
@@ -155,11 +135,7 @@ def _label(line: str) -> int:
 def glue_workdir(workdir):
     """Three CSVs of stdlib source lines labelled by their length mod 3 (three classes), and the local accuracy
     metric `evaluate.load("accuracy")` finds in the working directory."""
-    pytest.importorskip("datasets", reason="run_glue.py loads its CSVs with `datasets`")
-    pytest.importorskip("evaluate", reason="run_glue.py computes accuracy with `evaluate`")
     import csv
-
-    from test_examples import ACCURACY
 
     lines = [line.strip() for line in stdlib_texts(6)[0].splitlines() if len(line.strip()) > 8][:80]
     for name, rows in (("train.csv", lines[:48]), ("valid.csv", lines[48:64]), ("test.csv", lines[64:80])):

@@ -88,16 +88,13 @@ class GemmaModel(GemmaPreTrainedModel, LlamaModel):
         self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
-                use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None, cache=None):
+                **kwargs):
         if input_ids is not None and inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
             inputs_embeds = inputs_embeds * torch.tensor(self.config.hidden_size**0.5, dtype=inputs_embeds.dtype,
                                                          device=inputs_embeds.device)
             input_ids = None
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                               output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                               return_dict=return_dict, cache=cache)
+        return super().forward(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, **kwargs)
 
 
 class GemmaForCausalLM(GemmaPreTrainedModel, LlamaForCausalLM):

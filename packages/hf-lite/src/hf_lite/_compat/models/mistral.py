@@ -56,20 +56,17 @@ class MistralModel(MistralPreTrainedModel, LlamaModel):
     """Llama's model; with a ``sliding_window`` the 2D padding mask becomes the windowed 4D mask before the layers."""
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
-                use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None, cache=None):
+                **kwargs):
         window = getattr(self.config, "sliding_window", None)
-        if window is not None and (attention_mask is None or attention_mask.dim() == 2):
-            past = past_key_values if past_key_values is not None else cache
+        inputs = input_ids if input_ids is not None else inputs_embeds
+        if window is not None and inputs is not None and (attention_mask is None or attention_mask.dim() == 2):
+            past = past_key_values if past_key_values is not None else kwargs.get("cache")
             past_length = past.get_seq_length() if hasattr(past, "get_seq_length") else 0
             if isinstance(past, (tuple, list)) and past:  # a legacy ((k, v), ...) cache
                 past_length = past[0][0].shape[-2]
-            inputs = input_ids if input_ids is not None else inputs_embeds
             attention_mask = sliding_window_causal_mask(attention_mask, inputs.shape[1], past_length, window,
                                                         inputs.device)
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                               output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                               return_dict=return_dict, cache=cache)
+        return super().forward(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, **kwargs)
 
 
 class MistralForCausalLM(MistralPreTrainedModel, LlamaForCausalLM):
