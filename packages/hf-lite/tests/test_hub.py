@@ -247,3 +247,22 @@ def test_hf_home_and_hf_hub_offline_from_the_environment(tmp_path, trained_token
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"loaded from {home / 'hub'}" in done.stdout
+
+
+def test_cached_file_answers_as_transformers_cached_file(tmp_path, offline_cache, trained_tokenizer_dir):
+    from transformers.utils import hub as their_hub
+
+    local = transformers_checkpoint(tmp_path / "ckpt", trained_tokenizer_dir, 0)
+    add_snapshot(offline_cache, REPO, SHA_A, local)
+    for name in (local, REPO):
+        assert cached_file(name, "config.json") == their_hub.cached_file(name, "config.json")
+        assert cached_file(name, "nope.json", _raise_exceptions_for_missing_entries=False) is None
+        assert their_hub.cached_file(name, "nope.json", _raise_exceptions_for_missing_entries=False) is None
+    with pytest.raises(OSError) as ours:
+        cached_file(local, "nope.json")
+    with pytest.raises(OSError) as theirs:
+        their_hub.cached_file(local, "nope.json")
+    assert str(ours.value) == str(theirs.value)  # "... does not appear to have a file named nope.json. Checkout ..."
+    # a file the cached snapshot lacks, offline: hf-lite says the repo lacks it; transformers, that it cannot connect
+    with pytest.raises(OSError, match=f"{REPO} does not appear to have a file named nope.json"):
+        cached_file(REPO, "nope.json")
