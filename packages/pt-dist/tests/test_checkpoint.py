@@ -250,3 +250,69 @@ def test_nested_state_dict_round_trip_and_the_file_layout_in_one_process(tmp_pat
     dcp.load(again, checkpoint_id=tmp_path / "threads", no_dist=True,
              planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
     assert torch.equal(again["a"]["b"], state["a"]["b"])
+
+
+# --- format_utils: DCP <-> torch.save, and DCP checkpoints interchangeable with torch's both ways ----------------
+
+def _nested_state():
+    return {"model": {"w": torch.arange(12.0).reshape(3, 4), "b": torch.ones(3, dtype=torch.bfloat16)},
+            "step": 7, "optim": {"state": {"w": {"exp_avg": torch.full((3, 4), 0.5)}}, "lr": [0.1, 0.01]}}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    return a == b
+
+
+def test_format_utils_convert_both_ways_and_interchange_with_torch(tmp_path):
+    """torch's test/distributed/checkpoint/test_format_utils.py (test_dcp_to_torch, test_torch_to_dcp), run on
+    both libraries' checkpoints: a DCP checkpoint either writes converts with either's dcp_to_torch_save, and
+    either's torch_save_to_dcp output loads in both."""
+    import torch.distributed.checkpoint as torch_dcp
+    import torch.distributed.checkpoint.format_utils as theirs
+    from pt_dist._compat.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from pt_dist.checkpoint import format_utils as ours
+
+    state = _nested_state()
+    dcp.save(state, checkpoint_id=tmp_path / "ours_dcp", no_dist=True)
+    torch_dcp.save(state, checkpoint_id=tmp_path / "torch_dcp", no_dist=True)
+    for writer in ("ours_dcp", "torch_dcp"):
+        for name, lib in (("ours", ours), ("theirs", theirs)):
+            lib.dcp_to_torch_save(tmp_path / writer, tmp_path / f"{writer}_by_{name}.pt")
+            assert _same(torch.load(tmp_path / f"{writer}_by_{name}.pt", weights_only=False), state), (writer, name)
+    torch.save(state, tmp_path / "plain.pt")
+    ours.torch_save_to_dcp(tmp_path / "plain.pt", tmp_path / "from_plain")
+    for load in (dcp.load, torch_dcp.load):
+        target = {"model": {"w": torch.zeros(3, 4), "b": torch.zeros(3, dtype=torch.bfloat16)}, "step": 0,
+                  "optim": {"state": {"w": {"exp_avg": torch.zeros(3, 4)}}, "lr": None}}
+        load(target, checkpoint_id=tmp_path / "from_plain", no_dist=True)
+        assert _same(target, state), load
+    with pytest.raises(ValueError, match="empty state dict"):
+        _EmptyStateDictLoadPlanner().set_up_planner({"x": 1}, None)
+
+
+def _broadcast_torch_save(rank, world, path):
+    from pt_dist.checkpoint.format_utils import BroadcastingTorchSaveReader, DynamicMetaLoadPlanner
+    from pt_dist.device_mesh import init_device_mesh
+    from pt_dist.tensor import Shard, distribute_tensor
+
+    join(rank, world, "tcp")
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        state = {"w": distribute_tensor(torch.zeros(4, 3), mesh, [Shard(0)]), "b": torch.zeros(3)}
+        dcp.load(state, checkpoint_id=path, storage_reader=BroadcastingTorchSaveReader(),
+                 planner=DynamicMetaLoadPlanner())
+        return state["w"].to_local(), state["b"]
+    finally:
+        leave()
+
+
+def test_broadcasting_torch_save_reader_loads_a_torch_save_file_into_shards(tmp_path):
+    torch.save({"w": torch.arange(12.0).reshape(4, 3), "b": torch.tensor([1.0, 2.0, 3.0])}, tmp_path / "m.pt")
+    for rank, (w, b) in enumerate(run_ranks(_broadcast_torch_save, 2, str(tmp_path / "m.pt"), backend=None,
+                                            timeout=60)):
+        assert torch.equal(w, torch.arange(12.0).reshape(4, 3)[2 * rank:2 * rank + 2])
+        assert torch.equal(b, torch.tensor([1.0, 2.0, 3.0]))
