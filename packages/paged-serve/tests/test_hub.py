@@ -74,6 +74,8 @@ def test_download_dir_hf_home_and_a_tokenizer_by_hub_name(hub, tmp_path, monkeyp
     llm = LLM("org/tiny", tokenizer="org/tok", tokenizer_revision="main", num_gpu_blocks=32)
     assert llm.llm_engine.model_config.tokenizer == str(hub / "models--org--tok" / "snapshots" / SHA_T)
     assert llm.get_tokenizer().encode(PROMPT) == LLM("org/tiny", num_gpu_blocks=32).get_tokenizer().encode(PROMPT)
+    config = EngineArgs("org/tiny", revision="v2", tokenizer_revision="main").create_engine_config().model_config
+    assert config.model.endswith(SHA_B) and config.tokenizer.endswith(SHA_A)  # the model's repo, another revision
 
 
 def test_generation_config_by_hub_name(hub, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from paged_serve._infra import config_checks
 from paged_serve._infra.hub import TOKENIZER_FILES, get_model_path, try_get_generation_config
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -26,26 +27,7 @@ class SchedulerConfig:
     delay_factor: float = 0.0  # vLLM's scheduler_delay_factor
 
     def __post_init__(self):
-        if not self.delay_factor >= 0:
-            raise ValueError(f"delay_factor must be >= 0, got {self.delay_factor}")
-        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_lookahead_slots < 0:
-            raise ValueError(f"num_lookahead_slots must be >= 0, got {self.num_lookahead_slots}")
-        if self.preemption_mode is not None and self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES} or None, got {self.preemption_mode!r}")
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
-                f"({self.max_model_len}): without chunked prefill the longest prompt could never be scheduled; "
-                "raise max_num_batched_tokens, lower max_model_len or set enable_chunked_prefill"
-            )
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
-                f"({self.max_num_seqs}): every running sequence needs a token per step"
-            )
+        config_checks.check_scheduler_config(self, PREEMPTION_MODES)
 
 
 @dataclass
@@ -65,16 +47,7 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None  # a byte budget for the device pool
 
     def __post_init__(self):
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.swap_space < 0:
-            raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
-        if self.cache_dtype != "auto":
-            raise ValueError(f"cache_dtype {self.cache_dtype!r} not supported: only 'auto' (the model's dtype)")
-        if not 0.0 <= self.watermark < 1.0:
-            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        config_checks.check_cache_config(self)
 
 
 @dataclass
@@ -98,6 +71,8 @@ class ModelConfig:
     override_generation_config: dict | None = None
 
     def __post_init__(self):
+        if self.tokenizer is None and self.tokenizer_revision is not None:  # the model's repo, at that revision
+            self.tokenizer = self.model
         self.model = get_model_path(self.model, self.revision, self.download_dir)
         if self.tokenizer is not None and not self.skip_tokenizer_init:
             self.tokenizer = get_model_path(self.tokenizer, self.tokenizer_revision, self.download_dir,
@@ -129,13 +104,7 @@ class ParallelConfig:
     distributed_executor_backend: str | None = None  # "mp" when tensor_parallel_size > 1, else "uni"
 
     def __post_init__(self):
-        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {self.tensor_parallel_size!r}")
-        if self.distributed_executor_backend not in (None, "mp", "uni"):
-            raise ValueError(f"distributed_executor_backend must be 'mp' or 'uni', got "
-                             f"{self.distributed_executor_backend!r}")  # fmt: skip
-        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
-            raise ValueError("distributed_executor_backend='uni' runs one process: tensor_parallel_size must be 1")
+        config_checks.check_parallel_config(self)
 
     @property
     def world_size(self) -> int:
@@ -144,18 +113,7 @@ class ParallelConfig:
     def verify_with_hf_config(self, hf_config: dict) -> None:
         """vLLM's ``ModelConfig.verify_with_parallel_config``: the heads split evenly over the ranks; KV heads
         too, or (fewer KV heads than ranks) each KV head replicated on a whole number of ranks."""
-        tp = self.tensor_parallel_size
-        heads = hf_config.get("num_attention_heads") or hf_config.get("n_head")
-        kv_heads = hf_config.get("num_key_value_heads") or heads
-        if heads % tp:
-            raise ValueError(f"Total number of attention heads ({heads}) must be divisible by tensor parallel size "
-                             f"({tp}).")  # fmt: skip
-        if (kv_heads % tp) if kv_heads >= tp else (tp % kv_heads):
-            raise ValueError(f"Total number of key/value heads ({kv_heads}) and tensor parallel size ({tp}): one "
-                             "must divide the other.")  # fmt: skip
-        inter = hf_config.get("intermediate_size") or hf_config.get("ffn_dim") or hf_config.get("n_inner")
-        if inter and inter % tp:
-            raise ValueError(f"intermediate size ({inter}) must be divisible by tensor parallel size ({tp}).")
+        config_checks.check_tp_divides(hf_config, self.tensor_parallel_size)
 
 
 @dataclass
