@@ -7,6 +7,8 @@ heads (GPT-2, Llama and the families) against transformers': pooled logits and t
 Mirrors transformers' ``tests/models/<family>/test_modeling_<family>.py`` parity checks (hf-lite's own differential
 suite; no upstream file runs here)."""
 
+import json
+
 import pytest
 import torch
 import transformers
@@ -136,6 +138,53 @@ def test_loss_and_gradients_match_transformers_with_checkpointing(family):
     for name, p in ours.named_parameters():
         torch.testing.assert_close(p.grad, grads[name], rtol=1e-5, atol=1e-6, msg=name)
     theirs.zero_grad()
+
+
+# config.json as the hub's checkpoints ship it (transformers 4.x spellings: top-level rope_theta, rope_scaling null,
+# torch_dtype, Gemma's legacy hidden_act "gelu", OPT's _remove_final_layer_norm / prefix), sizes shrunk.
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+        "vocab_size": 99, "torch_dtype": "bfloat16", "initializer_range": 0.02, "use_cache": True}
+HUB_CONFIGS = {
+    "Qwen2.5": {**TINY, "model_type": "qwen2", "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
+                "max_position_embeddings": 32768, "max_window_layers": 24, "num_key_value_heads": 2,
+                "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
+                "use_sliding_window": False, "attention_dropout": 0.0},
+    "Qwen3": {**TINY, "model_type": "qwen3", "attention_bias": False, "head_dim": 16, "num_key_value_heads": 2,
+              "max_position_embeddings": 40960, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+              "tie_word_embeddings": True, "use_sliding_window": False, "max_window_layers": 28},
+    "gemma-2b": {**TINY, "model_type": "gemma", "head_dim": 16, "hidden_act": "gelu", "hidden_activation": None,
+                 "num_key_value_heads": 1, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
+                 "rope_scaling": None, "rope_theta": 10000.0, "attention_bias": False},
+    "Phi-3-mini-4k": {**TINY, "model_type": "phi3", "vocab_size": 32064, "bos_token_id": 1, "eos_token_id": 32000,
+                      "pad_token_id": 32000, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "rope_scaling": None,
+                      "original_max_position_embeddings": 4096, "max_position_embeddings": 4096,
+                      "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 2047},
+    "Mistral-7B-v0.1": {**TINY, "model_type": "mistral", "num_key_value_heads": 2, "rope_theta": 10000.0,
+                        "sliding_window": 4096, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05},
+    "opt-125m": {"model_type": "opt", "_remove_final_layer_norm": False, "activation_dropout": 0.0,
+                 "activation_function": "relu", "do_layer_norm_before": True, "dropout": 0.1, "ffn_dim": 64,
+                 "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2, "prefix": "</s>",
+                 "torch_dtype": "float16", "vocab_size": 99, "word_embed_proj_dim": 32, "pad_token_id": 1},
+}
+
+
+@pytest.mark.parametrize("name", list(HUB_CONFIGS))
+def test_hub_style_config_json_loads_as_transformers_loads_it(name, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(HUB_CONFIGS[name]))
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.from_pretrained(tmp_path)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(HUB_CONFIGS[name]))  # the hub's file beside the weights
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ours = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert type(ours).__name__ == type(theirs).__name__
+    for key in ("sliding_window", "hidden_act", "head_dim", "num_key_value_heads", "word_embed_proj_dim"):
+        if hasattr(theirs.config, key):  # hf-lite also keeps a derived head_dim where transformers derives it late
+            assert getattr(ours.config, key) == getattr(theirs.config, key), key
+    if hasattr(theirs.config, "rope_parameters"):
+        assert ours.config.rope_parameters["rope_theta"] == theirs.config.rope_parameters["rope_theta"]
+    ids = torch.randint(3, 90, (2, 9), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(_logits(ours, ids, None), _logits(theirs, ids, None), rtol=0, atol=0)
 
 
 def test_sliding_window_changes_the_result():
