@@ -1,5 +1,6 @@
 """paged_serve: vLLM rebuilt small. ``from paged_serve import LLM, SamplingParams`` works like vLLM's import."""
 
+from paged_serve._compat import beam_search as _beam_search  # noqa: F401 (plugs into the output processor)
 from paged_serve._compat.arg_utils import EngineArgs
 from paged_serve._compat.llm import LLM
 from paged_serve._compat.model_executor.models import registry as _model_families  # noqa: F401 (registers them)

@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from paged_serve.distributed.parallel_state import destroy_model_parallel
+from paged_serve.distributed.parallel_state import destroy_model_parallel, get_tp_group
 
 logger = logging.getLogger(__name__)
 
@@ -26,3 +26,24 @@ def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+# vLLM's module-level names for the TP group and its collectives (communication_op.py, parallel_state.py)
+def get_tensor_model_parallel_world_size() -> int:
+    return get_tp_group().world_size
+
+
+def get_tensor_model_parallel_rank() -> int:
+    return get_tp_group().rank
+
+
+def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    return get_tp_group().all_reduce(x)
+
+
+def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return get_tp_group().all_gather(x, dim)
+
+
+def tensor_model_parallel_gather(x: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
+    return get_tp_group().gather(x, dst, dim)

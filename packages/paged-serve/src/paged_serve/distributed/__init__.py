@@ -1,16 +1,18 @@
 """vLLM's ``vllm.distributed``: the tensor-parallel group and its collectives."""
 
-from paged_serve._compat.distributed import cleanup_dist_env_and_memory
-from paged_serve.distributed.parallel_state import (
-    GroupCoordinator,
-    destroy_model_parallel,
+from paged_serve._compat.distributed import (
+    cleanup_dist_env_and_memory,
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
-    get_tp_group,
-    init_distributed_environment,
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
     tensor_model_parallel_gather,
+)
+from paged_serve.distributed.parallel_state import (
+    GroupCoordinator,
+    destroy_model_parallel,
+    get_tp_group,
+    init_distributed_environment,
 )
 
 __all__ = [

@@ -1,6 +1,6 @@
-"""vLLM's ``distributed/communication_op.py`` path: the TP collectives (``parallel_state.py``)."""
+"""vLLM's ``distributed/communication_op.py`` path: the TP collectives by their module-level names."""
 
-from paged_serve.distributed.parallel_state import (
+from paged_serve._compat.distributed import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
     tensor_model_parallel_gather,

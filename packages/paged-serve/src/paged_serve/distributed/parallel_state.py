@@ -3,9 +3,9 @@
 One ``GroupCoordinator`` holds the group: rank 0 is the driver (the engine's process), ranks 1..N-1 the executor's
 workers. Its ``device_group`` (NCCL on CUDA, gloo on CPU) carries activations: the row-parallel all-reduce, the
 vocabulary-parallel gathers. Its ``cpu_group`` (gloo) carries the driver's per-step metadata
-(``broadcast_tensor_dict``), as vLLM keeps a ``cpu_group`` beside each ``device_group``. vLLM's module-level API
-(``get_tp_group``, ``tensor_model_parallel_all_reduce``, ...) reads that one object; without a group (one rank) it
-is a group of one and every collective is the identity.
+(``broadcast_tensor_dict``), as vLLM keeps a ``cpu_group`` beside each ``device_group``. ``get_tp_group()`` returns
+the current one (vLLM's module-level collectives over it are in ``_compat/distributed.py``); without a group (one
+rank) it is a group of one and every collective is the identity.
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ import torch.distributed as dist
 
 
 def _move(obj, device):
-    """``obj`` with every tensor inside it (dicts, lists, dataclasses) moved to ``device``."""
+    """``obj`` with every tensor inside it (dicts, dataclasses) moved to ``device``."""
     if isinstance(obj, torch.Tensor):
         return obj.to(device)
     if isinstance(obj, dict):
         return {k: _move(v, device) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_move(v, device) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         moved = {f.name: _move(getattr(obj, f.name), device) for f in dataclasses.fields(obj)}
         return dataclasses.replace(obj, **moved)
@@ -39,10 +37,6 @@ class GroupCoordinator:
     device: torch.device = torch.device("cpu")
     device_group: dist.ProcessGroup | None = None
     cpu_group: dist.ProcessGroup | None = None
-
-    @property
-    def is_first_rank(self) -> bool:
-        return self.rank == 0
 
     def all_reduce(self, x: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
         if self.world_size > 1:
@@ -118,23 +112,3 @@ def destroy_model_parallel() -> None:
 
 def get_tp_group() -> GroupCoordinator:
     return _TP
-
-
-def get_tensor_model_parallel_world_size() -> int:
-    return _TP.world_size
-
-
-def get_tensor_model_parallel_rank() -> int:
-    return _TP.rank
-
-
-def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
-    return _TP.all_reduce(x)
-
-
-def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    return _TP.all_gather(x, dim)
-
-
-def tensor_model_parallel_gather(x: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
-    return _TP.gather(x, dst, dim)

@@ -2,8 +2,9 @@
 
 A request's first sample draws ``best_of`` tokens: the parent sequence keeps the first and is forked (sharing
 every KV block, copy-on-write) for the others. Each appended token is checked for a stop; a finished sequence's
-blocks are freed at once. Beam-search groups go to ``BeamSearchProcessor`` instead. What a request reports
-(``RequestOutput``: text, deltas, the best ``n`` of ``best_of``) is made from its state in ``outputs.py``.
+blocks are freed at once. Beam-search groups go to the beam search plugged in (``_compat/beam_search.py``). What
+a request reports (``RequestOutput``: text, deltas, the best ``n`` of ``best_of``) is made from its state in
+``outputs.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import torch
 
 from paged_serve.core.scheduler import Scheduler
 from paged_serve.core.sequence import Sequence, SequenceGroup
-from paged_serve.engine.beam_search import BeamSearchProcessor
 from paged_serve.engine.stop_checker import StopChecker
 from paged_serve.model_executor.layers.sampler import Sampler, SampleResult, SampleRow
 from paged_serve.outputs import RequestOutput, make_request_output
@@ -40,12 +40,14 @@ class RequestState:
 
 
 class OutputProcessor:
+    beam_search_processor = None  # v0's in-engine beam search plugs in here (``_compat/beam_search.py``)
+
     def __init__(self, scheduler: Scheduler, tokenizer: Tokenizer, stop_checker: StopChecker, seq_counter):
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.stop_checker = stop_checker
         self.seq_counter: itertools.count = seq_counter
-        self.beam_search = BeamSearchProcessor(self)
+        self.beam_search = self.beam_search_processor(self) if self.beam_search_processor else None
 
     def process_outputs(self, requests: dict[str, RequestState], sampled_seqs, logits: torch.Tensor,
                         sampler: Sampler) -> None:  # fmt: skip

@@ -50,7 +50,6 @@ class MultiprocExecutor:
             self.failed = True
             self.shutdown()
             raise
-        logger.info("executor: %d rank(s)", world_size)
 
     def execute_model(self, request: ExecuteModelRequest) -> torch.Tensor | None:
         """Run one step on every rank; the logits of the sampled (and prompt-scored) rows, on the driver."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from paged_serve._infra import config_checks
 from paged_serve.model_executor.layers.rotary_embedding import RotaryEmbedding
 from paged_serve.model_executor.models.llama import LlamaForCausalLM
 
@@ -36,8 +37,6 @@ class ModelRegistry:
         return sorted(cls.models)
 
 
-MODEL_REGISTRY = ModelRegistry.models
-
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -46,9 +45,7 @@ def load_hf_config(model_dir: str | Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{model_dir!s} has no config.json: not a Hugging Face model directory")
     config = json.loads(path.read_text())
-    if config.get("sliding_window") not in (None, 0) and config.get("use_sliding_window", True):
-        if config["sliding_window"] < config.get("max_position_embeddings", 0):
-            raise ValueError(f"sliding_window={config['sliding_window']} attention is not supported")
+    config_checks.check_hf_config(config)
     return config
 
 
@@ -70,8 +67,8 @@ def resolve_dtype(dtype: str | torch.dtype, config: dict) -> torch.dtype:
 
 def model_class(config: dict):
     for arch in config.get("architectures") or []:
-        if arch in MODEL_REGISTRY:
-            return MODEL_REGISTRY[arch]
+        if arch in ModelRegistry.models:
+            return ModelRegistry.models[arch]
     raise ValueError(
         f"architectures {config.get('architectures')} (model_type {config.get('model_type')!r}) not supported; "
         f"supported: {ModelRegistry.get_supported_archs()}"

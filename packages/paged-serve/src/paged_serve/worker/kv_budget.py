@@ -13,6 +13,7 @@ import logging
 
 import torch
 
+from paged_serve._infra import config_checks
 from paged_serve.config import CacheConfig, SchedulerConfig
 from paged_serve.distributed.parallel_state import GroupCoordinator
 from paged_serve.model_executor.layers.attention import AttentionMetadata
@@ -83,11 +84,7 @@ def determine_num_blocks(
         else:
             budget = CPU_KV_CACHE_BYTES
         num_gpu = min(budget // block_bytes, cap)
-        if num_gpu < 1:
-            raise ValueError(
-                f"no memory left for the KV cache ({budget} bytes for {block_bytes}-byte blocks): raise "
-                "gpu_memory_utilization / kv_cache_memory_bytes or use a smaller model"
-            )
+        config_checks.check_kv_budget(num_gpu, budget, block_bytes)
     if cache.num_cpu_blocks_override is not None:
         num_cpu = cache.num_cpu_blocks_override
     else:
@@ -103,11 +100,7 @@ def initialize_kv_cache(cache: CacheConfig, config: SchedulerConfig, model, num_
     # every rank must hold the same blocks: the fewest any rank can (vLLM's executor takes the minimum)
     num_blocks = determine_num_blocks(cache, model, geometry, device, config)
     num_gpu, num_cpu = (tp_group or GroupCoordinator()).min_over_ranks(num_blocks)
-    if num_gpu * cache.block_size < config.max_model_len:
-        raise ValueError(
-            f"max_model_len ({config.max_model_len}) is larger than the KV cache holds ({num_gpu} blocks x "
-            f"{cache.block_size} tokens): lower max_model_len or give the cache more blocks / memory"
-        )
+    config_checks.check_kv_holds_a_sequence(num_gpu, cache.block_size, config.max_model_len)
     cache.num_gpu_blocks, cache.num_cpu_blocks = num_gpu, num_cpu
     logger.info("KV cache: %d device blocks, %d CPU blocks of %d tokens", num_gpu, num_cpu, cache.block_size)
     return CacheEngine(num_layers, model.num_kv_heads, model.head_dim, cache.block_size, num_gpu, num_cpu, dtype,

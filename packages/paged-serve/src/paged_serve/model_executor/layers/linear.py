@@ -61,8 +61,7 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, output_size, bias, skip_bias_add, params_dtype)
         self.gather_output = gather_output
         self.output_size_per_partition = divide(output_size, self.tp_size)
-        per = self.output_size_per_partition
-        self._params(per, input_size, per if bias else None)
+        self._params(self.output_size_per_partition, input_size, self.output_size_per_partition if bias else None)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight) -> None:
         size = param.shape[0]

@@ -19,10 +19,6 @@ from paged_serve.model_executor.layers.linear import divide, narrow
 DEFAULT_VOCAB_PADDING_SIZE = 64
 
 
-def pad_vocab_size(vocab_size: int, pad_to: int = DEFAULT_VOCAB_PADDING_SIZE) -> int:
-    return -(-vocab_size // pad_to) * pad_to
-
-
 class VocabParallelEmbedding(nn.Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, params_dtype: torch.dtype | None = None,
                  padding_size: int = DEFAULT_VOCAB_PADDING_SIZE):  # fmt: skip
@@ -30,12 +26,13 @@ class VocabParallelEmbedding(nn.Module):
         self.tp_group = get_tp_group()
         self.tp_rank, self.tp_size = self.tp_group.rank, self.tp_group.world_size
         self.org_vocab_size, self.embedding_dim = num_embeddings, embedding_dim
-        self.num_embeddings_padded = pad_vocab_size(num_embeddings, padding_size * self.tp_size)
+        pad_to = padding_size * self.tp_size  # every rank the same number of rows
+        self.num_embeddings_padded = -(-num_embeddings // pad_to) * pad_to
         self.num_embeddings_per_partition = divide(self.num_embeddings_padded, self.tp_size)
         self.vocab_start_index = self.tp_rank * self.num_embeddings_per_partition
         self.vocab_end_index = min(self.vocab_start_index + self.num_embeddings_per_partition, num_embeddings)
-        dtype = params_dtype or torch.get_default_dtype()
-        self.weight = nn.Parameter(torch.empty(self.num_embeddings_per_partition, embedding_dim, dtype=dtype))
+        shape = (self.num_embeddings_per_partition, embedding_dim)
+        self.weight = nn.Parameter(torch.empty(shape, dtype=params_dtype or torch.get_default_dtype()))
 
     def weight_loader(self, param: nn.Parameter, loaded_weight) -> None:
         """This rank's rows of the ``[vocab, hidden]`` checkpoint tensor; the padding rows are zero."""
