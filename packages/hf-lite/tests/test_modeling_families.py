@@ -92,6 +92,23 @@ def test_padded_batch_logits_match_transformers(family):
     torch.testing.assert_close(got[real], expected[real], rtol=0, atol=0)  # the same kernels in the same order
 
 
+def test_hidden_states_and_attentions_match_transformers_eager(family):
+    """``output_hidden_states`` (embeddings, then each block, the last after the final norm) and
+    ``output_attentions`` (the eager softmax) as transformers' eager attention returns them."""
+    _, _, directory, ours = family
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager").eval()
+    ids, mask = _batch()
+    real = mask.bool()
+    with torch.no_grad():
+        expected = theirs(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+        got = ours(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+    assert len(got.hidden_states) == len(expected.hidden_states) and len(got.attentions) == len(expected.attentions)
+    for mine, reference in zip(got.hidden_states, expected.hidden_states):
+        torch.testing.assert_close(mine[real], reference[real], rtol=1e-5, atol=1e-5)
+    for mine, reference in zip(got.attentions, expected.attentions):
+        torch.testing.assert_close(mine, reference, rtol=1e-5, atol=1e-6)
+
+
 def test_greedy_and_beam_generate_token_identical(family):
     _, theirs, _, ours = family
     ids, mask = _batch(seed=1, length=7)
