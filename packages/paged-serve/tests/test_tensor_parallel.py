@@ -139,3 +139,73 @@ def test_tp2_loads_only_its_slice_of_each_tensor(checkpoint):
     q, k, v = (sd[f"model.layers.0.self_attn.{s}_proj.weight"] for s in "qkv")
     torch.testing.assert_close(qkv.weight, torch.cat([q[32:], k[16:], v[16:]]), rtol=0, atol=0)
     torch.testing.assert_close(o.weight, sd["model.layers.0.self_attn.o_proj.weight"][:, 32:], rtol=0, atol=0)
+
+
+def _children(pid: int) -> list[int]:
+    """Pids of ``pid``'s child processes that run a multiprocessing spawn (the workers, not the resource tracker)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+            cmdline = open(f"/proc/{entry}/cmdline").read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and "spawn_main" in cmdline and "resource_tracker" not in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def test_server_answers_500_when_a_worker_dies_then_exits_leaving_no_process(checkpoint):
+    import asyncio
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    path, _ = checkpoint("llama")
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    cmd = [sys.executable, "-m", "paged_serve.entrypoints.cli", "serve", path, "--port", str(port),
+           "--tensor-parallel-size", "2", "--num-gpu-blocks", "64", "--max-model-len", "256",
+           "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "no start"
+            time.sleep(0.2)
+        (worker,) = _children(proc.pid)
+
+        async def load():
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                body = {"prompt": "the", "max_tokens": 250, "ignore_eos": True}
+                tasks = [asyncio.ensure_future(client.post("/v1/completions", json=body)) for _ in range(2)]
+                await asyncio.sleep(1.0)
+                os.kill(worker, signal.SIGKILL)
+                return await asyncio.gather(*tasks)
+
+        t0 = time.perf_counter()
+        responses = asyncio.run(load())
+        rc = proc.wait(timeout=30)  # the server stops by itself: no hang
+        stderr = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [r.status_code for r in responses] == [500, 500]
+    assert all("worker rank 1" in r.json()["error"]["message"] for r in responses)
+    assert rc == 1 and "the engine failed" in stderr, stderr[-2000:]
+    assert time.perf_counter() - t0 < 40
+    assert not os.path.exists(f"/proc/{worker}") or "zombie" in open(f"/proc/{worker}/status").read().lower()
+    assert not _children(proc.pid)

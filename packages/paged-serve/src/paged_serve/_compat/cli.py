@@ -102,4 +102,6 @@ def main(argv: list[str] | None = None) -> None:
         api_server.run_server(app, sock, engine, args.log_level, args.shutdown_timeout)
     finally:
         engine.shutdown()
+    if engine.errored is not None:  # a worker died: the requests in flight got 500, the workers are gone
+        raise SystemExit(f"paged-serve: the engine failed ({engine.errored}); server stopped")
     logging.getLogger(__name__).info("server stopped")

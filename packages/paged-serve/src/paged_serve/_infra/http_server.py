@@ -30,10 +30,13 @@ def run_server(
     abort_all: Callable[[str], None],
     log_level: str = "info",
     shutdown_timeout: float = 10.0,
+    failed: Callable[[], bool] | None = None,
 ) -> None:
     """Serve ``app`` until SIGTERM / SIGINT, then shut down gracefully: in-flight requests get ``shutdown_timeout``
     seconds to finish, then ``abort_all(reason)`` ends them (each client gets a 503, or an error event in its
-    stream) and this returns normally. uvicorn's own cancellation stays a later backstop (it would log tracebacks)."""
+    stream) and this returns normally. uvicorn's own cancellation stays a later backstop (it would log tracebacks).
+    ``failed()`` true (the engine died: a tensor-parallel worker exited) stops the server the same way, after the
+    requests in flight got their 500."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -44,6 +47,12 @@ def run_server(
                 timer.daemon = True
                 timer.start()
             super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            if failed is not None and not self.should_exit and failed():
+                logger.error("the engine failed: shutting the server down")
+                self.should_exit = True
+            return await super().on_tick(counter)
 
     host, port = sock.getsockname()[:2]
     logger.info("serving on http://%s:%d", host, port)

@@ -137,8 +137,9 @@ def run_server(
     shutdown_timeout: float = 10.0,
 ) -> None:
     """Serve until SIGTERM / SIGINT; in-flight requests get ``shutdown_timeout`` seconds, then the engine aborts
-    them (``_infra/http_server.run_server``)."""
-    http_server.run_server(app, sock, engine.abort_all, log_level, shutdown_timeout)
+    them (``_infra/http_server.run_server``); a dead engine stops the server too."""
+    failed = lambda: engine.errored is not None  # noqa: E731 - the engine loop died: stop serving
+    http_server.run_server(app, sock, engine.abort_all, log_level, shutdown_timeout, failed)
 
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "bind_socket", "build_app", "run_server"]
