@@ -3,6 +3,7 @@ and transformers load alike, with the tokenizer hf-lite trained giving the same 
 
 from __future__ import annotations
 
+import os
 import sysconfig
 from pathlib import Path
 
@@ -79,6 +80,16 @@ def test_each_training_path_serves_like_transformers(corpus, tmp_path, capsys, t
     assert _greedy_paged(checkpoint, prompts, 10) == _greedy_transformers(checkpoint, prompts, 10)
 
 
+def test_serve_tensor_parallel_2_serves_the_trained_checkpoint_on_two_ranks(corpus, tmp_path, capsys):
+    _run(corpus, tmp_path, "--trainer", "pt-dist-ddp", "--device", "cpu", "--serve-tensor-parallel", "2")
+    printed = capsys.readouterr().out
+    assert "tensor-parallel 2" in printed
+    one_rank, _, _ = serve.generate(str(tmp_path / "checkpoint"), "cpu", 8)  # the same generations on one rank
+    for out in one_rank:
+        assert f"--- prompt: {out.prompt!r}\n{out.prompt}{out.outputs[0].text}\n" in printed
+    assert not _rank_children(os.getpid())  # the serving workers are gone
+
+
 def test_the_tokenizer_gives_the_same_ids_in_every_library(corpus, tmp_path):
     from harness.pipelines import corpus as corpus_mod
     from hf_lite import AutoTokenizer as LiteTokenizer
@@ -109,6 +120,7 @@ def test_the_tokenizer_gives_the_same_ids_in_every_library(corpus, tmp_path):
         (["--trainer", "ds-zero", "--offload", "nvme"], "needs --zero-stage 3"),
         (["--corpus", "/nonexistent/corpus"], "does not exist"),
         (["--steps", "0"], "--steps"),
+        (["--serve-tensor-parallel", "3"], "--serve-tensor-parallel 3 does not split"),
     ],
 )
 def test_bad_arguments_fail_in_one_line_before_any_rank_starts(monkeypatch, capsys, tmp_path, corpus, argv, message):

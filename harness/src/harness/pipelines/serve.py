@@ -12,9 +12,12 @@ PROMPTS = [
 ]
 
 
-def generate(checkpoint: str, device: str, max_tokens: int = 40) -> tuple[list, dict, float]:
+def generate(
+    checkpoint: str, device: str, max_tokens: int = 40, tensor_parallel_size: int = 1
+) -> tuple[list, dict, float]:
     """Greedy continuations of the prompts in one continuous batch, stepping the engine as ``LLM.generate`` does
-    (with a tqdm bar) while sampling its KV statistics each step; returns (outputs, statistics, seconds)."""
+    (with a tqdm bar) while sampling its KV statistics each step, on ``tensor_parallel_size`` ranks; returns
+    (outputs, statistics, seconds)."""
     import time
 
     from paged_serve import LLM, RequestOutputKind, SamplingParams
@@ -28,6 +31,7 @@ def generate(checkpoint: str, device: str, max_tokens: int = 40) -> tuple[list, 
         max_num_seqs=16,
         kv_cache_memory_bytes=64 << 20,
         swap_space=0.0625,
+        tensor_parallel_size=tensor_parallel_size,
     )
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, repetition_penalty=1.2)
@@ -50,10 +54,11 @@ def generate(checkpoint: str, device: str, max_tokens: int = 40) -> tuple[list, 
     stats = engine.get_stats().as_dict()
     stats["kv_utilization"] = sum(util) / len(util) if util else 0.0
     stats["peak_cache_usage"] = max(usage, default=0.0)
+    engine.shutdown()  # its worker processes too
     return [done[str(i)] for i in range(len(PROMPTS))], stats, seconds
 
 
-def serve(checkpoint: str, device: str, host: str, port: int) -> None:
+def serve(checkpoint: str, device: str, host: str, port: int, tensor_parallel_size: int = 1) -> None:
     """The OpenAI-compatible server on the checkpoint (until Ctrl-C)."""
     from paged_serve.entrypoints.cli import main as paged_serve_main
 
@@ -75,5 +80,7 @@ def serve(checkpoint: str, device: str, host: str, port: int) -> None:
             device,
             "--served-model-name",
             "train-then-serve",
+            "--tensor-parallel-size",
+            str(tensor_parallel_size),
         ]
     )

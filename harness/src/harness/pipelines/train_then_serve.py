@@ -2,6 +2,7 @@
 
     uv run train-then-serve                                   # hf-lite Trainer + torch DDP, 2 local ranks, CPU
     uv run train-then-serve --trainer ds-zero --zero-stage 3  # or mega-par --tp 2 [--sp], ...
+    uv run train-then-serve --serve-tensor-parallel 2         # paged-serve serves it on 2 tensor-parallel ranks
     torchrun --nnodes 2 --nproc-per-node 4 -m harness.pipelines.train_then_serve --trainer ds-zero
 
 Steps: train a byte-level BPE tokenizer (hf-lite) on the corpus (Python's standard library sources unless
@@ -57,6 +58,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-steps", type=int, default=0, help="hf-lite: keep a resumable checkpoint every N steps")
     p.add_argument("--resume", action="store_true", help="hf-lite: resume from the newest checkpoint in --out")
     p.add_argument("--serve", action="store_true", help="start the OpenAI-compatible server instead of generating")
+    p.add_argument(
+        "--serve-tensor-parallel",
+        type=int,
+        default=1,
+        help="paged-serve: tensor-parallel size of the served model (worker processes beside this one)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="--serve: address to bind")
     p.add_argument("--port", type=int, default=8000, help="--serve: port")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -87,7 +94,7 @@ def validate(args) -> None:
     """Every bad argument, in one line each, before anything starts."""
     import torch
 
-    for name in ("nproc", "steps", "batch_size", "corpus_bytes", "max_new_tokens"):
+    for name in ("nproc", "steps", "batch_size", "corpus_bytes", "max_new_tokens", "serve_tensor_parallel"):
         if getattr(args, name) < 1:
             _fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.lr <= 0:
@@ -102,6 +109,11 @@ def validate(args) -> None:
         _fail(f"--resume and --save-steps are for --trainer hf-lite (the Trainer's checkpoints), not {args.trainer}")
     if args.resume and not any((args.out / "hf_lite_trainer").glob("checkpoint-*")):
         _fail(f"--resume: no checkpoint-* under {args.out / 'hf_lite_trainer'} to resume from")
+    preset, tp = PRESETS[args.model_size], args.serve_tensor_parallel
+    heads, kv_heads = preset.num_attention_heads, preset.num_key_value_heads
+    if heads % tp or (kv_heads % tp if kv_heads >= tp else tp % kv_heads):
+        _fail(f"--serve-tensor-parallel {tp} does not split the {args.model_size} model's {heads} heads / "
+              f"{kv_heads} KV heads evenly")  # fmt: skip
     if not 0 < args.port < 65536:
         _fail(f"--port must be in 1..65535, got {args.port}")
     _check_out(args.out)
@@ -230,11 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         from harness.pipelines.serve import serve
 
-        serve(str(checkpoint), device, args.host, args.port)
+        serve(str(checkpoint), device, args.host, args.port, args.serve_tensor_parallel)
         return 0
     from harness.pipelines.serve import generate
 
-    outputs, stats, seconds = generate(str(checkpoint), device, args.max_new_tokens)
+    outputs, stats, seconds = generate(str(checkpoint), device, args.max_new_tokens, args.serve_tensor_parallel)
     print("\n=== generations (paged-serve, one continuous batch, greedy) ===")
     for out in outputs:
         print(f"--- prompt: {out.prompt!r}\n{out.prompt}{out.outputs[0].text}")
@@ -252,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         (
             "serving",
             f"{len(outputs)} prompts, {gen_tokens} tokens in {seconds:.2f} s "
-            f"({gen_tokens / max(seconds, 1e-9):.0f} tokens/s)",
+            f"({gen_tokens / max(seconds, 1e-9):.0f} tokens/s), tensor-parallel {args.serve_tensor_parallel}",
         ),
         (
             "KV utilisation",
