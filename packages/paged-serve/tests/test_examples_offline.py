@@ -1,8 +1,8 @@
 """vLLM's current offline examples (``examples/basic/chat.py`` + ``utils.py``, ``examples/basic/generate.py``,
 ``examples/prefix_caching.py``) run on paged-serve with only their import lines changed: the model names they
 hard-code (``meta-llama/Llama-3.2-1B-Instruct``, ``facebook/opt-125m``) resolve from a hub cache the test writes
-(tiny Llamas saved by transformers), offline. What they print is checked against transformers' chat template and
-greedy ``generate`` on the same checkpoints."""
+(a tiny Llama and a tiny OPT saved by transformers), offline. What they print is checked against transformers'
+chat template and greedy ``generate`` on the same checkpoints."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 from paged_serve import LLM, SamplingParams
 from transformers import AutoTokenizer
 
-from .conftest import build_checkpoint
+from .conftest import _save_tokenizer, build_checkpoint
 from .hub_cache import add_to_hub_cache
 from .test_examples import EXAMPLES, _upstream
 
@@ -37,6 +37,22 @@ def test_each_example_differs_from_upstream_only_in_its_imports(name):
     assert changed and all(line.startswith(("#   + from paged_serve", "#   + import paged_serve")) for line in changed)
 
 
+def _tiny_opt(path):
+    """A tiny OPT (the family of vLLM's default example model) with the tests' tokenizer, saved by transformers;
+    weights wider than OPT's 0.02 init so greedy picks have no near-ties."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    vocab = _save_tokenizer(path)
+    torch.manual_seed(1)
+    config = OPTConfig(vocab_size=vocab, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                       max_position_embeddings=1024, bos_token_id=0, eos_token_id=1, pad_token_id=1)  # fmt: skip
+    model = OPTForCausalLM(config).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.2) if p.dim() > 1 else p.data.uniform_(-0.5, 0.5)
+    model.save_pretrained(path)
+    return model
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     """The hub cache: the chat model (with a generation_config.json) and a long-context model for prefix caching;
@@ -45,7 +61,7 @@ def hub(tmp_path_factory):
     chat_dir, opt_dir = root / "chat", root / "opt"
     chat = build_checkpoint(chat_dir, max_position_embeddings=512)
     (chat_dir / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG))
-    opt = build_checkpoint(opt_dir, seed=1, max_position_embeddings=1024)
+    opt = _tiny_opt(opt_dir)
     models = {CHAT_MODEL: (add_to_hub_cache(root / "hub", CHAT_MODEL, chat_dir, "1" * 40), chat),
               OPT: (add_to_hub_cache(root / "hub", OPT, opt_dir, "2" * 40), opt)}  # fmt: skip
     env = {**os.environ, "TRITON_INTERPRET": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
