@@ -7,11 +7,15 @@ library runs GPT-2's and Llama 3's: a ``ByteLevel`` pre-tokenizer, a ``BPE`` mod
    token and no text is ever "unknown" (a vocabulary missing some bytes drops them, as tokenizers' BPE without an
    ``unk_token`` does).
 3. Merges are applied by rank: repeatedly merge the adjacent pair with the lowest rank, until none is mergeable.
-Results are cached per piece. ``tokenizer_json.py`` reads the vocabulary, merges and pattern from a tokenizer.json.
+Results are cached per piece. ``_compat/tokenizer_json.py`` reads the vocabulary, merges and pattern from a file.
+
+``train_bpe`` learns the vocabulary and merges from text (Sennrich et al. 2016; minbpe's ``train``), with the
+choices of the ``tokenizers`` library's ``BpeTrainer``, so both learn the same merges from the same corpus.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import lru_cache
 
 import regex
@@ -40,6 +44,19 @@ def _pair(merge) -> tuple[str, str]:
     if len(pair) != 2:
         raise ValueError(f"malformed merge {merge!r}: expected two space-separated tokens")
     return pair
+
+
+def merge_pair(word: list[str], pair: tuple[str, str]) -> list[str]:
+    """``word`` with each occurrence of ``pair``, left to right and not overlapping, made one token."""
+    merged, i = [], 0
+    while i < len(word):
+        if i < len(word) - 1 and (word[i], word[i + 1]) == pair:
+            merged.append(word[i] + word[i + 1])
+            i += 2
+        else:
+            merged.append(word[i])
+            i += 1
+    return merged
 
 
 class ByteLevelBPE:
@@ -84,15 +101,7 @@ class ByteLevelBPE:
             rank, best = min((self.bpe_ranks.get(pair, float("inf")), pair) for pair in zip(word, word[1:]))
             if rank == float("inf"):
                 break
-            merged, i = [], 0
-            while i < len(word):
-                if i < len(word) - 1 and (word[i], word[i + 1]) == best:
-                    merged.append(word[i] + word[i + 1])
-                    i += 2
-                else:
-                    merged.append(word[i])
-                    i += 1
-            word = merged
+            word = merge_pair(word, best)
         if len(self.cache) < 100_000:
             self.cache[token] = word
         return word
@@ -113,3 +122,29 @@ class ByteLevelBPE:
     def decode(self, ids: list[int], errors: str = "replace") -> str:
         tokens = (self.decoder[i] for i in ids if i in self.decoder)
         return b"".join(map(self.token_bytes, tokens)).decode("utf-8", errors=errors)
+
+
+def train_bpe(texts, vocab_size: int, min_frequency: int = 0, special_tokens=(), initial_alphabet=(),
+              split_pattern: str = GPT2_SPLIT_PATTERN, add_prefix_space: bool = False):
+    """``(vocab, merges)`` learned from ``texts`` as ``tokenizers``' ``BpeTrainer`` over a ``ByteLevel``
+    pre-tokenizer: the special tokens first, then the alphabet (the pieces' characters and ``initial_alphabet``) by
+    code point, then one token per merge of the most frequent adjacent pair (ties: the lowest ids), until
+    ``vocab_size`` tokens or no pair seen ``min_frequency`` times."""
+    splitter = ByteLevelBPE({}, [], split_pattern, add_prefix_space)
+    counts = Counter(piece for text in texts for piece in splitter.pre_tokenize(text))
+    vocab: dict[str, int] = {}
+    for token in [*special_tokens, *sorted(set(initial_alphabet).union(*counts))]:
+        vocab.setdefault(token, len(vocab))
+    words, merges = [(list(piece), n) for piece, n in counts.items()], []
+    while len(vocab) < vocab_size:
+        stats = Counter()
+        for word, n in words:
+            for pair in zip(word, word[1:]):
+                stats[pair] += n
+        best = max(stats, key=lambda p: (stats[p], -vocab[p[0]], -vocab[p[1]]), default=None)
+        if best is None or stats[best] < max(min_frequency, 1):
+            break
+        merges.append(best)
+        vocab.setdefault(best[0] + best[1], len(vocab))
+        words = [(merge_pair(word, best), n) if len(word) > 1 else (word, n) for word, n in words]
+    return vocab, merges

@@ -7,7 +7,7 @@ Two pre-tokenizers are byte-level BPE: GPT-2's (``ByteLevel`` with its built-in 
 
 from __future__ import annotations
 
-from .byte_level_bpe import GPT2_SPLIT_PATTERN
+from ..byte_level_bpe import GPT2_SPLIT_PATTERN
 
 
 def _split_pattern(pre: dict, path: str) -> tuple[str, bool]:
