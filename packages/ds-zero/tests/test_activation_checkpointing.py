@@ -220,8 +220,35 @@ def test_dropout_replayed_exactly_and_outputs_in_dicts():
     assert not torch.equal(a, b)
 
 
-def test_rng_tracker_forks_a_separate_stream_and_checkpoint_replays_it():
-    checkpointing.model_parallel_cuda_manual_seed(1234, model_parallel_rank=1)
+class _TensorParallelRank1:
+    """The part of an mpu that seeding reads: tensor-parallel rank 1 of 2, data-parallel rank 0."""
+
+    def get_tensor_model_parallel_rank(self):
+        return 1
+
+    def get_data_parallel_rank(self):
+        return 0
+
+    def get_tensor_model_parallel_world_size(self):
+        return 2
+
+    def get_tensor_model_parallel_group(self):
+        return None  # read by DeepSpeed's configure, used only when activations are partitioned
+
+
+@pytest.fixture
+def mpu_configured():
+    checkpointing.configure(_TensorParallelRank1())
+    yield
+    checkpointing.configure(None)
+
+
+def test_rng_tracker_forks_a_separate_stream_and_checkpoint_replays_it(mpu_configured):
+    checkpointing.model_parallel_cuda_manual_seed(1234)
+    assert torch.equal(checkpointing.get_cuda_rng_tracker().get_states()["model-parallel-rng"],
+                       torch.manual_seed(1234 + 2718 + 1).get_state())  # the mpu's tensor-parallel rank
+    checkpointing.model_parallel_cuda_manual_seed(1234)
+    torch.manual_seed(3)
     tracker = checkpointing.get_cuda_rng_tracker()
     before = torch.get_rng_state()
     with tracker.fork():
@@ -238,10 +265,59 @@ def test_rng_tracker_forks_a_separate_stream_and_checkpoint_replays_it():
     x = torch.ones(64, requires_grad=True)
     ref = region(x.detach().clone().requires_grad_())
     checkpointing.model_parallel_cuda_manual_seed(99)
+    checkpointing.configure(None)  # the checkpoint itself runs without model parallelism
     out = ckpt(region, x)
     out.sum().backward()
     assert torch.equal(out, ref) and torch.equal(x.grad, (ref != 0).float() * 2)
     assert not torch.equal(forked, torch.rand(4))
+
+
+def _seeding_side_by_side(rank, world):
+    """DeepSpeed's and ds_zero's ``checkpointing`` seeded the same way: without an mpu, then with one."""
+    import deepspeed
+    import ds_zero.checkpointing as ours
+
+    theirs = deepspeed.checkpointing  # an attribute of deepspeed, not a module path
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # plain gloo, no C++ build
+    deepspeed.init_distributed()  # its configure asks its own comm layer for the rank
+
+    out = {}
+    for name, lib_ in (("deepspeed", theirs), ("ds_zero", ours)):
+        lib_.configure(None)
+        torch.manual_seed(7)
+        try:
+            lib_.model_parallel_cuda_manual_seed(1234)
+            out[(name, "no mpu")] = "seeded"
+        except AttributeError:
+            out[(name, "no mpu")] = ("AttributeError", torch.equal(torch.get_rng_state(),
+                                                                    torch.manual_seed(7).get_state()))
+        lib_.configure(_TensorParallelRank1())
+        lib_.model_parallel_cuda_manual_seed(1234)
+        tracker = lib_.get_cuda_rng_tracker()
+        assert isinstance(tracker, lib_.CudaRNGStatesTracker)
+        with tracker.fork():
+            drawn = torch.rand(3)
+        states = tracker.get_states()
+        out[(name, "mpu")] = (torch.rand(3), drawn, states["model-parallel-rng"], states is not tracker.states_)
+        tracker.set_states(states)
+        out[(name, "set_states keeps the dict")] = tracker.states_ is states
+        lib_.configure(None)
+    return out
+
+
+def test_model_parallel_seeding_and_rng_tracker_as_deepspeeds():
+    """DeepSpeed's activation-checkpointing page: ``CudaRNGStatesTracker`` at ``deepspeed.checkpointing``, and
+    ``model_parallel_cuda_manual_seed(seed)`` reading the configured mpu. Without one, DeepSpeed's rank 0 fails
+    (AttributeError) and its other ranks reseed; ds_zero fails on every rank, leaving the generator untouched."""
+    pytest.importorskip("deepspeed")
+    results = run_ranks(_seeding_side_by_side, 2, timeout=240, fresh=True)
+    assert results[0][("deepspeed", "no mpu")][0] == "AttributeError"
+    assert results[1][("deepspeed", "no mpu")] == "seeded"
+    for r in results:
+        assert r[("ds_zero", "no mpu")] == ("AttributeError", True)
+        for a, b in zip(r[("deepspeed", "mpu")], r[("ds_zero", "mpu")]):
+            assert torch.equal(a, b) if torch.is_tensor(a) else a == b
+        assert r[("deepspeed", "set_states keeps the dict")] and r[("ds_zero", "set_states keeps the dict")]
 
 
 def test_saved_activation_bytes_per_memory_option():

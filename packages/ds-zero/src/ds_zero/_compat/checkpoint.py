@@ -3,17 +3,19 @@
 The states themselves are the core's (the module's state dict, each rank's ``optimizer.state_dict()`` with its
 fp32 master partition, the optimizer's ``layout()`` that ``zero_to_fp32`` consolidates); this module lays them out
 as DeepSpeed does. Layout: ``SAVE_DIR/latest`` holds the tag; ``SAVE_DIR/TAG/mp_rank_00_model_states.pt``
-(rank 0: module weights and buffers, scheduler, counters, param names/shapes, the partition layout)
-and ``SAVE_DIR/TAG/zero_pp_rank_R_mp_rank_00_optim_states.pt`` (each rank: its fp32 master
-partition, optimizer states, loss scaler). Every file is written under a temporary name then
-renamed; the whole tag directory is assembled as ``.TAG.partial`` and renamed into place, and
-``latest`` is replaced last, so a crash mid-save leaves the previous checkpoint loadable.
+(rank 0: module weights and buffers, scheduler, counters, param names/shapes, the partition layout; at ZeRO-3 each
+rank writes it as ``zero_pp_rank_R_mp_rank_00_model_states.pt``) and ``SAVE_DIR/TAG/zero_pp_rank_R_mp_rank_00_optim_
+states.pt`` (each rank: its fp32 master partition, optimizer states, loss scaler), and ``zero_to_fp32.py`` beside the
+tags. Every file is written under a temporary name then renamed; the whole tag directory is assembled as
+``.TAG.partial`` and renamed into place, and ``latest`` is replaced last, so a crash mid-save leaves the previous
+checkpoint loadable.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 
 import torch
 import torch.distributed as dist
@@ -34,8 +36,19 @@ MODEL_FILE = "mp_rank_00_model_states.pt"
 LATEST = "latest"
 
 
-def model_file(mp_rank: int = 0) -> str:
-    return f"mp_rank_{mp_rank:02d}_model_states.pt"
+def model_file(mp_rank: int = 0, dp_rank: int | None = None) -> str:
+    """``mp_rank_XX_model_states.pt``; at ZeRO-3, where every data-parallel rank writes one, DeepSpeed's
+    ``zero_pp_rank_R_mp_rank_XX_model_states.pt`` (``dp_rank`` given)."""
+    prefix = "" if dp_rank is None else f"zero_pp_rank_{dp_rank}_"
+    return f"{prefix}mp_rank_{mp_rank:02d}_model_states.pt"
+
+
+def find_model_file(path: str, mp_rank: int = 0, dp_rank: int = 0) -> str:
+    """The model states of ``mp_rank`` in a tag folder of either layout (ZeRO-3's per-rank file, or the one)."""
+    for name in (model_file(mp_rank, dp_rank), model_file(mp_rank)):
+        if os.path.isfile(os.path.join(path, name)):
+            return os.path.join(path, name)
+    raise FileNotFoundError(f"no {model_file(mp_rank)} or {model_file(mp_rank, dp_rank)} in {path!r}")
 
 
 def optim_file(rank: int, mp_rank: int = 0) -> str:
@@ -50,6 +63,7 @@ def _model_states(engine, client_state: dict) -> dict:
     module_sd = {k: v.detach().clone() for k, v in engine.module.state_dict().items() if k not in partitioned}
     return {
         "module": module_sd,
+        "frozen_param_names": [n for n, p in engine.module.named_parameters() if not p.requires_grad],
         "param_names": [[names[id(p)] for p in ps] for ps in groups],
         "param_shapes": [[tuple(getattr(p, "ds_shape", p.shape)) for p in ps] for ps in groups],
         "layout": engine.optimizer.layout(),
@@ -64,29 +78,69 @@ def _model_states(engine, client_state: dict) -> dict:
 
 
 def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest: bool = True) -> bool:
+    """Every rank writes into the folder it names, as DeepSpeed's ranks do, so ranks whose ``save_dir`` differ (a
+    timestamp taken on each) each get theirs; the lowest rank naming a folder assembles and renames its tag
+    directory, rank 0 writes ``latest`` and DeepSpeed's ``zero_to_fp32.py`` beside the tags."""
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     if not tag or os.sep in tag or tag.startswith("."):
         raise ValueError(f"checkpoint tag {tag!r} must be a non-empty name without '{os.sep}' or a leading '.'")
-    save_dir = str(save_dir)
+    save_dir = os.path.abspath(str(save_dir))
     rank = dist.get_rank()
+    dirs = [None] * dist.get_world_size()
+    dist.all_gather_object(dirs, save_dir)
+    if rank == 0 and len(set(dirs)) > 1:
+        logger.warning("ranks save into different folders (%s): each keeps its own rank's files, as in DeepSpeed",
+                       sorted(set(dirs)))
+    leader = dirs.index(save_dir) == rank  # the lowest rank writing into this folder
     staging = staging_dir(save_dir, tag)
-    if rank == 0:
+    if leader:
         fresh_staging_dir(save_dir, tag)
     dist.barrier()
     groups = engine.groups
-    if groups.dp_rank == 0:
+    stage3 = engine.zero_optimization_stage() == 3
+    if stage3 or groups.dp_rank == 0:
         atomic_torch_save(_model_states(engine, client_state or {}),
-                          os.path.join(staging, model_file(groups.slice_rank)))
+                          os.path.join(staging, model_file(groups.slice_rank, groups.dp_rank if stage3 else None)))
     sd = engine.optimizer.state_dict()
     sd["zero_stage"] = engine.zero_optimization_stage()
     atomic_torch_save(sd, os.path.join(staging, optim_file(groups.dp_rank, groups.slice_rank)))
     dist.barrier()
-    if rank == 0:
+    if leader:
         replace_dir(staging, save_dir, tag)
+    if rank == 0:
         if save_latest:
             atomic_write_text(tag, os.path.join(save_dir, LATEST))
+        if engine.zero_optimization_stage() > 0 or engine.bfloat16_enabled():  # DeepSpeed: with a ZeRO checkpoint
+            _copy_recovery_script(save_dir)
     dist.barrier()
     return True
+
+
+def _copy_recovery_script(save_dir: str) -> None:
+    """``zero_to_fp32.py`` and ``zero_to_torch.py`` beside the tags, executable, for ``python zero_to_fp32.py .
+    out_dir`` (DeepSpeed's ``_copy_recovery_script``)."""
+    for script in ("zero_to_fp32.py", "zero_to_torch.py"):
+        src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "utils", script)
+        dst = os.path.join(save_dir, script)
+        with open(src) as f:
+            atomic_write_text(f.read(), dst)
+        os.chmod(dst, os.stat(dst).st_mode | stat.S_IEXEC)
+
+
+def clone_tensors_for_torch_save(item, device=torch.device("cpu")):
+    """``item`` with every tensor in it (nested in lists, tuples, dicts) replaced by a copy on ``device`` that owns
+    only its own storage, so ``torch.save`` writes no flat buffer a view points into
+    (``deepspeed.checkpoint.utils.clone_tensors_for_torch_save``)."""
+    if torch.is_tensor(item):
+        device = torch.device(device) if isinstance(device, str) else device
+        return item.detach().clone() if device == item.device else item.detach().to(device)
+    if isinstance(item, list):
+        return [clone_tensors_for_torch_save(v, device) for v in item]
+    if isinstance(item, tuple):
+        return tuple(clone_tensors_for_torch_save(v, device) for v in item)
+    if isinstance(item, dict):
+        return type(item)({k: clone_tensors_for_torch_save(v, device) for k, v in item.items()})
+    return item
 
 
 def resolve_tag_dir(load_dir, tag=None) -> str | None:
@@ -111,7 +165,8 @@ def load_checkpoint(engine, load_dir, tag=None, load_optimizer_states: bool = Tr
         logger.warning("no 'latest' file in %s; nothing loaded", load_dir)
         return None, None
     groups = engine.groups
-    states = torch.load(os.path.join(path, model_file(groups.slice_rank)), map_location="cpu", weights_only=False)
+    states = torch.load(find_model_file(path, groups.slice_rank, groups.dp_rank), map_location="cpu",
+                        weights_only=False)
     if states["dp_world_size"] != engine.dp_world_size or states["zero_stage"] != engine.zero_optimization_stage():
         raise ValueError(f"checkpoint {path!r} is ZeRO stage {states['zero_stage']} at world size "
                          f"{states['dp_world_size']}; this engine is stage {engine.zero_optimization_stage()} at "

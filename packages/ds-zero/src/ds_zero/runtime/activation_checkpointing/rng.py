@@ -46,10 +46,11 @@ class CudaRNGStatesTracker:
         self.seeds_ = set()
 
     def get_states(self) -> dict[str, torch.Tensor]:
-        return {k: v.clone() for k, v in self.states_.items()}
+        """A new dict of the stored states themselves (a fork replaces a state, never writes into one)."""
+        return dict(self.states_)
 
     def set_states(self, states: dict[str, torch.Tensor]) -> None:
-        self.states_ = {k: v.clone() for k, v in states.items()}
+        self.states_ = states
 
     def add(self, name: str, seed: int) -> None:
         if seed in self.seeds_:
@@ -104,4 +105,4 @@ def restore(states: tuple) -> None:
     torch.set_rng_state(cpu)
     if cuda is not None:
         torch.cuda.set_rng_state(cuda)
-    _TRACKER.set_states(tracked)
+    _TRACKER.set_states(dict(tracked))  # the capture stays as it was for a second replay

@@ -10,6 +10,7 @@ from ds_zero._compat.checkpoint import (
     resolve_tag_dir,
     save_checkpoint,
 )
+from ds_zero.checkpoint import utils
 
 __all__ = ["LATEST", "MODEL_FILE", "load_checkpoint", "model_file", "optim_file", "resolve_tag_dir",
-           "save_checkpoint"]
+           "save_checkpoint", "utils"]
