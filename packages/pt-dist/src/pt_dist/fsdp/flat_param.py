@@ -208,8 +208,13 @@ class FlatParamHandle:
     # -- gradients -----------------------------------------------------------------------------------------------
 
     def keep_unsharded_grad(self) -> None:
-        """Inside ``no_sync()``: add this backward's whole gradient to the one kept here, nothing communicated."""
+        """Inside ``no_sync()``: add this backward's whole gradient to the one kept here, nothing communicated. Not
+        sharded (NO_SHARD), it is kept in ``flat_param.grad``, this rank's own gradient there, as torch's."""
         grad, self._unsharded.grad = self._unsharded.grad.reshape(-1), None
+        if not self.sharded:
+            self._accumulate_grad(grad.to(self.flat_param.dtype))
+            self._kept_grad = self.flat_param.grad
+            return
         self._kept_grad = grad if self._kept_grad is None else self._kept_grad.add_(grad)
 
     def reduce_grad(self, world: int) -> None:
@@ -217,6 +222,11 @@ class FlatParamHandle:
         group (each rank its shard), or all-reduce when not sharded (plus what ``no_sync()`` kept)."""
         grad, self._unsharded.grad = self._unsharded.grad, None
         flat = grad.reshape(-1)
+        if self._kept_grad is not None and not self.sharded:  # (in flat_param.grad, unless zeroed since)
+            if self.flat_param.grad is self._kept_grad:  # reduced with this one; the result lands in it zeroed
+                flat = flat + self._kept_grad.to(flat.dtype)
+                self._kept_grad.zero_()
+            self._kept_grad = None
         if self._kept_grad is not None:
             flat, self._kept_grad = self._kept_grad.add_(flat), None
         if self.padded_numel == self.numel and grad.dtype == self.reduce_dtype:

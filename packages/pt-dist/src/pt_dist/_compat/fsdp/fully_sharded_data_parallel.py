@@ -74,7 +74,7 @@ class FullyShardedDataParallel(_runtime_utils.FullyShardedDataParallel):
 
     def _make_handle(self, params: list, sharded: bool) -> FlatParamHandle:
         if not self._use_orig_params:
-            return super()._make_handle(params, sharded)
+            return _name_views(super()._make_handle(params, sharded))
         mp = self.mixed_precision
         return OrigParamsHandle(params, self.process_group, self._replicate_group, sharded, mp.param_dtype,
                                 mp.reduce_dtype)
@@ -141,3 +141,15 @@ class FullyShardedDataParallel(_runtime_utils.FullyShardedDataParallel):
     @property
     def world_size(self) -> int:
         return self.process_group.size()
+
+
+def _name_views(handle: FlatParamHandle) -> FlatParamHandle:
+    """Leave each original parameter name reachable, as torch's ``FlatParamHandle`` does: a plain-tensor view of
+    the unit's gathered buffer, holding the full values whenever the unit is unsharded (forward, backward,
+    ``summon_full_params``) and no memory otherwise (its data is not to be read then, as torch's)."""
+    storage = handle._full.untyped_storage()
+    storage.resize_(handle._full_bytes())
+    whole = torch.empty(0, dtype=handle.param_dtype, device=handle.device).set_(storage, 0, (handle.numel,), (1,))
+    handle._setattr_views(handle.views_of(whole))
+    storage.resize_(0)
+    return handle
