@@ -45,6 +45,11 @@ def test_engine_flags_reach_engine_args(checkpoint):
     assert engine_args.tensor_parallel_size == 2
     assert EngineArgs.from_cli_args(_serve_args(path, "-tp", "2")).tensor_parallel_size == 2
     assert EngineArgs.from_cli_args(_serve_args(path)).tensor_parallel_size == 1
+    hub = EngineArgs.from_cli_args(_serve_args("org/name", "--revision", "v2", "--download-dir", "/d",
+                                               "--tokenizer-revision", "t", "--generation-config", "vllm",
+                                               "--override-generation-config", '{"temperature": 0.5}'))  # fmt: skip
+    assert (hub.model, hub.revision, hub.download_dir, hub.tokenizer_revision) == ("org/name", "v2", "/d", "t")
+    assert hub.generation_config == "vllm" and hub.override_generation_config == {"temperature": 0.5}
     args = _serve_args(path, "--served-model-name", "a", "b", "--disable-log-requests", "--api-key", "k")
     assert args.served_model_name == ["a", "b"] and args.disable_log_requests and args.api_key == "k"
 
