@@ -7,6 +7,7 @@ heads (GPT-2, Llama and the families) against transformers': pooled logits and t
 Mirrors transformers' ``tests/models/<family>/test_modeling_<family>.py`` parity checks (hf-lite's own differential
 suite; no upstream file runs here)."""
 
+import copy
 import json
 
 import pytest
@@ -107,6 +108,19 @@ def test_hidden_states_and_attentions_match_transformers_eager(family):
         torch.testing.assert_close(mine[real], reference[real], rtol=1e-5, atol=1e-5)
     for mine, reference in zip(got.attentions, expected.attentions):
         torch.testing.assert_close(mine, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_checkpoint_loads_in_bf16_with_transformers_logits(family, tmp_path):
+    """A bf16 checkpoint with ``dtype="auto"`` stays bf16 and gives transformers' bf16 logits (Gemma's embedding
+    scale rounded to bf16 as transformers rounds it)."""
+    _, theirs, _, _ = family
+    copy.deepcopy(theirs).to(torch.bfloat16).save_pretrained(tmp_path)  # the fixture's fp32 weights stay
+    ours = AutoModelForCausalLM.from_pretrained(tmp_path, dtype="auto")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype="auto").eval()
+    assert ours.dtype == reference.dtype == torch.bfloat16
+    ids, mask = _batch()
+    real = mask.bool()
+    torch.testing.assert_close(_logits(ours, ids, mask)[real], _logits(reference, ids, mask)[real], rtol=0, atol=0)
 
 
 def test_greedy_and_beam_generate_token_identical(family):
@@ -238,6 +252,10 @@ CLASSIFIERS = {
     "llama": ("LlamaConfig", LLAMA_LIKE),
     "qwen2": ("Qwen2Config", LLAMA_LIKE),
     "opt": ("OPTConfig", {**SMALL, "ffn_dim": 37, "word_embed_proj_dim": 16, "dropout": 0.0}),
+    "mistral": ("MistralConfig", {**LLAMA_LIKE, "sliding_window": 5}),
+    "qwen3": ("Qwen3Config", {**LLAMA_LIKE, "head_dim": 16}),
+    "gemma": ("GemmaConfig", {**LLAMA_LIKE, "head_dim": 16}),
+    "phi3": ("Phi3Config", LLAMA_LIKE),
 }
 PROBLEMS = {
     "single_label_classification": (3, lambda g: torch.randint(0, 3, (3,), generator=g)),
