@@ -17,12 +17,13 @@ class ShardingStrategy(Enum):
     """FULL_SHARD: parameters, gradients, optimizer state sharded; parameters gathered for each unit's forward and
     backward and freed after each. SHARD_GRAD_OP: parameters kept gathered from forward to the end of backward.
     NO_SHARD: replicated, gradients all-reduced (DDP). HYBRID_SHARD: FULL_SHARD inside a shard group (a node),
-    replicated across the groups."""
+    replicated across the groups; _HYBRID_SHARD_ZERO2: the same with SHARD_GRAD_OP inside."""
 
     FULL_SHARD = auto()
     SHARD_GRAD_OP = auto()
     NO_SHARD = auto()
     HYBRID_SHARD = auto()
+    _HYBRID_SHARD_ZERO2 = auto()
 
 
 class BackwardPrefetch(Enum):

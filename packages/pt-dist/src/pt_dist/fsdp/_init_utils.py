@@ -14,7 +14,7 @@ from pt_dist.subgroups import new_group
 def _init_process_groups(process_group, strategy):
     """(shard group, replicate group or None): HYBRID_SHARD takes a pair, or cuts the world by node
     (``LOCAL_WORLD_SIZE``, torchrun's)."""
-    if strategy is ShardingStrategy.HYBRID_SHARD:
+    if strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
         if isinstance(process_group, tuple) and len(process_group) == 2:
             return process_group
         if process_group is not None:

@@ -43,6 +43,9 @@ from pt_dist.fsdp.wrap import _as_policy, _recursive_wrap
 from pt_dist.nn.parallel.distributed import _find_tensors
 from pt_dist.utils import _broadcast_coalesced
 
+# the strategies whose units keep their gathered parameters from forward to backward (no second all-gather)
+_KEEP_AFTER_FORWARD = (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.NO_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+
 
 class FullyShardedDataParallel(nn.Module):
     """Shard ``module``'s parameters, gradients and optimizer state over the ranks of ``process_group``."""
@@ -204,9 +207,7 @@ class FullyShardedDataParallel(nn.Module):
             for t in _find_tensors(out):
                 if t.requires_grad:
                     t.register_hook(self._pre_backward_hook)
-        keep = self.sharding_strategy in (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.NO_SHARD) or (
-            self._is_root and grad
-        )  # the root's backward starts at once
+        keep = self.sharding_strategy in _KEEP_AFTER_FORWARD or (self._is_root and grad)  # root: backward is next
         if not keep or not grad:
             handle.reshard()
         handle.state = HandleTrainingState.IDLE

@@ -23,7 +23,7 @@ from pt_dist._compat.fsdp._traversal_utils import fsdp_modules
 from pt_dist._compat.fsdp.api import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 from pt_dist._compat.fsdp.use_orig_params import OrigParamsHandle, flat_params_exposed, orig_handles
 from pt_dist.fsdp import _runtime_utils
-from pt_dist.fsdp._common_utils import FLAT_PARAM, FSDP_WRAPPED_MODULE, BackwardPrefetch
+from pt_dist.fsdp._common_utils import FLAT_PARAM, FSDP_WRAPPED_MODULE, BackwardPrefetch, ShardingStrategy
 from pt_dist.fsdp.flat_param import FlatParamHandle
 
 
@@ -49,10 +49,11 @@ class FullyShardedDataParallel(_runtime_utils.FullyShardedDataParallel):
         ignored_states=None,
         device_mesh=None,
     ):
-        for name, value in (("param_init_fn", param_init_fn), ("ignored_states", ignored_states),
-                            ("device_mesh", device_mesh)):
+        for name, value in (("param_init_fn", param_init_fn), ("ignored_states", ignored_states)):
             if value is not None:
                 raise ValueError(f"FullyShardedDataParallel: {name} is not supported, got {value!r}")
+        if device_mesh is not None:
+            process_group = _groups_of_mesh(device_mesh, process_group, sharding_strategy)
         if not isinstance(use_orig_params, bool):
             raise TypeError(f"FullyShardedDataParallel: use_orig_params must be a bool, got {use_orig_params!r}")
         self._use_orig_params = use_orig_params  # (read by _make_handle and _unit_kwargs as the core builds)
@@ -153,3 +154,16 @@ def _name_views(handle: FlatParamHandle) -> FlatParamHandle:
     handle._setattr_views(handle.views_of(whole))
     storage.resize_(0)
     return handle
+
+
+def _groups_of_mesh(device_mesh, process_group, sharding_strategy):
+    """``device_mesh=`` as torch's: a 1-D mesh's group, or for the hybrid strategies a 2-D mesh's (shard group =
+    mesh dim 1, replicate group = mesh dim 0)."""
+    if process_group is not None:
+        raise ValueError("Cannot pass both process_group and device_mesh at the same time. Please only pass one "
+                         "of them.")
+    hybrid = sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+    if device_mesh.ndim != (2 if hybrid else 1):
+        raise ValueError(f"FullyShardedDataParallel: {sharding_strategy} takes a {2 if hybrid else 1}-D "
+                         f"device_mesh, got {device_mesh}")
+    return (device_mesh.get_group(1), device_mesh.get_group(0)) if hybrid else device_mesh.get_group(0)
