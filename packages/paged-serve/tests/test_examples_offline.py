@@ -135,3 +135,14 @@ def test_prefix_caching_py_gets_the_same_answers_from_a_second_llm(hub):
     (first,) = llm.generate([prompt], SamplingParams(temperature=0), use_tqdm=False)
     assert first.outputs[0].text == texts[0]
     assert first.outputs[0].token_ids == _greedy(hf, first.prompt_token_ids, 16)
+
+
+def test_current_vllm_scripts_import_path_of_flexible_argument_parser():
+    """vLLM's current examples (chat.py, generate.py since utils became a package) import it from here."""
+    from paged_serve.utils import FlexibleArgumentParser
+    from paged_serve.utils.argparse_utils import FlexibleArgumentParser as current
+
+    assert current is FlexibleArgumentParser
+    parser = current()
+    parser.add_argument("--max-tokens", type=int)
+    assert parser.parse_args(["--max_tokens=3"]).max_tokens == 3  # underscores in a flag become dashes
