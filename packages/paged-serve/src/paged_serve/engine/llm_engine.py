@@ -1,9 +1,10 @@
 """``LLMEngine`` (vLLM v0 ``engine/llm_engine.py``): one call to ``step`` is one iteration of continuous batching.
 
-``step``: the scheduler picks this step's sequences -> the cache engine applies its swap/copy decisions -> the model
-runner runs one packed forward pass -> the sampler picks the next tokens and the output processor appends them,
-forks, stops and frees -> ``RequestOutput`` s for the requests that moved. Requests join (``add_request``) and
-leave (finish, ``abort_request``) between any two steps.
+``step``: the scheduler picks this step's sequences -> the model runner packs them into one batch -> the executor
+runs it on every rank (each applies the swap/copy decisions to its cache, then the forward pass; with
+``tensor_parallel_size`` N the other ranks are worker processes) -> the sampler picks the next tokens from the
+logits gathered here and the output processor appends them, forks, stops and frees -> ``RequestOutput`` s for the
+requests that moved. Requests join (``add_request``) and leave (finish, ``abort_request``) between any two steps.
 """
 
 from __future__ import annotations
