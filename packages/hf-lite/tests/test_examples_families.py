@@ -105,13 +105,40 @@ def _sequences(stdout: str) -> list[str]:
     return stdout[start:].split("=== GENERATED SEQUENCE ")[1:]
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gpt2", "opt"])
-def test_run_generation_samples_what_transformers_samples(workdir, model_type):
-    args = ["--model_type", model_type, "--model_name_or_path", model_type, "--prompt", "def main(args):",
-            "--length", "16", "--num_return_sequences", "3", "--use_cpu", "--seed", "7", "--p", "0.95",
-            "--repetition_penalty", "1.2"]
-    theirs = _sequences(_run(workdir, workdir / "run_generation_upstream.py", args).stdout)
-    ours = _sequences(_run(workdir, os.path.join(EXAMPLES, "run_generation.py"), args).stdout)
+# Runs the scripts one after the other in one interpreter (each as __main__ with its own argv), so the six runs pay
+# for importing torch, transformers and accelerate once; prints {key: the run's stdout} as JSON.
+DRIVER = """
+import contextlib, io, json, runpy, sys
+outputs = {}
+for key, script, args in json.loads(sys.argv[1]):
+    sys.argv = [script, *args]
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        runpy.run_path(script, run_name="__main__")
+    outputs[key] = out.getvalue()
+print(json.dumps(outputs))
+"""
+MODEL_TYPES = ["llama", "gpt2", "opt"]
+
+
+@pytest.fixture(scope="module")
+def generations(workdir):
+    """run_generation.py as upstream and as the drop-in, for each model type, on the same checkpoint and seed."""
+    runs = []
+    for model_type in MODEL_TYPES:
+        args = ["--model_type", model_type, "--model_name_or_path", model_type, "--prompt", "def main(args):",
+                "--length", "16", "--num_return_sequences", "3", "--use_cpu", "--seed", "7", "--p", "0.95",
+                "--repetition_penalty", "1.2"]
+        runs.append([f"{model_type}/theirs", str(workdir / "run_generation_upstream.py"), args])
+        runs.append([f"{model_type}/ours", os.path.join(EXAMPLES, "run_generation.py"), args])
+    (workdir / "driver.py").write_text(DRIVER)
+    proc = _run(workdir, workdir / "driver.py", [json.dumps(runs)])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_run_generation_samples_what_transformers_samples(generations, model_type):
+    theirs = _sequences(generations[f"{model_type}/theirs"])
+    ours = _sequences(generations[f"{model_type}/ours"])
     assert len(theirs) == 3 and ours == theirs
     assert len({s.split("\n", 1)[1] for s in ours}) > 1, "sanity: the three samples differ"
 
