@@ -235,6 +235,24 @@ def test_sliding_window_changes_the_result():
     assert not torch.allclose(_logits(full, ids, mask)[real], _logits(windowed, ids, mask)[real], atol=1e-3)
 
 
+@pytest.mark.parametrize("name", ["MistralConfig", "Qwen2Config", "Qwen3Config", "GemmaConfig", "Phi3Config",
+                                  "OPTConfig"])
+def test_config_signature_is_transformers(name):
+    """Each family config takes transformers' own fields with its defaults (the base config's shared fields aside)."""
+    import dataclasses
+    import inspect
+
+    import hf_lite
+
+    shared = {f.name for f in dataclasses.fields(transformers.PreTrainedConfig)} - {
+        "pad_token_id", "bos_token_id", "eos_token_id", "tie_word_embeddings", "use_cache"}
+    theirs = {f.name: f.default for f in dataclasses.fields(getattr(transformers, name))
+              if f.default is not dataclasses.MISSING and f.name not in shared}
+    ours = {k: p.default for k, p in inspect.signature(getattr(hf_lite, name).__init__).parameters.items()
+            if k not in ("self", "kwargs")}
+    assert ours == theirs
+
+
 def test_unsupported_variants_are_refused_by_name():
     from hf_lite.models.phi3 import Phi3Config
     from hf_lite.models.qwen2 import Qwen2Config

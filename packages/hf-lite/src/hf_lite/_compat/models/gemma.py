@@ -23,7 +23,8 @@ class GemmaConfig(LlamaConfig):
     def __init__(self, vocab_size: int = 256000, hidden_size: int = 3072, intermediate_size: int = 24576,
                  num_hidden_layers: int = 28, num_attention_heads: int = 16, num_key_value_heads: int = 16,
                  head_dim: int = 256, hidden_act: str = "gelu_pytorch_tanh", max_position_embeddings: int = 8192,
-                 initializer_range: float = 0.02, rms_norm_eps: float = 1e-6, pad_token_id: int | None = 0,
+                 initializer_range: float = 0.02, rms_norm_eps: float = 1e-6, use_cache: bool = True,
+                 pad_token_id: int | None = 0,
                  eos_token_id: int | list[int] | None = 1, bos_token_id: int | None = 2,
                  tie_word_embeddings: bool = True, rope_parameters: dict | None = None, attention_bias: bool = False,
                  attention_dropout: float = 0.0, use_bidirectional_attention: bool | None = None, **kwargs):
@@ -35,7 +36,8 @@ class GemmaConfig(LlamaConfig):
             hidden_act = "gelu_pytorch_tanh"
         if use_bidirectional_attention:
             raise ValueError("GemmaConfig(use_bidirectional_attention=True): hf-lite's Gemma is causal only")
-        super().__init__(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        super().__init__(vocab_size=vocab_size, use_cache=use_cache, hidden_size=hidden_size,
+                         intermediate_size=intermediate_size,
                          num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
                          num_key_value_heads=num_key_value_heads, head_dim=head_dim, hidden_act=hidden_act,
                          max_position_embeddings=max_position_embeddings, initializer_range=initializer_range,

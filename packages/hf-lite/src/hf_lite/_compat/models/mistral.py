@@ -17,13 +17,15 @@ class MistralConfig(LlamaConfig):
     def __init__(self, vocab_size: int = 32000, hidden_size: int = 4096, intermediate_size: int = 14336,
                  num_hidden_layers: int = 32, num_attention_heads: int = 32, num_key_value_heads: int = 8,
                  head_dim: int | None = None, hidden_act: str = "silu", max_position_embeddings: int = 4096 * 32,
-                 initializer_range: float = 0.02, rms_norm_eps: float = 1e-6, pad_token_id: int | None = None,
+                 initializer_range: float = 0.02, rms_norm_eps: float = 1e-6, use_cache: bool = True,
+                 pad_token_id: int | None = None,
                  bos_token_id: int | None = 1, eos_token_id: int | list[int] | None = 2,
                  tie_word_embeddings: bool = False, rope_parameters: dict | None = None,
                  sliding_window: int | None = 4096, attention_dropout: float = 0.0, **kwargs):
         for fixed in self._derived_attributes:
             kwargs.pop(fixed, None)
-        super().__init__(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        super().__init__(vocab_size=vocab_size, use_cache=use_cache, hidden_size=hidden_size,
+                         intermediate_size=intermediate_size,
                          num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
                          num_key_value_heads=num_key_value_heads, head_dim=head_dim, hidden_act=hidden_act,
                          max_position_embeddings=max_position_embeddings, initializer_range=initializer_range,

@@ -20,11 +20,13 @@ class Phi3Config(MistralConfig):
                  resid_pdrop: float = 0.0, embd_pdrop: float = 0.0, attention_dropout: float = 0.0,
                  hidden_act: str = "silu", max_position_embeddings: int = 4096,
                  original_max_position_embeddings: int = 4096, initializer_range: float = 0.02,
-                 rms_norm_eps: float = 1e-5, tie_word_embeddings: bool = False, rope_parameters: dict | None = None,
+                 rms_norm_eps: float = 1e-5, use_cache: bool = True, tie_word_embeddings: bool = False,
+                 rope_parameters: dict | None = None,
                  bos_token_id: int | None = 1, eos_token_id: int | list[int] | None = 32000,
                  pad_token_id: int | None = 32000, sliding_window: int | None = None, **kwargs):
         partial = kwargs.pop("partial_rotary_factor", None)
-        super().__init__(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        super().__init__(vocab_size=vocab_size, use_cache=use_cache, hidden_size=hidden_size,
+                         intermediate_size=intermediate_size,
                          num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
                          num_key_value_heads=num_key_value_heads, attention_dropout=attention_dropout,
                          hidden_act=hidden_act, max_position_embeddings=max_position_embeddings,

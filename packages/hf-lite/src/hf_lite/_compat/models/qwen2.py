@@ -23,13 +23,15 @@ class Qwen2Config(LlamaConfig):
     def __init__(self, vocab_size: int = 151936, hidden_size: int = 4096, intermediate_size: int = 22016,
                  num_hidden_layers: int = 32, num_attention_heads: int = 32, num_key_value_heads: int | None = 32,
                  hidden_act: str = "silu", max_position_embeddings: int = 32768, initializer_range: float = 0.02,
-                 rms_norm_eps: float = 1e-6, tie_word_embeddings: bool = False, rope_parameters: dict | None = None,
+                 rms_norm_eps: float = 1e-6, use_cache: bool = True, tie_word_embeddings: bool = False,
+                 rope_parameters: dict | None = None,
                  use_sliding_window: bool = False, sliding_window: int | None = 4096, max_window_layers: int = 28,
                  layer_types: list[str] | None = None, attention_dropout: float = 0.0, pad_token_id: int | None = None,
                  bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None, **kwargs):
         for fixed in self._derived_attributes:
             kwargs.pop(fixed, None)
-        super().__init__(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        super().__init__(vocab_size=vocab_size, use_cache=use_cache, hidden_size=hidden_size,
+                         intermediate_size=intermediate_size,
                          num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
                          num_key_value_heads=num_key_value_heads, hidden_act=hidden_act,
                          max_position_embeddings=max_position_embeddings, initializer_range=initializer_range,
