@@ -239,5 +239,10 @@ def test_push_to_hub_creates_the_repo_and_uploads_the_directory(tmp_path, monkey
     assert repo_id == "tiny" and create_kwargs == {"exist_ok": True, "token": "hf_x", "private": True}
     assert files == ["config.json", "generation_config.json", "model.safetensors"]
     assert upload["repo_id"] == "me/tiny" and upload["commit_message"] == "first" and upload["token"] == "hf_x"
+    calls.clear()
+    make_model("llama").save_pretrained(tmp_path / "tiny", push_to_hub=True, repo_id="me/other")
+    make_model("gpt2").save_pretrained(tmp_path / "tiny", push_to_hub=True, repo_id="me/other")
+    assert calls[0][1] == "me/other"  # transformers' default messages: by the class name
+    assert [c[2]["commit_message"] for c in calls[1::2]] == ["Upload LlamaForCausalLM", "Upload model"]
     with pytest.raises(ValueError, match="distributed_checkpoint=True"):
         make_model("llama").save_pretrained(tmp_path / "dcp", distributed_checkpoint=True)

@@ -209,9 +209,15 @@ def shard_state_dict(state_dict: dict, max_shard_size: int, filename_pattern: st
 def push_folder(folder: str, repo_id: str | None = None, commit_message: str | None = None, create_pr: bool = False,
                 token: bool | str | None = None, **create_repo_kwargs) -> str:
     """``save_pretrained(push_to_hub=True)``: the repo (default: the directory's name) is created if needed
-    (``private=`` and the other ``create_repo`` kwargs), then the directory is uploaded in one commit."""
+    (``private=`` and the other ``create_repo`` kwargs), then the directory is uploaded in one commit, by default
+    with transformers' message for the saved class (config.json's ``architectures``): "Upload model" or
+    "Upload <class>"."""
     api = HfApi()
     repo_id = repo_id or os.path.basename(os.path.abspath(folder))
     repo_id = api.create_repo(repo_id, exist_ok=True, token=token, **create_repo_kwargs).repo_id
-    return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message or "Upload model",
-                             create_pr=create_pr, token=token)
+    if commit_message is None:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            class_name = (json.load(f).get("architectures") or ["Model"])[0]
+        commit_message = "Upload model" if "Model" in class_name else f"Upload {class_name}"
+    return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message, create_pr=create_pr,
+                             token=token)
