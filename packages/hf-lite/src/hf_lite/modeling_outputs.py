@@ -12,6 +12,12 @@ class ModelOutput(OrderedDict):
     """Dataclass whose non-None fields are also dict items, and indexable by position (``out[0]``)."""
 
     def __post_init__(self):
+        first, *rest = fields(self)
+        if isinstance(getattr(self, first.name), dict) and all(getattr(self, f.name) is None for f in rest):
+            # ``type(out)(mapping)`` rebuilds an output from its items (accelerate's fp32 conversion does)
+            items, _ = getattr(self, first.name), super().__setattr__(first.name, None)
+            for key, value in items.items():
+                setattr(self, key, value)
         for f in fields(self):
             value = getattr(self, f.name)
             if value is not None:

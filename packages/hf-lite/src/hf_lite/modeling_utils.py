@@ -200,9 +200,15 @@ class PreTrainedModel(nn.Module):
     def _resize_rows(self, old_w: torch.Tensor, new_w: torch.Tensor, mean_resizing: bool) -> None:
         with torch.no_grad():
             n = min(old_w.shape[0], new_w.shape[0])
-            if mean_resizing:
-                new_w.copy_(old_w.float().mean(0, keepdim=True).to(new_w.dtype).expand_as(new_w))
-            else:
+            if mean_resizing and new_w.shape[0] > n:
+                # new rows drawn from N(mean, 1e-9 * covariance) of the old rows (Hewitt 2021), as transformers does
+                old, added = old_w.float(), new_w.shape[0] - n
+                mean = old.mean(0)
+                cov = 1e-9 * ((old - mean).T @ (old - mean) / old.shape[0])
+                if bool(torch.distributions.constraints.positive_definite.check(cov).all()):
+                    mean = torch.distributions.MultivariateNormal(mean, covariance_matrix=cov).sample((added,))
+                new_w[n:] = mean.to(new_w.dtype).expand(added, -1)
+            elif not mean_resizing:
                 std = getattr(self.config, "initializer_range", 0.02)
                 new_w.normal_(0.0, std)
             new_w[:n] = old_w[:n]

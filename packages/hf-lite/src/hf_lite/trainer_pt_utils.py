@@ -8,6 +8,8 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch.utils.data import BatchSampler, IterableDataset
 
+from .optimization import get_parameter_names  # noqa: F401  (transformers keeps it here; scripts import it)
+
 
 def nested_map(fn, tensors):
     """``fn`` on every tensor of nested lists, tuples and dicts; the containers keep their types."""
