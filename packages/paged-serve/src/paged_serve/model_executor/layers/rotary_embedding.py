@@ -2,47 +2,33 @@
 
 The cos/sin table is computed once for every position up to ``max_position`` in fp32, with the same arithmetic as
 transformers' ``LlamaRotaryEmbedding`` (inverse frequencies times the position, then cos/sin), and cast to the
-activations' dtype when applied, so positions far out keep fp32 accuracy in bf16 models. Scalings: ``default``,
-``linear`` (positions interpolated by ``factor``) and ``llama3`` (Llama 3.1's wavelength-dependent smoothing).
+activations' dtype when applied, so positions far out keep fp32 accuracy in bf16 models. Scalings of the inverse
+frequencies are looked up by ``rope_type`` in ``ROPE_SCALINGS`` (``default`` here; ``linear`` and ``llama3`` are
+registered from ``_compat/model_executor/rope_scalings.py``).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
-
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 def _inv_freq(head_dim: int, base: float) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
 
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
-    factor = params["factor"]
-    low, high = params["low_freq_factor"], params["high_freq_factor"]
-    old_len = params["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
-    return torch.where(medium, smoothed, scaled)
+# rope_type -> f(inverse frequencies, rope_parameters): the scalings checkpoints ask for register here
+# (``linear``, ``llama3``: ``_compat/model_executor/rope_scalings.py``)
+ROPE_SCALINGS = {"default": lambda inv_freq, params: inv_freq}
 
 
 def rope_inv_freq(head_dim: int, rope_parameters: dict) -> torch.Tensor:
     """Inverse frequencies for a transformers ``rope_parameters`` dict (``rope_type``, ``rope_theta``, ...)."""
     rope_type = rope_parameters.get("rope_type", rope_parameters.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"rope_type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
+    if rope_type not in ROPE_SCALINGS:
+        raise ValueError(f"rope_type {rope_type!r} is not supported; supported: {tuple(ROPE_SCALINGS)}")
     inv_freq = _inv_freq(head_dim, float(rope_parameters.get("rope_theta", 10000.0)))
-    if rope_type == "linear":
-        inv_freq = inv_freq / rope_parameters["factor"]
-    elif rope_type == "llama3":
-        inv_freq = _llama3_inv_freq(inv_freq, rope_parameters)
-    return inv_freq
+    return ROPE_SCALINGS[rope_type](inv_freq, rope_parameters)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

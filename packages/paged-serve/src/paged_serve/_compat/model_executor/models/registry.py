@@ -2,6 +2,7 @@
 ``models/registry.py`` lists them all): each exists so users' checkpoints load, and is built from the core's
 parallel layers (and Llama's, where the family is Llama with differences)."""
 
+from paged_serve._compat.model_executor import rope_scalings  # noqa: F401 (registers linear and llama3)
 from paged_serve._compat.model_executor.models.gemma import GemmaForCausalLM
 from paged_serve._compat.model_executor.models.gpt2 import GPT2LMHeadModel
 from paged_serve._compat.model_executor.models.opt import OPTForCausalLM
