@@ -57,10 +57,12 @@ def test_tp2_greedy_and_seeded_sampling_equal_one_rank_and_transformers(checkpoi
     one_greedy, one_seeded = _ids(one.generate(_tokens(prompts), greedy)), _ids(one.generate(_tokens(prompts), seeded))
     one_blocks = one.llm_engine.cache_config.num_gpu_blocks
     one.llm_engine.shutdown()
+    threads = torch.get_num_threads()
     tp = LLM(path, tensor_parallel_size=2, **_engine_kw())
     try:
         engine = tp.llm_engine
         assert len(multiprocessing.active_children()) == 1  # the rank-1 worker
+        assert torch.get_num_threads() == max(1, (os.cpu_count() or 1) // 2)  # the ranks share the cores
         assert _ids(tp.generate(_tokens(prompts), greedy)) == one_greedy == want
         assert engine.get_stats().num_preemptions_swap > 0  # swaps ran on both ranks' caches
         assert _ids(tp.generate(_tokens(prompts), seeded)) == one_seeded
@@ -75,7 +77,7 @@ def test_tp2_greedy_and_seeded_sampling_equal_one_rank_and_transformers(checkpoi
         assert engine.cache_engine.gpu_cache[0][0].shape[2] == 1
     finally:
         tp.llm_engine.shutdown()
-    assert _no_workers_left()
+    assert _no_workers_left() and torch.get_num_threads() == threads
 
 
 def test_tp2_with_fewer_kv_heads_than_ranks_replicates_them(checkpoint):

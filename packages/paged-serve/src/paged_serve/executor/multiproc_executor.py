@@ -43,7 +43,7 @@ class MultiprocExecutor:
         world_size = vllm_config.parallel_config.world_size
         init_method = f"tcp://127.0.0.1:{get_open_port()}" if world_size > 1 else None
         self.workers = WorkerProcs(worker_main, [(vllm_config, rank, init_method) for rank in range(1, world_size)])
-        self.failed = False
+        self.failed, self.num_threads = False, torch.get_num_threads()  # a CPU driver worker takes its share
         try:
             self.driver_worker = _start(Worker(vllm_config, 0, init_method))
         except BaseException:
@@ -76,4 +76,5 @@ class MultiprocExecutor:
         self.workers.stop(timeout=10.0 if not self.failed else 0.0)
         if self.workers.procs:
             destroy_model_parallel()
+            torch.set_num_threads(self.num_threads)
         self.workers.procs = []

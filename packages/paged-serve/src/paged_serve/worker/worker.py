@@ -8,6 +8,7 @@ scheduler's swaps and copies on its cache, then the forward pass. Only the drive
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,8 @@ class Worker:
     def init_device(self) -> None:
         world_size = self.vllm_config.parallel_config.world_size
         if world_size > 1:
+            if self.device.type == "cpu":  # the ranks share the cores (vLLM's CPU workers bind theirs)
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
             init_distributed_environment(world_size, self.rank, self.distributed_init_method, self.device)
         self.tp_group = get_tp_group() if world_size > 1 else GroupCoordinator()
 
