@@ -211,3 +211,23 @@ def test_server_answers_500_when_a_worker_dies_then_exits_leaving_no_process(che
     assert time.perf_counter() - t0 < 40
     assert not os.path.exists(f"/proc/{worker}") or "zombie" in open(f"/proc/{worker}/status").read().lower()
     assert not _children(proc.pid)
+
+
+def test_a_step_that_fails_on_the_driver_fails_the_engine_for_good(checkpoint, monkeypatch):
+    """The worker ran the step the driver broadcast and waits in its collectives: the ranks are out of step, so
+    the engine refuses further steps (instead of mismatching collectives) and shutdown still ends the worker."""
+    path, _ = checkpoint("llama")
+    tp = LLM(path, tensor_parallel_size=2, num_gpu_blocks=64)
+    driver = tp.llm_engine.model_executor.driver_worker
+
+    def broken(request):
+        raise ValueError("planted failure on the driver")
+
+    monkeypatch.setattr(driver, "execute_model", broken)
+    with pytest.raises(ValueError, match="planted"):
+        tp.generate(_tokens([[5, 6, 7]]), SamplingParams(max_tokens=2), use_tqdm=False)
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="must be rebuilt"):
+        tp.generate(_tokens([[5, 6, 7]]), SamplingParams(max_tokens=2), use_tqdm=False)
+    tp.llm_engine.shutdown()
+    assert _no_workers_left()

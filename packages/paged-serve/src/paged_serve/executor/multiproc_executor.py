@@ -53,6 +53,9 @@ class MultiprocExecutor:
 
     def execute_model(self, request: ExecuteModelRequest) -> torch.Tensor | None:
         """Run one step on every rank; the logits of the sampled (and prompt-scored) rows, on the driver."""
+        if self.failed and self.workers.procs:  # the ranks may be mid-collective: vLLM's engine is dead now too
+            self.workers.check()
+            raise RuntimeError("an earlier step failed on the tensor-parallel ranks: the engine must be rebuilt")
         try:
             self.workers.check()
             shared = request  # the workers need the tensors only, not the driver's sequence objects
