@@ -165,3 +165,23 @@ def test_continue_final_message_keeps_trailing_spaces_as_transformers(ckpt):
         assert ours.apply_chat_template(conv, tokenize=False, **kw) == theirs.apply_chat_template(
             conv, tokenize=False, **kw)
         assert ours.apply_chat_template(conv, tokenize=False, **kw).endswith(conv[-1]["content"])
+
+
+def test_key_dataset_and_dtype_as_in_transformers(ckpt):
+    """pipeline_tutorial.md's ``pipe(KeyDataset(dataset, "text"), batch_size=...)`` streams results; ``dtype=``
+    loads the model in that dtype."""
+    from hf_lite.pipelines.pt_utils import KeyDataset
+    from transformers.pipelines.pt_utils import KeyDataset as TheirKeyDataset
+
+    rows = [{"text": t, "n": i} for i, t in enumerate(["def f(x):", "import os", "class A:"])]
+    outs = []
+    for make, key_dataset in ((transformers.pipeline, TheirKeyDataset), (pipeline, KeyDataset)):
+        pipe = make("text-generation", model=ckpt, max_new_tokens=4)
+        torch.manual_seed(2)
+        out = pipe(key_dataset(rows, "text"), batch_size=2)
+        assert not isinstance(out, list)
+        outs.append(list(out))
+    assert outs[1] == outs[0] and len(outs[1]) == 3
+    ours = pipeline("text-generation", model=ckpt, dtype=torch.bfloat16)
+    assert ours.model.dtype == transformers.pipeline("text-generation", model=ckpt, dtype=torch.bfloat16).model.dtype
+    assert ours.model.dtype == torch.bfloat16 and ours.dtype == torch.bfloat16

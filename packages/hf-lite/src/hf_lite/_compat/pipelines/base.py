@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ...generation import GenerationConfig
+from .pt_utils import KeyDataset
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def _as_chats(inputs):
         if isinstance(first, (list, tuple)) and first and is_valid_message(first[0]):
             return (Chat(c) for gen in ([first], inputs) for c in gen)
         return (x for gen in ([first], inputs) for x in gen)
-    if isinstance(inputs, (list, tuple)) and len(inputs) > 0:
+    if isinstance(inputs, (list, tuple, KeyDataset)) and len(inputs) > 0:
         if is_valid_message(inputs[0]):
             return Chat(inputs)
         if isinstance(inputs[0], (list, tuple)) and all(c and is_valid_message(c[0]) for c in inputs):
