@@ -212,6 +212,21 @@ class DeepSpeedEngineAPI:
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'") from None
 
 
+def _initialize_optimizer_states(zero_optimizer) -> None:
+    """DeepSpeed's stage-0 fp16/bf16 wrappers (``FP16_Optimizer`` / ``FP16_UnfusedOptimizer``) build the torch
+    optimizer's state with one ``step()`` on zero gradients when they are created
+    (``initialize_optimizer_states``): Adam's step count starts one ahead and decoupled weight decay has applied
+    once to the fp32 master, so the first real update is smaller than a fresh Adam's. Done here as DeepSpeed does,
+    so the same config trains to the same losses; the low-precision parameters are left as they are."""
+    masters = [p for g in zero_optimizer.optimizer.param_groups for p in g["params"]]
+    grads = [p.grad for p in masters]
+    for p in masters:
+        p.grad = torch.zeros_like(p)
+    zero_optimizer.optimizer.step()
+    for p, g in zip(masters, grads):
+        p.grad = g
+
+
 def _to_accelerator(model: torch.nn.Module) -> None:
     """DeepSpeed's engine moves the module to its accelerator's device for ``LOCAL_RANK``
     (``_configure_distributed_model``); a model built partitioned by ``zero.Init`` is already placed."""
@@ -230,6 +245,8 @@ class DeepSpeedEngine(DeepSpeedEngineAPI, engine.DeepSpeedEngine):
         _to_accelerator(model)
         super().__init__(model, *args, **kwargs)
         self._init_distributed_vars()
+        if self._config.zero.stage == 0 and (self.fp16_enabled() or self.bfloat16_enabled()):
+            _initialize_optimizer_states(self.optimizer)  # DeepSpeed's FP16 / DDP_BFLOAT16 wrappers
         self._in_engine_backward = False
         self._torch_style_backward = False
         self._forced_boundary = None
@@ -281,6 +298,8 @@ class PipelineEngine(DeepSpeedEngineAPI, pipe_engine.PipelineEngine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._init_distributed_vars()
+        if self._config.zero.stage == 0 and self.fp16_enabled():  # bf16 pipelines get DeepSpeed's BF16_Optimizer
+            _initialize_optimizer_states(self.optimizer)
         self._progress_t0 = None
 
     def train_batch(self, data_iter=None) -> torch.Tensor:
