@@ -164,16 +164,16 @@ def _stage0_low_precision(rank, world):
     with lib.one_thread():
         import deepspeed
         import deepspeed.ops
-        import torch
-
         import ds_zero
+        import torch
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         from deepspeed.accelerator import get_accelerator
 
         x, y = lib.make_data(4, MICRO * world)
         out = {}
-        kinds = [(torch.bfloat16, "bf16")] + ([(torch.float16, "fp16")] if get_accelerator().is_fp16_supported() else [])
+        fp16 = get_accelerator().is_fp16_supported()
+        kinds = [(torch.bfloat16, "bf16")] + ([(torch.float16, "fp16")] if fp16 else [])
         for dtype, key in kinds:
             cfg = lib.base_config(0, world, micro=MICRO, gradient_clipping=1.0, **{key: {"enabled": True}})
             for impl, init in (("deepspeed", deepspeed.initialize), ("ds_zero", ds_zero.initialize)):
