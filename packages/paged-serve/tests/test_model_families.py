@@ -1,7 +1,8 @@
 """The model families beside Llama and GPT-2 (vLLM's ``tests/models/language/generation/test_common.py``: greedy
 outputs equal to transformers' on each architecture): OPT (pre- and post-norm, a narrow word embedding), Qwen2,
-Qwen3, Gemma, Phi-3 and Mistral, each a tiny random checkpoint saved by transformers in the test; Phi-3 (fused
-q/k/v and gate/up tensors split by the loaders, 2 KV heads for 4 query heads) and OPT also at TP=2.
+Qwen3, Gemma, Phi-3 and Mistral (and GPT-2), each a tiny random checkpoint saved by transformers in the test;
+Phi-3 (fused q/k/v and gate/up tensors split by the loaders, 2 KV heads for 4 query heads), OPT and GPT-2 (fused
+``Conv1D`` c_attn, read transposed) also at TP=2.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ FAMILIES = {
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {**LLAMA_LIKE, "head_dim": 16, "num_key_value_heads": 1}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {**LLAMA_LIKE, "pad_token_id": 0}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {**LLAMA_LIKE, "sliding_window": None}),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256)),
 }
 
 
@@ -91,7 +93,7 @@ def test_family_greedy_matches_transformers(family_checkpoint, name):
     assert got == hf_greedy(hf, prompts, n_new=N_NEW, eos_token_id=None)
 
 
-@pytest.mark.parametrize("name", ["phi3", "opt"])
+@pytest.mark.parametrize("name", ["phi3", "opt", "gpt2"])
 def test_family_at_tp2_matches_transformers(family_checkpoint, name):
     path, hf = family_checkpoint(name)
     prompts = _prompts(VOCAB, n=4, seed=4)

@@ -3,7 +3,8 @@
 
 Learned position embeddings, pre-LayerNorm blocks, fused ``c_attn`` projection (its loader splits q | k | v and
 keeps this rank's heads), tanh-approximated GELU, head tied to the token embedding. transformers stores GPT-2's
-projections as ``Conv1D`` (``[in, out]``): ``load_weights`` transposes them into ``nn.Linear`` layout first.
+projections as ``Conv1D`` (``[in, out]``): ``load_weights`` hands them over transposed into ``nn.Linear`` layout,
+lazily, so each rank still reads only its slice.
 """
 
 from __future__ import annotations
@@ -27,6 +28,21 @@ from paged_serve.model_executor.models.utils import load_weights
 def gelu_new(x: torch.Tensor) -> torch.Tensor:
     """GPT-2's GELU, the tanh approximation (Hendrycks & Gimpel, arXiv:1606.08415), as transformers computes it."""
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class TransposedSlice:
+    """A ``Conv1D`` weight (``[in, out]``) read as ``[out, in]`` without reading it: indexing reads only the part
+    asked for, so a rank still reads only its slice."""
+
+    def __init__(self, lazy):
+        self.lazy = lazy
+
+    def get_shape(self) -> list[int]:
+        return list(reversed(self.lazy.get_shape()))
+
+    def __getitem__(self, index) -> torch.Tensor:
+        index = (index if isinstance(index, tuple) else (index,)) + (slice(None),) * 2
+        return self.lazy[index[1::-1]].t()
 
 
 class GPT2Attention(nn.Module):
@@ -110,6 +126,8 @@ class GPT2LMHeadModel(nn.Module):
             for name, tensor in weights:
                 if name.endswith((".attn.bias", ".attn.masked_bias")):
                     continue  # causal-mask buffers of older checkpoints
-                yield name, (tensor[:].t() if name.endswith(self._conv1d) else tensor)
+                if name.endswith(self._conv1d):
+                    tensor = tensor.t() if isinstance(tensor, torch.Tensor) else TransposedSlice(tensor)
+                yield name, tensor
 
         load_weights(self, transposed(), rename=lambda name: name.removeprefix("transformer."))
