@@ -61,10 +61,12 @@ class RNGStatesTracker:
         self._current_state_name = _DEFAULT_RNG_NAME
 
     def get_states(self) -> dict:
-        return {k: v.clone() for k, v in self.states_.items()}
+        """A new dict of the states as stored (Megatron's: a fork replaces a state, never writes into one)."""
+        return dict(self.states_)
 
     def set_states(self, states: dict) -> None:
-        self.states_ = {k: v.clone() for k, v in states.items()}
+        """Keep ``states`` as given; Megatron does not check or copy them."""
+        self.states_ = states
 
     def add(self, name: str, seed: int) -> None:
         if seed in self.seeds_:
@@ -144,7 +146,7 @@ class CheckpointFunction(torch.autograd.Function):
         inputs = detach_variable(tuple(args))
         bwd_rng_state, bwd_tracker_states = _get_rng_state(), _TRACKER.get_states()
         _set_rng_state(ctx.fwd_rng_state)
-        _TRACKER.set_states(ctx.fwd_tracker_states)
+        _TRACKER.set_states(dict(ctx.fwd_tracker_states))  # the saved states stay as saved for a second backward
         try:
             with torch.enable_grad():
                 outputs = ctx.run_function(*inputs)
