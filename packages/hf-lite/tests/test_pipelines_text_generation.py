@@ -73,6 +73,14 @@ CASES = {
     "chats_batched": ([USER, PREFILL], dict(max_new_tokens=5, batch_size=2)),
     "chat_new_text_only": (USER, dict(max_new_tokens=5, return_full_text=False, do_sample=False)),
     "repetition_penalty": ("def f(x):", dict(max_new_tokens=8, repetition_penalty=1.5, do_sample=False)),
+    "special_tokens_kept": ("def f(x):", dict(max_new_tokens=8, skip_special_tokens=False, return_full_text=False)),
+    "tokenizer_encode_kwargs": ("def f(x): return x", dict(max_new_tokens=4, do_sample=False,
+                                                            tokenizer_encode_kwargs={"truncation": True,
+                                                                                     "max_length": 4})),
+    "add_special_tokens": ("def f(x):", dict(max_new_tokens=4, add_special_tokens=True, do_sample=False)),
+    "prefill_not_continued": (PREFILL, dict(max_new_tokens=5, continue_final_message=False)),
+    "scores_per_record": ("def f(x):", dict(max_new_tokens=3, do_sample=False, return_dict_in_generate=True,
+                                            output_scores=True, return_full_text=False)),
 }
 
 
@@ -81,6 +89,8 @@ def test_outputs_equal_transformers_pipeline(ckpt, case):
     inputs, call = CASES[case]
     init = {"tokenizer": (ckpt, {"model_max_length": 16})} if case == "hole" else None
     theirs, ours = _both(ckpt, inputs, init=init, **call)
+    if case == "scores_per_record":  # fp32 scores: GPT-2's logits agree to rounding, not bitwise
+        torch.testing.assert_close(ours[0].pop("scores"), theirs[0].pop("scores"), rtol=1e-5, atol=1e-6)
     assert ours == theirs
     if case == "hole":  # the prompt was cut to its last 16 - 5 tokens
         pipe = pipeline("text-generation", model=ckpt, **init)
@@ -91,6 +101,8 @@ def test_outputs_equal_transformers_pipeline(ckpt, case):
         assert isinstance(ours, list) and all(isinstance(x, list) and len(x) == 1 for x in ours)
     if case == "num_return_sequences_new_text":
         assert [len(x) for x in ours] == [3, 3] and len({r["generated_text"] for r in ours[0]}) > 1
+    if case == "scores_per_record":
+        assert set(ours[0]) == {"generated_text"}, "the scores were checked (and popped) above"
     if case == "chat_prefill_continued":
         assert ours[0]["generated_text"][-1]["content"].startswith("y = ")
 
