@@ -39,8 +39,10 @@ def evaluation_loop(trainer, dataloader, padded_batches: int, description: str, 
             logits = trainer.preprocess_logits_for_metrics(logits, labels)
         total = None if loss is None else loss * count if count is not None else loss * batch_size
         real = [g for g in trainer.parallelism.all_gather_object(
-            nested_cpu((padding, batch_size, total, count, logits, labels))) if not g[0]]
-        if loss is not None and real:
+            nested_cpu((padding, batch_size, total, count, logits, labels, loss))) if not g[0]]
+        if loss is not None and len(real) == 1:  # one batch: its own mean (total / count would round it again)
+            losses.append(real[0][6].float().repeat(real[0][1]))
+        elif loss is not None and real:
             # Every example gets its step's loss: the token mean over the ranks' batches of that step (one
             # process: its batch's mean, as transformers' per-example eval losses), so N ranks of batch b
             # evaluate as one process of batch N x b.
@@ -64,8 +66,9 @@ def evaluation_loop(trainer, dataloader, padded_batches: int, description: str, 
     if losses:
         all_losses = torch.cat(losses)
         finite = torch.isfinite(all_losses)
+        # numpy's float32 mean, as transformers takes it (torch sums in another order)
         metrics["loss"] = (all_losses[finite] if args.logging_nan_inf_filter and finite.any() else all_losses
-                           ).float().mean().item()
+                           ).float().numpy().mean().item()
     metrics = {k if k.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{k}": v
                for k, v in metrics.items()}
     return EvalLoopOutput(predictions=all_preds, label_ids=all_labels, metrics=metrics, num_samples=num_samples)
