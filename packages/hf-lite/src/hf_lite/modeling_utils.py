@@ -168,7 +168,7 @@ class PreTrainedModel(nn.Module):
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True) -> nn.Embedding:
-        """Grow/shrink the vocabulary; new rows are drawn around the old rows' mean (transformers' ``mean_resizing``)."""
+        """Grow/shrink the vocabulary; new rows are drawn around the old rows' mean (transformers' mean_resizing)."""
         old = self.get_input_embeddings()
         if new_num_tokens is None and pad_to_multiple_of is None:
             return old

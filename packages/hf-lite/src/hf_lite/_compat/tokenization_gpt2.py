@@ -10,9 +10,9 @@ import os
 
 from .._infra.atomic_io import atomic_write_text
 from ..byte_level_bpe import GPT2_SPLIT_PATTERN, ByteLevelBPE
-from .tokenizer_json import read_byte_level_bpe
 from .tokenization_utils import PreTrainedTokenizer
 from .tokenization_utils_base import TOKENIZER_FILE, tokenizer_directory
+from .tokenizer_json import read_byte_level_bpe
 
 VOCAB_FILES_NAMES = {"vocab_file": "vocab.json", "merges_file": "merges.txt"}
 
