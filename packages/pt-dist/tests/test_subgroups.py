@@ -171,3 +171,86 @@ def test_a_rank_outside_a_new_group_does_not_need_the_store():
     """Non-members posted their call to the store, though only members read them: one coming late, after rank 0 had
     destroyed its groups, failed (DistNetworkError: the store closed), seen under load in CI's two-host test."""
     assert run_ranks(_late_non_member, 3, backend=None, timeout=60) == [False, False, True]
+
+
+# The DeviceMesh recipe's first block (pytorch/tutorials recipes_source/distributed_device_mesh.rst), CPU lines:
+# "gloo" for "nccl", no torch.cuda.set_device, the world size for torch.cuda.device_count(). Rank 0 belongs to no
+# group after the shard groups and exits first, while ranks 1 and 3 still build the replicate group [1, 3].
+DEVICE_MESH_RECIPE = """
+import os
+import torch
+import {lib} as dist
+
+rank = int(os.environ["RANK"])
+world_size = int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo")
+num_node_devices = world_size
+shard_rank_lists = list(range(0, num_node_devices // 2)), list(range(num_node_devices // 2, num_node_devices))
+shard_groups = (
+    dist.new_group(shard_rank_lists[0]),
+    dist.new_group(shard_rank_lists[1]),
+)
+current_shard_group = (
+    shard_groups[0] if rank in shard_rank_lists[0] else shard_groups[1]
+)
+current_replicate_group = None
+shard_factor = len(shard_rank_lists[0])
+for i in range(num_node_devices // 2):
+    replicate_group_ranks = list(range(i, num_node_devices, shard_factor))
+    replicate_group = dist.new_group(replicate_group_ranks)
+    if rank in replicate_group_ranks:
+        current_replicate_group = replicate_group
+"""
+
+# As torchrun runs it: the launcher hosts the agent's torch TCPStore (MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE) and
+# starts the 4 ranks as processes that run the recipe and exit; ``runs`` times, a fresh agent store each time.
+LAUNCHER = """
+import datetime, os, subprocess, sys, time
+import torch.distributed as tdist
+
+script, runs = sys.argv[1], int(sys.argv[2])
+codes, errors = [], []
+for run in range(runs):
+    agent = tdist.TCPStore("127.0.0.1", 0, 5, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=60))
+    env = dict(os.environ, WORLD_SIZE="4", LOCAL_WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(agent.port),
+               TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0")
+    logs = [open(f"{script}.{run}.{r}.err", "w+") for r in range(4)]
+    procs = [subprocess.Popen([sys.executable, script], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stderr=logs[r]) for r in range(4)]
+    deadline = time.monotonic() + 240
+    while any(p.poll() is None for p in procs):
+        if time.monotonic() > deadline or any(p.poll() for p in procs):  # as torchrun: one failed, stop the rest
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.05)
+    codes.append([p.wait() for p in procs])
+    for p, log in zip(procs, logs):
+        log.seek(0)
+        lines = log.read().strip().splitlines()
+        if p.returncode and lines:
+            errors.append(lines[-1])
+    del agent
+print(errors, file=sys.stderr)
+print(codes)
+"""
+
+
+@pytest.mark.parametrize(("lib", "runs"), [("torch.distributed", 2), ("pt_dist", 10)])
+def test_device_mesh_recipe_layout_survives_rank_0_exiting_first_10_times(tmp_path, lib, runs):
+    """Defect: under torchrun, pt_dist's store lived in rank 0, which exits first here, so ranks 1 and 3 failed
+    building [1, 3] ("connection to the store failed"; torch's store is the agent's, which outlives them). Now a
+    process hosting a store serves it at exit until the other processes have closed their connections."""
+    import json
+    import os
+    import subprocess
+
+    (tmp_path / "recipe.py").write_text(DEVICE_MESH_RECIPE.format(lib=lib))
+    (tmp_path / "launch.py").write_text(LAUNCHER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(tmp_path / "launch.py"), str(tmp_path / "recipe.py"), str(runs)],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    codes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert codes == [[0, 0, 0, 0]] * runs, (codes, proc.stderr[-3000:])

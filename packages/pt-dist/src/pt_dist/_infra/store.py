@@ -9,12 +9,14 @@ shared-secret handshake in ``wire.py``, and a malformed frame closes only that c
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import socket
 import struct
 import threading
 import time
+import weakref
 
 from pt_dist._infra import secret as _secret
 from pt_dist._infra import wire
@@ -182,6 +184,34 @@ class PrefixStore(Store):
         return self.underlying_store.multi_get([self._k(k) for k in keys])
 
 
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every TCPStore of this process, for the exit below
+
+
+@atexit.register
+def _serve_until_peers_leave() -> None:
+    """At exit, a process hosting a store serves it until every other process has closed its connection (exited
+    or destroyed its group), up to the store's timeout. torchrun's agent hosts torch's store and outlives the
+    workers; a rank that hosts ours and is done first (rank 0 of the DeviceMesh recipe's hand-built ``new_group``
+    layout, not a member of the last group) must not take the store from ranks still building groups on it."""
+    stores = list(_LIVE)
+    for store in stores:  # this process's own connections first: they are not peers
+        with store._lock:
+            idle, store._idle = store._idle, []
+        for sock in idle:
+            sock.close()
+    for store in stores:
+        server = store._server
+        if server is None or not server.in_owner_process():
+            continue
+        deadline, logged = time.monotonic() + store._timeout, False
+        while server.connections() and time.monotonic() < deadline:
+            if not logged:
+                log.info("pt_dist store %s:%s: serving %d peer(s) still connected before exiting", store.host,
+                         store.port, server.connections())
+                logged = True
+            time.sleep(0.02)
+
+
 class _Tenant:
     """The stores of this process that share one server on host:port (torch's multi-tenant TCPStore:
     ``init_process_group`` and ``rpc.init_rpc`` on the same MASTER_PORT); the last to close stops it."""
@@ -266,6 +296,7 @@ class TCPStore(Store):
                                             shared=multi_tenant)
         self._lock = threading.Lock()
         self._idle: list[socket.socket] = [self._connect()]
+        _LIVE.add(self)
         self.add(_WORKERS_KEY, 1)
         if is_master and wait_for_workers and world_size:
             try:

@@ -114,6 +114,10 @@ class StoreServer:
         self._secret = secret
         threading.Thread(target=self._accept_loop, name="pt_dist-store-accept", daemon=True).start()
 
+    def connections(self) -> int:
+        """Clients connected now (each rank's store keeps one open until it closes the store or exits)."""
+        return len(self._conns)
+
     def in_owner_process(self) -> bool:
         """False in a forked child (a DataLoader worker) holding a copy: the parent still serves."""
         return os.getpid() == self._pid
