@@ -2,7 +2,8 @@
 
 Each TP rank holds logits for its slice of the vocabulary. Two all-reduces over the TP group
 (the max for stability, then the target logit and the sum of exponentials stacked in one tensor)
-give the exact loss; the full ``[..., vocab]`` tensor never exists.
+give the exact loss; the full ``[..., vocab]`` tensor never exists. The group is ``tp_group`` when given,
+else parallel_state's.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mega_par import parallel_state as ps
+from mega_par.parallel_state import get_tensor_model_parallel_group
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, vocab_parallel_logits, target, label_smoothing=0.0):
-        group = ps.get_tensor_model_parallel_group()
-        tp = ps.get_tensor_model_parallel_world_size()
+    def forward(ctx, vocab_parallel_logits, target, label_smoothing=0.0, tp_group=None):
+        group = get_tensor_model_parallel_group() if tp_group is None else tp_group
+        tp = group.size()
         logits = vocab_parallel_logits.float()
         logits_max = logits.max(dim=-1).values
         if tp > 1:
@@ -25,7 +26,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         logits = logits - logits_max.unsqueeze(-1)
 
         partition = logits.shape[-1]
-        start = ps.get_tensor_model_parallel_rank() * partition
+        start = group.rank() * partition
         target_mask = (target < start) | (target >= start + partition)
         masked_target = (target - start).masked_fill(target_mask, 0)
         predicted = logits.gather(-1, masked_target.unsqueeze(-1)).squeeze(-1).masked_fill(target_mask, 0.0)
@@ -59,11 +60,11 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         onehot = onehot * (~target_mask).unsqueeze(-1)
         ls = ctx.label_smoothing
         grad = grad - (1.0 - ls) * onehot - ls / ctx.vocab_size
-        return (grad * grad_output.unsqueeze(-1)).to(ctx.in_dtype), None, None
+        return (grad * grad_output.unsqueeze(-1)).to(ctx.in_dtype), None, None, None
 
 
-def vocab_parallel_cross_entropy(vocab_parallel_logits, target, label_smoothing: float = 0.0):
+def vocab_parallel_cross_entropy(vocab_parallel_logits, target, label_smoothing: float = 0.0, tp_group=None):
     """Per-token loss (no reduction), equal to ``F.cross_entropy(full_logits, target, reduction='none')``."""
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-    return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, label_smoothing)
+    return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, label_smoothing, tp_group)

@@ -1,0 +1,1 @@
+"""``megatron.core.models.common.language_module``."""
