@@ -87,6 +87,17 @@ json.dump(results, open(os.path.join(out_dir, f"rank{rank}.json"), "w"))
 """
 
 
+def _torchrun(tmp_path, job: str, plan: list, upstream_files: list[str], nproc: int, timeout: int) -> None:
+    """``job`` under ``torchrun --nproc-per-node nproc`` over ``plan``, upstream's helper files beside the scripts."""
+    for name in upstream_files:
+        (tmp_path / name).write_bytes((TP_DIR / name).read_bytes())
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "job.py").write_text(job)
+    _check(subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(nproc), str(tmp_path / "job.py"), str(tmp_path), str(tmp_path / "plan.json")],
+                          capture_output=True, text=True, timeout=timeout, env=_env()))
+
+
 @pytest.mark.parametrize("name", sorted(MODEL))
 def test_tensor_parallelism_example_is_upstream_but_for_the_listed_lines(name):
     text = (TP_DIR / name).read_text()
@@ -104,13 +115,7 @@ def test_tensor_parallelism_examples_train_as_under_torch(tmp_path):
             script = tmp_path / f"{side}_{name}"
             script.write_text(text)
             plan.append({"name": f"{side} {name}", "script": str(script)})
-    (tmp_path / "log_utils.py").write_bytes((TP_DIR / "log_utils.py").read_bytes())
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    (tmp_path / "job.py").write_text(JOB)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(tmp_path / "job.py"), str(tmp_path), str(tmp_path / "plan.json")],
-                          capture_output=True, text=True, timeout=300, env=_env())
-    _check(proc)
+    _torchrun(tmp_path, JOB, plan, ["log_utils.py"], 2, timeout=300)
     for rank in range(2):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for name in MODEL:
@@ -197,14 +202,7 @@ def test_fsdp_tp_example_trains_as_the_unsharded_model(tmp_path):
     for side, text in (("torch", _swap(ours, FSDP_TP_IMPORTS, FSDP_TP)), ("pt_dist", ours)):
         (tmp_path / f"{side}_{FSDP_TP}").write_text(text)
         plan.append({"name": side, "script": str(tmp_path / f"{side}_{FSDP_TP}")})
-    for name in ("log_utils.py", "llama2_model.py"):
-        (tmp_path / name).write_bytes((TP_DIR / name).read_bytes())
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    (tmp_path / "job.py").write_text(FSDP_TP_JOB)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                           str(tmp_path / "job.py"), str(tmp_path), str(tmp_path / "plan.json")],
-                          capture_output=True, text=True, timeout=600, env=_env())
-    _check(proc)
+    _torchrun(tmp_path, FSDP_TP_JOB, plan, ["log_utils.py", "llama2_model.py"], 4, timeout=600)
     want = _unsharded_fsdp_tp_sums()
     assert want[0] != want[1]  # AdamW moved the weights
     for rank in range(4):
