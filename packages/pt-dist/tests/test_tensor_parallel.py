@@ -162,7 +162,7 @@ def _unsharded(steps: int = 2):
     return losses, grads
 
 
-def _ours_and_torchs(rank, world, sequence_parallel, local_attention, with_torch):
+def _ours_and_torchs(rank, world, sequence_parallel, local_attention, with_torch, backend="tcp"):
     import pt_dist.tensor as ptt
     import pt_dist.tensor.parallel as ours
     import torch.distributed.tensor as tt
@@ -180,7 +180,7 @@ def _ours_and_torchs(rank, world, sequence_parallel, local_attention, with_torch
             self.ops.add(str(func.overloadpacket.__name__))
             return func(*args, **(kwargs or {}))
 
-    _both_worlds(rank, world, "tcp")
+    _both_worlds(rank, world, backend)
     try:
         torch.manual_seed(0)
         model = TinyLlama()
@@ -198,17 +198,19 @@ def _ours_and_torchs(rank, world, sequence_parallel, local_attention, with_torch
         return got, want, _unsharded(), seen.ops
     finally:
         leave()
-        dist.destroy_process_group()
+        if dist.is_initialized():  # (pt_dist's gloo adapter destroyed torch's default group with its own)
+            dist.destroy_process_group()
 
 
 def _close(a: dict, b: dict) -> list[str]:
     return [n for n in a if not torch.allclose(a[n], b[n], rtol=1e-5, atol=1e-6)]
 
 
-@pytest.mark.parametrize("sequence_parallel", [True, False], ids=["sequence_parallel", "tp_only"])
-def test_llama_block_matches_torch_tp_and_the_unsharded_model(sequence_parallel):
-    for got, want, plain, _ in run_ranks(_ours_and_torchs, 2, sequence_parallel, True, True, backend=None,
-                                         timeout=240):
+@pytest.mark.parametrize(("sequence_parallel", "backend"), [(True, "tcp"), (False, "tcp"), (True, "gloo")],
+                         ids=["sequence_parallel", "tp_only", "sequence_parallel-gloo_adapter"])
+def test_llama_block_matches_torch_tp_and_the_unsharded_model(sequence_parallel, backend):
+    for got, want, plain, _ in run_ranks(_ours_and_torchs, 2, sequence_parallel, True, True, backend,
+                                         backend=None, timeout=240):
         (losses, grads, placements), (t_losses, t_grads, t_placements) = got, want
         assert placements == t_placements
         assert placements["tok_embeddings.weight"] == ("S(0)",)  # the row-sharded table
