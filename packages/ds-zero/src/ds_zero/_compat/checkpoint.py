@@ -127,7 +127,10 @@ def _copy_recovery_script(save_dir: str) -> None:
         os.chmod(dst, os.stat(dst).st_mode | stat.S_IEXEC)
 
 
-def clone_tensors_for_torch_save(item, device=torch.device("cpu")):
+_CPU = torch.device("cpu")  # DeepSpeed's default; a device is immutable, so one object serves every call
+
+
+def clone_tensors_for_torch_save(item, device=_CPU):
     """``item`` with every tensor in it (nested in lists, tuples, dicts) replaced by a copy on ``device`` that owns
     only its own storage, so ``torch.save`` writes no flat buffer a view points into
     (``deepspeed.checkpoint.utils.clone_tensors_for_torch_save``)."""
