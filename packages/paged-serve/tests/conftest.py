@@ -8,6 +8,7 @@ moves the small kernel tests to the GPU, where they run compiled next to the lar
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 
 import pytest
@@ -19,6 +20,14 @@ if not torch.cuda.is_available():
 from paged_serve.ops import reference  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def new_children():
+    """The child processes started since the test began. An xdist worker also holds the harness's pooled rank
+    processes, kept alive between tests; they are not the engine's workers."""
+    before = {p.pid for p in multiprocessing.active_children()}
+    return lambda: [p for p in multiprocessing.active_children() if p.pid not in before]
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import multiprocessing
 import weakref
 
 import torch.distributed as dist
@@ -55,15 +54,15 @@ def test_engine_shutdown_frees_the_model_and_kv_cache_while_the_llm_lives(checkp
     llm.llm_engine.shutdown()  # idempotent
 
 
-def test_cleanup_after_a_tensor_parallel_llm_leaves_no_worker_and_no_process_group(checkpoint, caplog):
+def test_cleanup_after_a_tensor_parallel_llm_leaves_no_worker_and_no_process_group(checkpoint, caplog, new_children):
     path, _ = checkpoint("llama")
     tp = LLM(path, num_gpu_blocks=64, tensor_parallel_size=2)
     want = tp.generate(["the quick brown fox"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
-    assert multiprocessing.active_children() and dist.is_initialized()
+    assert new_children() and dist.is_initialized()
     del tp
     with caplog.at_level(logging.INFO, logger="paged_serve._compat.distributed"):
         cleanup_dist_env_and_memory(shutdown_ray=True)
-    assert multiprocessing.active_children() == [] and not dist.is_initialized()
+    assert new_children() == [] and not dist.is_initialized()
     assert "runs no Ray" in caplog.text
     single = LLM(path, num_gpu_blocks=64)
     assert single.generate(["the quick brown fox"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids == want

@@ -7,8 +7,6 @@ Phi-3 (fused q/k/v and gate/up tensors split by the loaders, 2 KV heads for 4 qu
 
 from __future__ import annotations
 
-import multiprocessing
-
 import pytest
 import torch
 import transformers
@@ -94,12 +92,12 @@ def test_family_greedy_matches_transformers(family_checkpoint, name):
 
 
 @pytest.mark.parametrize("name", ["phi3", "opt", "gpt2"])
-def test_family_at_tp2_matches_transformers(family_checkpoint, name):
+def test_family_at_tp2_matches_transformers(family_checkpoint, name, new_children):
     path, hf = family_checkpoint(name)
     prompts = _prompts(VOCAB, n=4, seed=4)
     got, _ = _generate(path, prompts, tensor_parallel_size=2)
     assert got == hf_greedy(hf, prompts, n_new=N_NEW, eos_token_id=None)
-    assert not multiprocessing.active_children()
+    assert not new_children()
 
 
 def test_unsupported_variants_are_refused_by_name(tmp_path):

@@ -7,7 +7,6 @@ worker really died), and that no process outlives an engine.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import threading
@@ -35,11 +34,11 @@ def _tokens(prompts):
     return [{"prompt_token_ids": p} for p in prompts]
 
 
-def _no_workers_left():
+def _no_workers_left(new_children):
     deadline = time.time() + 10
-    while multiprocessing.active_children() and time.time() < deadline:
+    while new_children() and time.time() < deadline:
         time.sleep(0.1)
-    return not multiprocessing.active_children() and get_tp_group().world_size == 1 and not dist.is_initialized()
+    return not new_children() and get_tp_group().world_size == 1 and not dist.is_initialized()
 
 
 def _engine_kw():
@@ -47,7 +46,7 @@ def _engine_kw():
     return dict(kv_cache_memory_bytes=KV_BYTES, max_model_len=96, preemption_mode="swap", num_cpu_blocks=32)
 
 
-def test_tp2_greedy_and_seeded_sampling_equal_one_rank_and_transformers(checkpoint):
+def test_tp2_greedy_and_seeded_sampling_equal_one_rank_and_transformers(checkpoint, new_children):
     path, hf = checkpoint("llama")  # 4 query heads, 2 KV heads: one KV head per rank
     prompts = _prompts(hf.config.vocab_size, seed=3)
     want = hf_greedy(hf, prompts, n_new=N_NEW, eos_token_id=None)
@@ -61,7 +60,7 @@ def test_tp2_greedy_and_seeded_sampling_equal_one_rank_and_transformers(checkpoi
     tp = LLM(path, tensor_parallel_size=2, **_engine_kw())
     try:
         engine = tp.llm_engine
-        assert len(multiprocessing.active_children()) == 1  # the rank-1 worker
+        assert len(new_children()) == 1  # the rank-1 worker
         assert torch.get_num_threads() == max(1, (os.cpu_count() or 1) // 2)  # the ranks share the cores
         assert _ids(tp.generate(_tokens(prompts), greedy)) == one_greedy == want
         assert engine.get_stats().num_preemptions_swap > 0  # swaps ran on both ranks' caches
@@ -77,10 +76,10 @@ def test_tp2_greedy_and_seeded_sampling_equal_one_rank_and_transformers(checkpoi
         assert engine.cache_engine.gpu_cache[0][0].shape[2] == 1
     finally:
         tp.llm_engine.shutdown()
-    assert _no_workers_left() and torch.get_num_threads() == threads
+    assert _no_workers_left(new_children) and torch.get_num_threads() == threads
 
 
-def test_tp2_with_fewer_kv_heads_than_ranks_replicates_them(checkpoint):
+def test_tp2_with_fewer_kv_heads_than_ranks_replicates_them(checkpoint, new_children):
     path, hf = checkpoint("llama", num_key_value_heads=1)  # MQA: the one KV head on both ranks (vLLM's rule)
     prompts = _prompts(hf.config.vocab_size, n=4, seed=5)
     want = hf_greedy(hf, prompts, n_new=N_NEW, eos_token_id=None)
@@ -91,14 +90,14 @@ def test_tp2_with_fewer_kv_heads_than_ranks_replicates_them(checkpoint):
         assert _ids(tp.generate(_tokens(prompts), SamplingParams(temperature=0, max_tokens=N_NEW))) == want
     finally:
         tp.llm_engine.shutdown()
-    assert _no_workers_left()
+    assert _no_workers_left(new_children)
 
 
-def test_sizes_that_do_not_divide_the_heads_fail_before_any_worker_starts(checkpoint):
+def test_sizes_that_do_not_divide_the_heads_fail_before_any_worker_starts(checkpoint, new_children):
     path, _ = checkpoint("llama")
     with pytest.raises(ValueError, match=r"attention heads \(4\) must be divisible by tensor parallel size \(3\)"):
         LLM(path, tensor_parallel_size=3)
-    assert not multiprocessing.active_children()
+    assert not new_children()
     with pytest.raises(ValueError, match=r"key/value heads \(3\) and tensor parallel size \(2\)"):
         ParallelConfig(2).verify_with_hf_config({"num_attention_heads": 6, "num_key_value_heads": 3})
     ParallelConfig(4).verify_with_hf_config({"num_attention_heads": 4, "num_key_value_heads": 2})  # replicated: ok
@@ -107,10 +106,10 @@ def test_sizes_that_do_not_divide_the_heads_fail_before_any_worker_starts(checkp
             LLM(path, tensor_parallel_size=bad)
 
 
-def test_a_worker_that_dies_mid_generation_fails_the_engine_and_leaves_no_process(checkpoint):
+def test_a_worker_that_dies_mid_generation_fails_the_engine_and_leaves_no_process(checkpoint, new_children):
     path, hf = checkpoint("llama")
     tp = LLM(path, tensor_parallel_size=2, num_gpu_blocks=64)
-    (worker,) = multiprocessing.active_children()
+    (worker,) = new_children()
     killer = threading.Timer(1.0, os.kill, (worker.pid, signal.SIGKILL))
     start = time.time()
     killer.start()
@@ -121,7 +120,7 @@ def test_a_worker_that_dies_mid_generation_fails_the_engine_and_leaves_no_proces
     with pytest.raises(RuntimeError, match="died"):  # the engine stays failed
         tp.generate(_tokens([[5, 6, 7]]), SamplingParams(max_tokens=2), use_tqdm=False)
     tp.llm_engine.shutdown()
-    assert _no_workers_left()
+    assert _no_workers_left(new_children)
 
 
 def test_tp2_loads_only_its_slice_of_each_tensor(checkpoint):
@@ -213,7 +212,7 @@ def test_server_answers_500_when_a_worker_dies_then_exits_leaving_no_process(che
     assert not _children(proc.pid)
 
 
-def test_a_step_that_fails_on_the_driver_fails_the_engine_for_good(checkpoint, monkeypatch):
+def test_a_step_that_fails_on_the_driver_fails_the_engine_for_good(checkpoint, new_children, monkeypatch):
     """The worker ran the step the driver broadcast and waits in its collectives: the ranks are out of step, so
     the engine refuses further steps (instead of mismatching collectives) and shutdown still ends the worker."""
     path, _ = checkpoint("llama")
@@ -230,4 +229,4 @@ def test_a_step_that_fails_on_the_driver_fails_the_engine_for_good(checkpoint, m
     with pytest.raises(RuntimeError, match="must be rebuilt"):
         tp.generate(_tokens([[5, 6, 7]]), SamplingParams(max_tokens=2), use_tqdm=False)
     tp.llm_engine.shutdown()
-    assert _no_workers_left()
+    assert _no_workers_left(new_children)
