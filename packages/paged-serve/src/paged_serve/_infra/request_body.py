@@ -1,5 +1,7 @@
 """A request body read as JSON that cannot exhaust the server: a size limit checked on the declared length and while
-reading (a large body is never held whole), invalid UTF-8, invalid JSON and nesting too deep refused."""
+reading (a large body is never held whole), a media type other than JSON (415: a browser sends ``text/plain`` or a
+form without a CORS preflight, so any web page could start generations), invalid UTF-8, invalid JSON and nesting
+too deep refused."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from starlette.requests import Request
 
 
 class RequestBodyError(ValueError):
-    """The body cannot be used: ``status`` 413 (too large) or 400 (not JSON)."""
+    """The body cannot be used: ``status`` 413 (too large), 415 (not declared JSON) or 400 (not JSON)."""
 
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
@@ -17,8 +19,13 @@ class RequestBodyError(ValueError):
 
 
 async def read_json(request: Request, max_bytes: int) -> object:
-    """The body as JSON, or ``RequestBodyError``: 413 past ``max_bytes``, 400 for invalid UTF-8, invalid JSON or
-    nesting too deep."""
+    """The body as JSON, or ``RequestBodyError``: 415 unless the content type is ``application/json`` (vLLM's
+    ``validate_json_request``), 413 past ``max_bytes``, 400 for invalid UTF-8, invalid JSON or nesting too deep."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise RequestBodyError(
+            f"Unsupported Media Type: {media_type or 'no content type'!r}; only 'application/json' is accepted", 415
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise RequestBodyError(f"request body of {int(declared)} bytes exceeds the limit of {max_bytes}", 413)

@@ -16,26 +16,48 @@ from paged_serve._compat.openai.serving_engine import OpenAIError, OpenAIServing
 from paged_serve.outputs import CompletionOutput
 
 
-def _logprobs(tokenizer, token_ids: list[int], logprobs: list | None, offset: int) -> dict | None:
-    """OpenAI's completion logprobs; a ``None`` entry (a prompt's first token) has no logprob and no top list."""
+def _piece(tokenizer, window: list[int], prefix_text: str, skip: bool, flush: bool) -> str | None:
+    """The text ``window``'s last token adds after ``prefix_text``; ``None`` while it ends inside a character."""
+    text = tokenizer.decode(window, skip_special_tokens=skip)
+    if not flush and (len(text) <= len(prefix_text) or text.endswith("\ufffd")):
+        return None
+    return text[len(prefix_text) :]
+
+
+def _logprobs(tokenizer, token_ids, logprobs, offset: int, context=(), skip: bool = True, final: bool = True):
+    """OpenAI's completion logprobs; a ``None`` entry (a prompt's first token) has no logprob and no top list.
+
+    Each token's text is its share of the decoded text (vLLM's ``detokenize_incrementally``, decoded after the
+    last ``context`` ids): the bytes of a character split across byte-level tokens come out whole with the token
+    that completes it, the others as "", so the tokens concatenate to the text and ``text_offset`` indexes it;
+    ``final`` gives an unfinished character's bytes to the last token.
+    """
     if logprobs is None:
         return None
+    ids = list(context)[-5:]
+    prefix, read = 0, len(ids)
+    prefix_text = tokenizer.decode(ids, skip_special_tokens=skip)
     tokens, token_logprobs, top, offsets = [], [], [], []
-    text_offset = offset
-    for token_id, lps in zip(token_ids, logprobs):
-        text = tokenizer.decode([token_id], skip_special_tokens=False)
-        tokens.append(text)
-        offsets.append(text_offset)
-        text_offset += len(text)
+    for k, (token_id, lps) in enumerate(zip(token_ids, logprobs)):
+        window = ids[prefix:]
+        ids.append(token_id)
+        last = final and k == len(token_ids) - 1
+        text = _piece(tokenizer, window + [token_id], prefix_text, skip, last)
+        tokens.append(text or "")
+        offsets.append(offset)
+        offset += len(text or "")
         if lps is None:
             token_logprobs.append(None)
             top.append(None)
-            continue
-        token_logprobs.append(lps[token_id].logprob)
-        entry: dict[str, float] = {}
-        for t, lp in sorted(lps.items(), key=lambda kv: kv[1].rank or 0):  # texts can collide (byte tokens): best wins
-            entry.setdefault(tokenizer.decode([t], skip_special_tokens=False), lp.logprob)
-        top.append(entry)
+        else:
+            token_logprobs.append(lps[token_id].logprob)
+            entry: dict[str, float] = {}
+            for t, lp in sorted(lps.items(), key=lambda kv: kv[1].rank or 0):  # texts can collide: the best wins
+                entry.setdefault(_piece(tokenizer, window + [t], prefix_text, skip, last) or "", lp.logprob)
+            top.append(entry)
+        if text is not None:
+            prefix, read = read, len(ids)
+            prefix_text = tokenizer.decode(ids[prefix:read], skip_special_tokens=skip)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
@@ -83,7 +105,7 @@ class OpenAIServingCompletion(OpenAIServing):
         finals = await self.final_outputs(raw, streams)
         choices, completion_tokens = [], 0
         for i, ((text, ids), final) in enumerate(zip(prompts, finals)):
-            prefix = (text if text is not None else self.tokenizer.decode(ids)) if request.echo else ""
+            prefix = self._echo_text((text, ids)) if request.echo else ""
             for out in final.outputs:
                 completion_tokens += len(out.token_ids)
                 choices.append(
@@ -132,6 +154,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     for event in self._echo(base, created, prompts[i], i, n, None):
                         yield event
                 pending_echo.clear()
+            # per choice: the ids before the tokens not yet sent, the text sent so far, the tokens not yet sent
+            sent: dict[int, tuple[list, int, list, list]] = {}
             remaining = len(streams)
             while remaining:
                 i, output = await queue.get()
@@ -142,12 +166,23 @@ class OpenAIServingCompletion(OpenAIServing):
                     continue
                 if i in pending_echo and (output.prompt_logprobs is not None or output.finished):
                     pending_echo.discard(i)
-                    for event in self._echo(base, created, prompts[i], i, n, output.prompt_logprobs):
+                    lps = output.prompt_logprobs
+                    for event in self._echo(base, created, prompts[i], i, n, lps, request.skip_special_tokens):
                         yield event
                 for out in output.outputs:
                     usage["completion_tokens"] += len(out.token_ids)
-                    if out.text or out.finish_reason is not None:
-                        yield sse(self._chunk(base, created, i * n + out.index, out.text, out, out.finish_reason))
+                    index = i * n + out.index
+                    echo_len = len(self._echo_text(prompts[i])) if request.echo else 0
+                    context, offset, ids, lps = sent.get(index, (prompts[i][1], echo_len, [], []))
+                    ids, lps = ids + list(out.token_ids), lps + list(out.logprobs or [])
+                    if not (out.text or out.finish_reason is not None):  # inside a character: sent with its end
+                        sent[index] = (context, offset, ids, lps)
+                        continue
+                    final = out.finish_reason is not None
+                    logprobs = _logprobs(self.tokenizer, ids, lps if out.logprobs is not None else None, offset,
+                                         context, request.skip_special_tokens, final)  # fmt: skip
+                    sent[index] = (context + ids, offset + len(out.text), [], [])
+                    yield sse(self._chunk(base, created, index, out.text, out, out.finish_reason, logprobs))
             if request.stream_options and request.stream_options.include_usage:
                 usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
                 yield sse(
@@ -170,14 +205,19 @@ class OpenAIServingCompletion(OpenAIServing):
         """With ``echo``, the prompt tokens' logprobs come first (vLLM's prompt_logprobs), from offset 0."""
         if out.logprobs is None:
             return None
+        skip = request.skip_special_tokens
         if request.echo and final.prompt_logprobs is not None:
-            return _logprobs(self.tokenizer, prompt_ids + out.token_ids, final.prompt_logprobs + out.logprobs, 0)
-        return _logprobs(self.tokenizer, out.token_ids, out.logprobs, offset)
+            lps = final.prompt_logprobs + out.logprobs
+            return _logprobs(self.tokenizer, prompt_ids + out.token_ids, lps, 0, skip=skip)
+        return _logprobs(self.tokenizer, out.token_ids, out.logprobs, offset, prompt_ids, skip)
 
-    def _echo(self, base, created, prompt, i: int, n: int, prompt_logprobs):
+    def _echo_text(self, prompt) -> str:
         text, ids = prompt
-        echo = text if text is not None else self.tokenizer.decode(ids)
-        lp = _logprobs(self.tokenizer, ids, prompt_logprobs, 0) if prompt_logprobs is not None else None
+        return text if text is not None else self.tokenizer.decode(ids)
+
+    def _echo(self, base, created, prompt, i: int, n: int, prompt_logprobs, skip: bool = True):
+        echo = self._echo_text(prompt)
+        lp = _logprobs(self.tokenizer, prompt[1], prompt_logprobs, 0, skip=skip) if prompt_logprobs else None
         for k in range(n):
             yield sse(self._chunk(base, created, i * n + k, echo, None, None, lp))
 
@@ -185,7 +225,7 @@ class OpenAIServingCompletion(OpenAIServing):
         choice = {
             "index": index,
             "text": text,
-            "logprobs": _logprobs(self.tokenizer, out.token_ids, out.logprobs, 0) if out else logprobs,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
             "stop_reason": out.stop_reason if out else None,
         }
