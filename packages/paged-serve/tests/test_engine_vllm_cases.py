@@ -53,11 +53,7 @@ def test_requests_that_can_never_fit_are_refused_up_front(llm, checkpoint):
         llm.generate("the", SamplingParams(n=9, temperature=1.0), use_tqdm=False)
     with pytest.raises(ValueError, match="max_num_seqs=8"):
         llm.generate("the", SamplingParams(n=2, best_of=9, temperature=1.0), use_tqdm=False)
-    path, _ = checkpoint("llama")
-    small = LLM(path, num_gpu_blocks=12, max_model_len=192)  # 12 blocks x 16 slots
-    with pytest.raises(ValueError, match="KV blocks"):  # 4 x ceil(58 / 16) = 16 blocks > 12
-        small.generate([[5] * 9], SamplingParams(n=4, temperature=1.0, max_tokens=50, ignore_eos=True),
-                       use_tqdm=False)  # fmt: skip
+    # a group whose sequences outgrow the pool together is vLLM's to accept: test_group_kv_pressure.py
 
 
 def test_parallel_sampling_under_kv_pressure_never_cuts_a_choice(checkpoint):
@@ -102,7 +98,7 @@ def test_skip_tokenizer_init_takes_token_ids_and_returns_no_text(checkpoint):
     ids = [7, 8, 9, 10]
     out = bare.generate(TokensPrompt(prompt_token_ids=ids), GREEDY, use_tqdm=False)[0].outputs[0]
     assert out.text == "" and out.token_ids == _tokens(plain.generate([ids], GREEDY, use_tqdm=False))[0]
-    with pytest.raises(ValueError, match="skip_tokenizer_init"):
+    with pytest.raises(ValueError, match="prompts must be None if skip_tokenizer_init is True"):  # vLLM's words
         bare.generate("the quick", GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="skip_tokenizer_init"):
         bare.generate([ids], SamplingParams(stop=["x"]), use_tqdm=False)

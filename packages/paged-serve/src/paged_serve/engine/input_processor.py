@@ -1,9 +1,9 @@
 """``InputProcessor`` (vLLM v1 ``engine/input_processor.py``): a request tokenized and checked before it is queued.
 
 It touches no scheduler state, so a server can run it in any thread and refuse a bad request before it answers
-anything. Beyond vLLM's checks (token ids in the vocabulary, ``max_logprobs``), a request the engine could never
-finish is refused here with the numbers that rule it out (``check_fits``), where vLLM v0 would find it only in the
-scheduler (IGNORED, or a queue blocked behind it); a server then answers 400 instead of a cut-short 200.
+anything. Beyond vLLM's checks (token ids in the vocabulary, ``max_logprobs``), a request with a sequence that
+alone can never fit is refused here with the numbers that rule it out (``check_fits``); a group that only outgrows
+the pool together is the scheduler's to preempt and, if it must, end (vLLM's ``test_swap_infeasible``).
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ def eos_token_ids(model_dir: Path, hf_config: dict, tokenizer: Tokenizer | None)
 def check_fits(params: SamplingParams, prompt_len: int, scheduler: SchedulerConfig, cache: CacheConfig) -> None:
     """Raise ``ValueError`` if the request can never run to its end.
 
-    The sequences it can run at once (``max(n, best_of)``) must fit ``max_num_seqs``; and, counted without any
-    block sharing (a recomputed fork re-allocates each sequence from its own tokens), their KV blocks at full
+    The sequences it can run at once (``max(n, best_of)``) must fit ``max_num_seqs``; and one sequence at full
     length must fit the pool below the watermark. The last sampled token needs no slot, so a sequence holds at
-    most ``min(prompt + max_tokens - 1, max_model_len)`` tokens.
+    most ``min(prompt + max_tokens - 1, max_model_len)`` tokens. The sequences of a group share the prompt's full
+    blocks (copy-on-write); a group that outgrows the pool together is accepted, as vLLM does: the scheduler
+    preempts it and, if it can no longer come back, ends it IGNORED (finish_reason ``length``).
     """
     num_seqs = max(params.n, params.best_of or params.n)
     if num_seqs > scheduler.max_num_seqs:
@@ -61,11 +62,10 @@ def check_fits(params: SamplingParams, prompt_len: int, scheduler: SchedulerConf
     tokens = min(prompt_len + max_new - 1, scheduler.max_model_len)
     per_seq = -(-tokens // cache.block_size)
     usable = cache.num_gpu_blocks - int(cache.watermark * cache.num_gpu_blocks)
-    if num_seqs * per_seq > usable:
+    if per_seq > usable:
         raise ValueError(
-            f"the request needs up to {num_seqs} x {per_seq} = {num_seqs * per_seq} KV blocks ({num_seqs} "
-            f"sequence(s) of up to {tokens} tokens, {cache.block_size} per block) but the cache has {usable}: "
-            "lower n / best_of / max_tokens or give the cache more blocks"
+            f"a sequence of up to {tokens} tokens needs {per_seq} KV blocks ({cache.block_size} per block) but "
+            f"the cache has {usable}: lower max_tokens / max_model_len or give the cache more blocks"
         )
 
 
@@ -84,7 +84,7 @@ class InputProcessor:
         params = (params or SamplingParams()).clone()
         if self.tokenizer is None:
             if ids is None:
-                raise ValueError("skip_tokenizer_init=True: prompts must be token ids (a TokensPrompt)")
+                raise ValueError("prompts must be None if skip_tokenizer_init is True (give token ids: a TokensPrompt)")
             if params.stop:
                 raise ValueError("skip_tokenizer_init=True: stop strings need a tokenizer (use stop_token_ids)")
             params.detokenize = False
