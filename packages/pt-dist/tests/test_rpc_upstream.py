@@ -9,6 +9,8 @@ torch run shows the behaviour is torch's. Cases, from torch/testing/_internal/di
   test_graph_for_remote_call (all in ExecMode.REMOTE) -> test_backward_through_remote_to_here (defect 1);
   test_post_hooks -> test_accumulate_grad_hooks_run (defect 2); test_backward_invalid_args ->
   test_backward_argument_errors (defect 9).
+- rpc_test.py's test_rref_backward (``backward(100)``): an unknown context id is named before any check of the
+  roots -> test_backward_unknown_context_checked_first (issue 48, defect 2.6).
 - rpc_test.py: test_owner_rref_backward, test_user_rref_backward -> test_rref_backward (defect 3).
 
 The RPC-call defects (4-11) are in test_rpc_upstream_calls.py.
@@ -306,3 +308,25 @@ def test_backward_argument_errors(side):
                 ("RuntimeError", "does not have a valid gradient function")]
     for got, (kind, words) in zip(out, expected):
         assert got is not None and got[0] == kind and words in got[1], (got, kind, words)
+
+
+# --- issue 48, 2.6: an unknown context id before the roots' checks ------------------------------------------
+
+def _backward_unknown_context(rank, world_size, side):
+    stop = _start(side, rank, world_size)
+    try:
+        if rank != 0:
+            return None
+        roots = {"no_grad": [torch.rand(3, 3)], "not_scalar": [torch.rand(3, requires_grad=True)],
+                 "leaf": [torch.rand(1, requires_grad=True)], "valid": [torch.rand(3, requires_grad=True).sum()]}
+        return {name: _raises(dist_autograd.backward, 100, r) for name, r in roots.items()}
+    finally:
+        stop()
+
+
+@SIDES
+def test_backward_unknown_context_checked_first(side):
+    out = run_ranks(_backward_unknown_context, 2, side, backend=None, timeout=60, fresh=side == "torch")[0]
+    for name, got in out.items():
+        assert got is not None and got[0] == "RuntimeError", (name, got)
+        assert got[1].splitlines()[0] == "Could not find autograd context with id: 100", (name, got)

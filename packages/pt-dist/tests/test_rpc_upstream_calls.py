@@ -14,6 +14,12 @@ torch/testing/_internal/distributed/rpc/rpc_test.py:
 - test_worker_id's unknown name, an out-of-range id -> test_unknown_destinations (9).
 - test_set_and_get_default_rpc_timeout, test_default_timeout_used -> test_default_rpc_timeout (10).
 - ``import torch.distributed`` makes ``rpc`` and ``autograd`` attributes -> test_subpackages_are_attributes (11).
+
+Issue 48's defect 2.6 (the cases still differing):
+
+- test_invalid_names' float ranks (``dst_rank +/- 0.5`` in sync, async and remote) -> test_float_ranks_are_value_errors.
+- test_callback_with_error, test_callback_wrong_arg_num / _arg_type, test_callback_none, and an error set on the
+  parent read through a chain of ``then`` callbacks -> test_callback_errors_propagate_through_then.
 """
 
 from __future__ import annotations
@@ -292,3 +298,84 @@ def test_subpackages_are_attributes(package):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [f"{package}.rpc", f"{package}.autograd", "True"]
+
+
+# --- issue 48, 2.6: a float rank is torch's ValueError --------------------------------------------------------
+
+def _float_ranks(rank, world_size, side):
+    stop = _start(side, rank, world_size)
+    try:
+        if rank != 0:
+            return None
+        calls = {"sync": rpc.rpc_sync, "async": rpc.rpc_async, "remote": rpc.remote}
+        return {(mode, dst): _raises(call, dst, torch.add, args=(torch.ones(2, 2), 1))
+                for mode, call in calls.items() for dst in (1 + 0.5, 1 - 0.5)}
+    finally:
+        stop()
+
+
+@SIDES
+def test_float_ranks_are_value_errors(side):
+    out = run_ranks(_float_ranks, 2, side, backend=None, timeout=60, fresh=side == "torch")[0]
+    assert len(out) == 6
+    for key, got in out.items():
+        assert got is not None and got[0] == "ValueError", (key, got)
+        assert got[1] == f"Cannot get WorkerInfo from name {key[1]}", (key, got)
+
+
+# --- issue 48, 2.6: errors through then callbacks -------------------------------------------------------------
+
+def raise_func():
+    raise ValueError("Expected error")
+
+
+def my_function(a, b, c):
+    return a + b + c
+
+
+def _callback_errors(rank, world_size, side):
+    stop = _start(side, rank, world_size)
+    try:
+        if rank != 0:
+            return None
+        dst = "worker1"
+        seen = []
+
+        def on_error(fut0):
+            seen.append(_raises(fut0.wait))
+            raise RuntimeError("Another expected error")
+
+        def plus_one(fut):
+            return fut.wait() + 1
+
+        chained = rpc.rpc_async(dst, raise_func)
+        for _ in range(3):
+            chained = chained.then(plus_one)
+        wrong_num = rpc.rpc_async(dst, torch.add, args=(torch.ones(2), 1))
+        return {"with_error": _raises(rpc.rpc_async(dst, raise_func).then(on_error).wait), "seen": seen,
+                "wrong_num": _raises(wrong_num.then(my_function).wait), "parent": _raises(wrong_num.wait),
+                "wrong_type": _raises(rpc.rpc_async(dst, torch.add, args=(torch.ones(2), 1)).then(
+                    lambda x: x + 1).wait),
+                "none": _raises(rpc.rpc_async(dst, raise_func).then, None),
+                "chained": _raises(chained.wait)}
+    finally:
+        stop()
+
+
+@SIDES
+def test_callback_errors_propagate_through_then(side):
+    out = run_ranks(_callback_errors, 2, side, backend=None, timeout=60, fresh=side == "torch")[0]
+    prefix = "Got the following error when running the callback: "
+    assert len(out["seen"]) == 1 and out["seen"][0][0] == "ValueError" and "Expected error" in out["seen"][0][1]
+    assert out["with_error"][0] == "RuntimeError"
+    assert out["with_error"][1].startswith(prefix + "RuntimeError: Another expected error"), out["with_error"]
+    assert out["parent"] is None
+    assert out["wrong_num"][0] == "RuntimeError", out["wrong_num"]
+    assert out["wrong_num"][1].startswith(prefix + "TypeError: ") and \
+        "my_function() missing 2 required positional arguments" in out["wrong_num"][1], out["wrong_num"]
+    assert out["wrong_type"][0] == "RuntimeError" and \
+        out["wrong_type"][1].startswith(prefix + "TypeError: unsupported operand type(s) for +"), out["wrong_type"]
+    assert out["none"][0] == "TypeError" and "incompatible function arguments" in out["none"][1], out["none"]
+    nested = prefix + "RuntimeError: " + prefix + "RuntimeError: " + prefix + "ValueError: "  # one per then
+    assert out["chained"][0] == "RuntimeError" and out["chained"][1].startswith(nested), out["chained"]
+    assert "Expected error" in out["chained"][1] and out["chained"][1].count(prefix) == 3, out["chained"]

@@ -21,6 +21,7 @@ import logging
 import queue
 import threading
 import time
+import traceback
 
 import torch
 
@@ -45,14 +46,20 @@ class RpcFuture(torch.futures.Future):
         super().add_done_callback(callback)
 
     def then(self, callback):
-        """As torch's ``then``; the child is an ``RpcFuture`` too, so waiting on it also hands reading over."""
+        """As torch's ``then``; the child is an ``RpcFuture`` too, so waiting on it also hands reading over. A
+        callback's error reaches the child as torch's: a RuntimeError naming it, with the callback's frames."""
+        if not callable(callback):
+            raise TypeError(f"then(): incompatible function arguments: takes a callable, got {callback!r}")
         child = RpcFuture()
 
         def run(fut):
             try:
                 child.set_result(callback(fut))
-            except BaseException as e:
-                child.set_exception(e)
+            except Exception as e:
+                frames = "".join(f"  {f.filename}({f.lineno}): {f.name}\n"
+                                 for f in reversed(traceback.extract_tb(e.__traceback__)[1:]))
+                child.set_exception(RuntimeError(f"Got the following error when running the callback: "
+                                                 f"{type(e).__name__}: {e}" + (f"\n\nAt:\n{frames}" if frames else "")))
 
         self.add_done_callback(run)
         return child

@@ -80,7 +80,8 @@ def shutdown(graceful: bool = True, timeout: float = 0) -> None:
 
 
 def _to_rank(to) -> int:
-    """The rank of ``to`` (a name, an id or a ``WorkerInfo``); RuntimeError for none, as torch's agent."""
+    """The rank of ``to`` (a name, an id or a ``WorkerInfo``); RuntimeError for none, as torch's agent;
+    ValueError for another type (a float rank), as torch's ``_to_worker_info``."""
     agent = get_current_rpc_agent()
     if isinstance(to, WorkerInfo):
         to = to.id
@@ -89,6 +90,8 @@ def _to_rank(to) -> int:
             raise RuntimeError(f"Invalid destination worker id {to}: could not find destination "
                                f"(world size {agent.world_size})")
         return to
+    if not isinstance(to, str):
+        raise ValueError(f"Cannot get WorkerInfo from name {to}")
     for w in agent.workers:
         if w.name == to:
             return w.id

@@ -1,11 +1,12 @@
 """``torch.distributed.autograd.backward``'s argument checks, with torch's messages (pybind's signature error,
-then ``DistEngine::validateRootsAndRetrieveEdges``), before the core's backward (pt_dist/autograd/engine.py)."""
+then the context id, then ``DistEngine::validateRootsAndRetrieveEdges``), before the core's backward
+(pt_dist/autograd/engine.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from pt_dist.autograd import engine
+from pt_dist.autograd import container, engine
 
 
 def backward(context_id: int, roots: list[torch.Tensor], retain_graph: bool = False) -> None:
@@ -15,6 +16,7 @@ def backward(context_id: int, roots: list[torch.Tensor], retain_graph: bool = Fa
         raise TypeError(f"backward(): incompatible function arguments: takes (context_id: int, roots: "
                         f"list[Tensor], retain_graph: bool = False), got ({type(context_id).__name__}, "
                         f"{type(roots).__name__})")
+    container.retrieve(context_id)  # an unknown id is named before the roots' checks, as torch's DistEngine
     if not roots:
         raise RuntimeError("No tensors provided for gradient computation.")
     for i, r in enumerate(roots):
