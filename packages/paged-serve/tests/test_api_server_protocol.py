@@ -110,3 +110,101 @@ def test_generated_multibyte_output_keeps_tokens_and_offsets_on_the_text(server)
         choice = r.json()["choices"][0]
         _check_logprobs(choice["logprobs"], choice["text"])
         assert "" in choice["logprobs"]["tokens"]
+
+
+# ---------------------------------------------------------------- the published schema
+def _request_validator(document, name):
+    """A JSON Schema 2020-12 validator of one request body, its ``$ref``s resolved inside the OpenAPI document."""
+    from jsonschema import Draft202012Validator
+
+    schema = {"$ref": f"#/components/schemas/{name}", "components": document["components"]}
+    return Draft202012Validator(schema)
+
+
+def test_openapi_and_docs_are_published_and_valid(server):
+    from jsonschema import Draft202012Validator
+
+    r = httpx.get(f"{server.url}/openapi.json")
+    assert r.status_code == 200, r.text
+    document = r.json()
+    assert document["openapi"].startswith("3.1")  # OpenAPI 3.1: its schemas are JSON Schema 2020-12
+    for name, schema in document["components"]["schemas"].items():
+        Draft202012Validator.check_schema(schema)  # every schema valid under the metaschema, or SchemaError
+    for route, request, response in (
+        ("/v1/completions", "CompletionRequest", "CompletionResponse"),
+        ("/v1/chat/completions", "ChatCompletionRequest", "ChatCompletionResponse"),
+    ):
+        post = document["paths"][route]["post"]
+        assert list(post["requestBody"]["content"]) == ["application/json"]
+        assert post["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(f"/{request}")
+        assert post["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(f"/{response}")
+        assert post["responses"]["415"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    assert "ModelList" in document["paths"]["/v1/models"]["get"]["responses"]["200"]["content"]["application/json"][
+        "schema"
+    ]["$ref"]
+    docs = httpx.get(f"{server.url}/docs")
+    assert docs.status_code == 200 and "/openapi.json" in docs.text and "swagger" in docs.text.lower()
+    # the constraints the server checks are stated
+    schemas = document["components"]["schemas"]
+    completion, chat = schemas["CompletionRequest"]["properties"], schemas["ChatCompletionRequest"]
+    assert completion["suffix"]["type"] == "null"
+    engine = server.engine.engine
+    limits = {"minimum": 0, "maximum": engine.vocab_size - 1}
+    ids = [o for o in completion["prompt"]["anyOf"] if o.get("type") == "array" and o["items"].get("type") == "integer"]
+    assert ids and all(o["items"].items() >= limits.items() for o in ids), completion["prompt"]
+    int_logprobs = next(o for o in completion["logprobs"]["anyOf"] if o.get("type") == "integer")
+    assert int_logprobs["maximum"] == engine.model_config.max_logprobs and int_logprobs["minimum"] == 0
+    assert chat["if"]["required"] == ["top_logprobs"] and chat["then"]["properties"]["logprobs"] == {"const": True}
+    assert completion["top_p"]["exclusiveMinimum"] == 0 and completion["n"]["minimum"] == 1
+
+
+def _cases(rng, chat: bool, vocab: int, max_logprobs: int, count: int):
+    """Request bodies, each with one or two fields drawn from either side of a stated constraint."""
+    fields = {
+        "n": [1, 0, -1],
+        "top_p": [1.0, 0.5, 0.0, 1.5],
+        "top_k": [-1, 5, 0, -2],
+        "min_p": [0.0, 0.2, 1.5],
+        "presence_penalty": [0.0, 1.0, 2.5],
+        "repetition_penalty": [1.0, 1.2, 0.0],
+        "max_tokens": [2, 0],
+        "min_tokens": [0, 1, -1],
+        "stop_token_ids": [[3], [-1]],
+        "response_format": [{"type": "text"}, {"type": "json_object"}],
+    }
+    if chat:
+        fields |= {"logprobs": [True, False], "top_logprobs": [None, 0, 2, max_logprobs, max_logprobs + 1, -1]}
+    else:
+        fields |= {
+            "suffix": [None, "", "x"],
+            "logprobs": [None, 0, 2, max_logprobs, max_logprobs + 1, -1],
+            "prompt": ["the", [5, 6], [0, vocab - 1], [5, vocab], [-1], [], [[5], [6, 7]], [[5], [vocab]]],
+        }
+    names = sorted(fields)
+    for _ in range(count):
+        body = {"messages": [{"role": "user", "content": "the"}]} if chat else {"prompt": "the"}
+        body |= {"max_tokens": 2, "temperature": 0}
+        for name in rng.sample(names, 2):
+            body[name] = rng.choice(fields[name])
+        if body.get("max_tokens") == 2 and body.get("min_tokens") == 1:
+            body["min_tokens"] = 0  # a cross-field rule (min_tokens <= max_tokens) the schema does not state
+        yield body
+
+
+@pytest.mark.parametrize("route,name", [("/v1/completions", "CompletionRequest"),
+                                        ("/v1/chat/completions", "ChatCompletionRequest")])  # fmt: skip
+def test_the_schema_rejects_exactly_what_the_server_rejects(server, route, name):
+    import random
+
+    document = httpx.get(f"{server.url}/openapi.json").json()
+    validator = _request_validator(document, name)
+    engine = server.engine.engine
+    rng = random.Random(0)
+    sides = {True: 0, False: 0}
+    for body in _cases(rng, route.endswith("chat/completions"), engine.vocab_size, engine.model_config.max_logprobs,
+                       40):  # fmt: skip
+        valid = validator.is_valid(body)
+        r = httpx.post(f"{server.url}{route}", json=body, timeout=30)
+        assert r.status_code == (200 if valid else 400), (body, r.text, [e.message for e in validator.iter_errors(body)])
+        sides[valid] += 1
+    assert sides[True] >= 5 and sides[False] >= 5, sides  # both sides were exercised

@@ -3,18 +3,22 @@
 OpenAI's fields plus vLLM's sampling extras (top_k, min_p, repetition_penalty, ...). Fields OpenAI clients send
 that have no effect here (``tools``, ``parallel_tool_calls``, ``store``, ...) are accepted and logged as ignored,
 as vLLM does; fields nobody defines are refused (400), and every sampling value goes through ``SamplingParams``
-so the error names it.
+so the error names it. The fields carry the server's own ranges, so the published schema (``/openapi.json``)
+refuses what the server refuses; the server's limits (vocabulary, ``max_logprobs``) come as validation context
+(``SERVER_LIMITS``) and are written into the schema by ``server_schema``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from paged_serve.sampling_params import RequestOutputKind, SamplingParams
 
 _INT64 = 2**63
+TokenId = Annotated[int, Field(ge=0)]
+Count = Annotated[int, Field(ge=1)]
 
 
 _IGNORED = ("tools", "tool_choice", "parallel_tool_calls", "store", "metadata", "service_tier")
@@ -25,7 +29,7 @@ class ResponseFormat(BaseModel):
     """Only plain text is produced (no guided decoding): ``{"type": "text"}``; the JSON modes are refused."""
 
     model_config = ConfigDict(extra="forbid")
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text"] = Field(description="json_object / json_schema need guided decoding, which is not here")
     json_schema: dict[str, Any] | None = None
 
 
@@ -38,21 +42,21 @@ class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
-    n: int = 1
-    best_of: int | None = None
+    n: Count = 1
+    best_of: Count | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1)  # -1 and 0 are off
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
     seed: int | None = Field(default=None, ge=-_INT64, le=_INT64 - 1)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: str | list[Annotated[str, Field(min_length=1)]] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: int = Field(default=0, ge=0)
     skip_special_tokens: bool = True
     use_beam_search: bool = False
     length_penalty: float = 1.0
@@ -104,13 +108,44 @@ class _SamplingFields(BaseModel):
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
         )
 
+    @field_validator("logprobs", "top_logprobs", check_fields=False)
+    @classmethod
+    def _max_logprobs(cls, value, info: ValidationInfo):
+        limit = (info.context or {}).get("max_logprobs")
+        if isinstance(value, int) and not isinstance(value, bool) and limit is not None and value > limit:
+            raise ValueError(f"{info.field_name}={value} exceeds the server's max_logprobs ({limit})")
+        return value
+
+
+def _check_ids(ids: list[int], info: ValidationInfo) -> list[int]:
+    vocab = (info.context or {}).get("vocab_size")
+    bad = [t for t in ids if vocab is not None and t >= vocab]
+    if bad:
+        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+    return ids
+
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16)
-    logprobs: int | None = None
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    )
+    max_tokens: Count | None = Field(default=16)
+    logprobs: int | None = Field(default=None, ge=0)
     echo: bool = False
-    suffix: str | None = None
+    suffix: None = Field(default=None, description="not supported: only null")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_ids(cls, prompt, info: ValidationInfo):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            _check_ids(prompt, info)
+        elif isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+            for ids in prompt:
+                _check_ids(ids, info)
+        return prompt
 
 
 class ContentPart(BaseModel):
@@ -139,12 +174,19 @@ class ChatMessage(BaseModel):
         return "\n".join(p.text or "" for p in self.content)
 
 
+_TOP_NEEDS_LOGPROBS = {  # JSON Schema's form of the validator below
+    "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+}
+
+
 class ChatCompletionRequest(_SamplingFields):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_TOP_NEEDS_LOGPROBS)
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0)
     add_generation_prompt: bool = True
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -152,6 +194,13 @@ class ChatCompletionRequest(_SamplingFields):
     store: bool | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, top, info: ValidationInfo):
+        if top is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs=true")
+        return top
 
 
 class ErrorInfo(BaseModel):
@@ -163,3 +212,104 @@ class ErrorInfo(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorInfo
+
+
+# ---- response bodies: documentation of what the serving classes send (``/openapi.json``)
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionLogProbs(BaseModel):
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None]
+
+
+class CompletionResponseChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionResponseChoice]
+    usage: UsageInfo
+
+
+class ChatTopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob]
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatCompletionResponseChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: dict[Literal["content"], list[ChatLogprob]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatCompletionResponseChoice]
+    usage: UsageInfo
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    root: str
+    parent: str | None = None
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def server_schema(schema: dict, limits: dict) -> dict:
+    """Write the server's limits into an OpenAPI document's request schemas: token ids below ``vocab_size``,
+    ``logprobs`` / ``top_logprobs`` at most ``max_logprobs`` (what the validators check with the same context)."""
+    schemas = schema["components"]["schemas"]
+
+    def cap(node):
+        if isinstance(node, dict):
+            if node.get("type") == "integer":  # in ``prompt`` every integer is a token id
+                node["maximum"] = limits["vocab_size"] - 1
+            for value in node.values():
+                cap(value)
+        elif isinstance(node, list):
+            for value in node:
+                cap(value)
+
+    for name, field in (("CompletionRequest", "logprobs"), ("ChatCompletionRequest", "top_logprobs")):
+        for option in schemas[name]["properties"][field].get("anyOf", []):
+            if option.get("type") == "integer":
+                option["maximum"] = limits["max_logprobs"]
+    cap(schemas["CompletionRequest"]["properties"]["prompt"])
+    return schema

@@ -59,7 +59,6 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create_chat_completion(self, request: ChatCompletionRequest, raw: Request):
         self.check_model(request.model)
-        self.check_response_format(request)
         if self.tokenizer is None:
             raise OpenAIError("the server runs with skip_tokenizer_init: no chat template to render", 400)
         try:
@@ -81,11 +80,7 @@ class OpenAIServingChat(OpenAIServing):
         if request.max_tokens is not None and request.max_completion_tokens is not None:
             raise OpenAIError("give max_tokens or max_completion_tokens, not both", param="max_tokens")
         max_tokens = self.check_length(ids, request.max_completion_tokens or request.max_tokens)
-        if request.top_logprobs is not None and not request.logprobs:
-            raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
-        top = request.top_logprobs or 0
-        if top > self.engine.engine.model_config.max_logprobs:
-            raise OpenAIError(f"top_logprobs={top} exceeds the server's max_logprobs", param="top_logprobs")
+        top = request.top_logprobs or 0  # in range and with logprobs=true: checked by the request model
         params = self.make_params(request, max_tokens, top if request.logprobs else None)
         request_id = self.new_id("chatcmpl")
         self.log_request(request, request_id)

@@ -80,11 +80,6 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def create_completion(self, request: CompletionRequest, raw: Request):
         self.check_model(request.model)
-        self.check_response_format(request)
-        if request.suffix is not None:
-            raise OpenAIError("suffix is not supported", param="suffix")
-        if request.logprobs is not None and request.logprobs > self.engine.engine.model_config.max_logprobs:
-            raise OpenAIError(f"logprobs={request.logprobs} exceeds the server's max_logprobs", param="logprobs")
         if self.engine.engine.tokenizer is None and not _is_token_ids(request.prompt):
             raise OpenAIError("the server runs with skip_tokenizer_init: prompts must be token ids", param="prompt")
         prompts = await self._prompts(request)

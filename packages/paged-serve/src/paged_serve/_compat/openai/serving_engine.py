@@ -129,15 +129,6 @@ class OpenAIServing:
         logger.info("received request %s (user %r): %s", request_id, request.user, fields)
 
     @staticmethod
-    def check_response_format(request) -> None:
-        if request.response_format is not None and request.response_format.type != "text":
-            raise OpenAIError(
-                f"response_format type {request.response_format.type!r} is not supported (no guided decoding); "
-                "only {'type': 'text'}",
-                param="response_format",
-            )
-
-    @staticmethod
     async def outputs(raw: Request, stream: RequestStream) -> AsyncIterator[RequestOutput]:
         """One request's outputs; it is aborted (blocks freed) once the client disconnects, waiting or running."""
         try:
