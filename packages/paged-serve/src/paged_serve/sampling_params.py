@@ -113,3 +113,15 @@ class SamplingParams:
         import copy
 
         return copy.deepcopy(self)
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's ``BeamSearchParams``: the arguments of ``LLM.beam_search`` (beam search run over ``generate``)."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False

@@ -18,6 +18,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from paged_serve._compat.arg_utils import EngineArgs
+from paged_serve._compat.beam_search_offline import BeamSearchOutput, beam_search
 from paged_serve._compat.chat_utils import (
     apply_hf_chat_template,
     parse_chat_messages,
@@ -26,9 +27,9 @@ from paged_serve._compat.chat_utils import (
 from paged_serve._compat.openai.cli_args import check_vllm_only_kwargs
 from paged_serve.engine.llm_engine import LLMEngine
 from paged_serve.engine.metrics import Stats
-from paged_serve.inputs import PROMPT_FORMS, PromptType, is_token_ids, parse_prompt
+from paged_serve.inputs import PROMPT_FORMS, PromptType, TextPrompt, TokensPrompt, is_token_ids, parse_prompt
 from paged_serve.outputs import RequestOutput
-from paged_serve.sampling_params import RequestOutputKind, SamplingParams
+from paged_serve.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,34 @@ class LLM:
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
+
+    def set_tokenizer(self, tokenizer) -> None:
+        """Use ``tokenizer`` (paged_serve's or a transformers one) for prompts and output text from now on."""
+        engine = self.llm_engine
+        engine.tokenizer = engine.input_processor.tokenizer = engine.output_processor.tokenizer = tokenizer
+
+    def beam_search(
+        self,
+        prompts: list[TokensPrompt | TextPrompt],
+        params: BeamSearchParams,
+        lora_request=None,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's ``LLM.beam_search``: the best ``params.beam_width`` continuations of each prompt
+        (``beam_search_offline.py``)."""
+        if lora_request is not None:
+            raise ValueError("lora_request is not supported: paged_serve serves no LoRA adapters")
+        return beam_search(self, prompts, params, use_tqdm, concurrency_limit)
+
+    def encode(self, prompts=None, pooling_params=None, *, use_tqdm: bool = True, lora_request=None,
+               pooling_task=None, tokenization_kwargs=None):  # fmt: skip
+        """vLLM's ``LLM.encode`` is for pooling models; paged_serve runs generative ones, so it refuses as vLLM
+        does for a generative model."""
+        raise ValueError(
+            "LLM.encode() is only supported for pooling models. Try passing `--runner pooling` to use the model "
+            "as a pooling model."
+        )
 
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's ``SamplingParams()`` with what the model's generation config sets over it
