@@ -34,15 +34,22 @@ def test_an_n2_group_that_fits_with_shared_prompt_blocks_is_served(checkpoint, m
     assert _free(llm)[0] == 12
 
 
-def test_swap_infeasible_group_is_accepted_and_ended_as_vllm_does(checkpoint):
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(n=4, use_beam_search=True, temperature=0.0, max_tokens=96, ignore_eos=True),  # vLLM's own
+        SamplingParams(n=4, temperature=1.0, max_tokens=96, ignore_eos=True, seed=1),
+    ],
+    ids=["beam_search", "sampling"],
+)
+def test_swap_infeasible_group_is_accepted_and_ended_as_vllm_does(checkpoint, params):
     """vLLM's test_swap_infeasible: 4 sequences of up to 115 tokens on 8 blocks of 16 (max_model_len 128). vLLM
     accepts the request; the group is preempted by swap and, when it can no longer come back, ignored: every
     sequence ends with finish_reason "length", cut short, and no block stays held."""
     path, _ = checkpoint("llama")
     llm = LLM(path, block_size=16, num_gpu_blocks=8, max_model_len=128, num_cpu_blocks=64)
     prompt = list(range(2, 22))  # 20 tokens: 20 + 96 - 1 = 115 per sequence
-    out = llm.generate([prompt], SamplingParams(n=4, temperature=1.0, max_tokens=96, ignore_eos=True, seed=1),
-                       use_tqdm=False)[0]  # fmt: skip
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
     assert len(out.outputs) == 4
     assert all(c.finish_reason == "length" for c in out.outputs)
     assert all(len(c.token_ids) < 96 for c in out.outputs)  # ended by the scheduler, not by max_tokens
