@@ -243,19 +243,21 @@ def test_cifar_example_is_upstream_but_for_the_listed_lines():
     assert hashlib.sha256(text.replace("\n", "\r\n").encode()).hexdigest() == CIFAR_UPSTREAM_SHA256
 
 
-def test_cifar_example_trains_at_zero_stages_0_to_3_as_under_deepspeed(tmp_path):
+def test_cifar_example_trains_at_zero_stages_0_and_3_as_under_deepspeed(tmp_path):
     """The script's own config (Adam, WarmupLR, clipping 1.0, overlap_comm, its 5e7 buckets), fp32, one epoch of
     256 FakeData images on 2 ranks: 16 steps, each step's loss printed (``--log-interval 1``), then the test-set
-    accuracy lines. The printed losses and accuracies equal DeepSpeed's at every stage."""
+    accuracy lines. The printed losses and accuracies equal DeepSpeed's at stages 0 and 3; stages 1 and 2 are checked
+    against DeepSpeed in test_deepspeed_parity and test_engine_attributes, and two stages here keep the suite short."""
+    stages = (0, 3)
     pytest.importorskip("torchvision")
     theirs = tmp_path / "cifar10_deepspeed_ds.py"
     theirs.write_text(_deepspeed_source(CIFAR, CIFAR_IMPORTS))
     plan = []
-    for stage in (0, 1, 2, 3):
+    for stage in stages:
         argv = ["--dtype", "fp32", "--stage", str(stage), "-e", "1", "--log-interval", "1"]
         plan += [(str(theirs), argv), (str(CIFAR), argv)]
     outs = run_ranks(_runs_torch_adam, 2, plan, timeout=600, fresh=True)[0]
-    for stage, (t_out, o_out) in zip((0, 1, 2, 3), zip(outs[::2], outs[1::2])):
+    for stage, (t_out, o_out) in zip(stages, zip(outs[::2], outs[1::2])):
         t_losses, o_losses = _losses(t_out, "[ 1,"), _losses(o_out, "[ 1,")
         assert len(t_losses) == 16 and o_losses == t_losses, (stage, o_losses, t_losses)
         assert _losses(o_out, "Accuracy") == _losses(t_out, "Accuracy") and len(_losses(t_out, "Accuracy")) == 11
