@@ -17,7 +17,7 @@ import ds_zero  # noqa: E402
 from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator as DSAccelerator  # noqa: E402
 from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator as DSCPU  # noqa: E402
 from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator as DSCUDA  # noqa: E402
-from ds_zero._compat import accelerator as ours_real  # noqa: E402
+from ds_zero._compat.accelerator import real_accelerator as ours_real  # noqa: E402
 from ds_zero.accelerator import DeepSpeedAccelerator, get_accelerator  # noqa: E402
 from ds_zero.accelerator.cpu_accelerator import CPU_Accelerator  # noqa: E402
 from ds_zero.accelerator.cuda_accelerator import CUDA_Accelerator  # noqa: E402
