@@ -202,36 +202,67 @@ for i in range(num_node_devices // 2):
         current_replicate_group = replicate_group
 """
 
-# As torchrun runs it: the launcher hosts the agent's torch TCPStore (MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE) and
-# starts the 4 ranks as processes that run the recipe and exit; ``runs`` times, a fresh agent store each time.
+# As torchrun runs it: an agent hosts torch's TCPStore (MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE) and the 4 ranks
+# run the recipe as processes of their own that exit, ``runs`` times, a fresh agent store each time. The launcher
+# imports torch and the library once and forks each rank from itself (a fresh interpreter per rank costs seconds of
+# imports, 40 of them here); a rank runs the recipe as ``__main__`` and exits the way an interpreter does, atexit
+# handlers included. The agent's store lives in a process of its own: the launcher forks, so it holds no threads.
 LAUNCHER = """
-import datetime, os, subprocess, sys, time
-import torch.distributed as tdist
+import importlib, os, runpy, subprocess, sys, time, traceback
 
-script, runs = sys.argv[1], int(sys.argv[2])
+script, runs, lib = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+importlib.import_module(lib)
+AGENT = (
+    "import datetime, sys, torch.distributed as tdist\\n"
+    "for _ in sys.stdin:\\n"
+    "    store = None\\n"
+    "    store = tdist.TCPStore('127.0.0.1', 0, 5, is_master=True, wait_for_workers=False,\\n"
+    "                           timeout=datetime.timedelta(seconds=60))\\n"
+    "    print(store.port, flush=True)\\n")
+agent = subprocess.Popen([sys.executable, "-c", AGENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 codes, errors = [], []
 for run in range(runs):
-    agent = tdist.TCPStore("127.0.0.1", 0, 5, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=60))
-    env = dict(os.environ, WORLD_SIZE="4", LOCAL_WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(agent.port),
-               TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0")
-    logs = [open(f"{script}.{run}.{r}.err", "w+") for r in range(4)]
-    procs = [subprocess.Popen([sys.executable, script], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                              stderr=logs[r]) for r in range(4)]
-    deadline = time.monotonic() + 240
-    while any(p.poll() is None for p in procs):
-        if time.monotonic() > deadline or any(p.poll() for p in procs):  # as torchrun: one failed, stop the rest
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
+    agent.stdin.write("\\n")
+    agent.stdin.flush()
+    env = dict(os.environ, WORLD_SIZE="4", LOCAL_WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=agent.stdout.readline().strip(), TORCHELASTIC_USE_AGENT_STORE="True",
+               TORCHELASTIC_RESTART_COUNT="0")
+    pids = []
+    for r in range(4):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the rank: stderr to its log, its environment, the recipe, then an interpreter's exit
+            os.dup2(os.open(f"{script}.{run}.{r}.err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+            os.environ.clear()
+            os.environ.update(env, RANK=str(r), LOCAL_RANK=str(r))
+            sys.argv = [script]
+            try:
+                runpy.run_path(script, run_name="__main__")
+            except BaseException:
+                traceback.print_exc()
+                sys.exit(1)
+            sys.exit(0)
+        pids.append(pid)
+    status, deadline = {}, time.monotonic() + 240
+    while len(status) < 4:
+        for pid in pids:
+            if pid not in status:
+                done, code = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    status[pid] = os.waitstatus_to_exitcode(code)
+        if time.monotonic() > deadline or any(status.values()):  # as torchrun: one failed, stop the rest
+            for pid in pids:
+                if pid not in status:
+                    os.kill(pid, 9)
         time.sleep(0.05)
-    codes.append([p.wait() for p in procs])
-    for p, log in zip(procs, logs):
-        log.seek(0)
-        lines = log.read().strip().splitlines()
-        if p.returncode and lines:
+    codes.append([status[pid] for pid in pids])
+    for r, pid in enumerate(pids):
+        lines = open(f"{script}.{run}.{r}.err").read().strip().splitlines()
+        if status[pid] and lines:
             errors.append(lines[-1])
-    del agent
+agent.stdin.close()
+agent.wait()
 print(errors, file=sys.stderr)
 print(codes)
 """
@@ -249,7 +280,7 @@ def test_device_mesh_recipe_layout_survives_rank_0_exiting_first_10_times(tmp_pa
     (tmp_path / "recipe.py").write_text(DEVICE_MESH_RECIPE.format(lib=lib))
     (tmp_path / "launch.py").write_text(LAUNCHER)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(tmp_path / "launch.py"), str(tmp_path / "recipe.py"), str(runs)],
+    proc = subprocess.run([sys.executable, str(tmp_path / "launch.py"), str(tmp_path / "recipe.py"), str(runs), lib],
                           capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     codes = json.loads(proc.stdout.strip().splitlines()[-1])
