@@ -50,6 +50,21 @@ def set_tensor_model_parallel_attributes(param: nn.Parameter, is_parallel: bool,
     param.partition_stride = stride
 
 
+_MODEL_PARALLEL_ATTRIBUTE_DEFAULTS = {"tensor_model_parallel": False, "partition_dim": -1, "partition_stride": 1}
+
+
+def set_defaults_if_not_set_tensor_model_parallel_attributes(tensor: torch.Tensor) -> None:
+    for attribute, value in _MODEL_PARALLEL_ATTRIBUTE_DEFAULTS.items():
+        if not hasattr(tensor, attribute):
+            setattr(tensor, attribute, value)
+
+
+def copy_tensor_model_parallel_attributes(destination_tensor: torch.Tensor, source_tensor: torch.Tensor) -> None:
+    for attribute in _MODEL_PARALLEL_ATTRIBUTE_DEFAULTS:
+        if hasattr(source_tensor, attribute):
+            setattr(destination_tensor, attribute, getattr(source_tensor, attribute))
+
+
 def param_is_not_tensor_parallel_duplicate(param) -> bool:
     """True on the one TP rank that should count a replicated parameter (e.g. for the grad norm)."""
     return getattr(param, "tensor_model_parallel", False) or ps.get_tensor_model_parallel_rank() == 0

@@ -18,6 +18,7 @@ from torch import nn
 from mega_par import parallel_state as ps
 from mega_par.transformer.enums import AttnMaskType
 from mega_par.transformer.identity_op import IdentityOp
+from mega_par.transformer.module import MegatronModule
 from mega_par.transformer.spec_utils import build_module
 
 
@@ -50,13 +51,13 @@ class SelfAttentionSubmodules:
     k_layernorm: object = None
 
 
-class SelfAttention(nn.Module):
+class SelfAttention(MegatronModule):
     def __init__(self, config, submodules: SelfAttentionSubmodules, layer_number: int,
                  attn_mask_type: AttnMaskType = AttnMaskType.padding, cp_comm_type: str | None = None,
                  pg_collection=None):
-        super().__init__()
+        super().__init__(config=config)
         tp = ps.get_tensor_model_parallel_world_size()
-        self.config, self.layer_number, self.attn_mask_type = config, layer_number, attn_mask_type
+        self.layer_number, self.attn_mask_type = layer_number, attn_mask_type
         if config.num_query_groups % tp:
             raise ValueError(f"num_query_groups ({config.num_query_groups}) must be divisible by the "
                              f"tensor-parallel size ({tp})")

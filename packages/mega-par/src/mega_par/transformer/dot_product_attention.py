@@ -13,10 +13,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from mega_par.tensor_parallel.random import get_cuda_rng_tracker
 from mega_par.transformer.enums import AttnMaskType
+from mega_par.transformer.module import MegatronModule
 
 
 def get_default_causal_mask(sq: int, sk: int | None = None, device=None) -> torch.Tensor:
@@ -29,14 +29,14 @@ def attention_mask_func(attention_scores: torch.Tensor, attention_mask: torch.Te
     return attention_scores.masked_fill(attention_mask, -10000.0)
 
 
-class DotProductAttention(nn.Module):
+class DotProductAttention(MegatronModule):
     def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str = "self",
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
                  cp_comm_type: str | None = None, pg_collection=None):
-        super().__init__()
+        super().__init__(config=config)
         if not isinstance(attn_mask_type, AttnMaskType):
             raise TypeError(f"attn_mask_type must be an AttnMaskType, got {attn_mask_type!r}")
-        self.config, self.layer_number, self.attn_mask_type = config, layer_number, attn_mask_type
+        self.layer_number, self.attn_mask_type = layer_number, attn_mask_type
         self.attention_type = attention_type
         if softmax_scale is None:
             softmax_scale = getattr(config, "softmax_scale", None)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import nn
-
+from mega_par.transformer.module import MegatronModule
 from mega_par.transformer.spec_utils import build_module
 
 
@@ -22,15 +21,14 @@ class MLPSubmodules:
     activation_func: object = None  # None: config.activation_func (Megatron's TE activation slot)
 
 
-class MLP(nn.Module):
+class MLP(MegatronModule):
     def __init__(self, config, submodules: MLPSubmodules, is_expert: bool = False, input_size: int | None = None,
                  ffn_hidden_size: int | None = None):
-        super().__init__()
+        super().__init__(config=config)
         if is_expert:
             raise ValueError("MLP: is_expert=True (mixture of experts) is not supported by mega_par")
         if submodules.activation_func is not None:
             raise ValueError("MLP: an activation_func submodule is not supported; set config.activation_func")
-        self.config = config
         glu = config.gated_linear_unit
         input_size = input_size or config.hidden_size
         ffn = ffn_hidden_size or config.ffn_hidden_size

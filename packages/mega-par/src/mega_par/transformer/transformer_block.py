@@ -16,8 +16,10 @@ from torch import nn
 
 from mega_par import parallel_state as ps
 from mega_par.tensor_parallel.random import checkpoint
+from mega_par.transformer.module import MegatronModule
 from mega_par.transformer.spec_utils import ModuleSpec, build_module
 from mega_par.transformer.torch_norm import WrappedTorchNorm
+from mega_par.transformer.utils import replace_prefix_for_sharding, sharded_state_dict_default
 
 
 def get_num_layers_to_build(config, vp_stage: int | None = None) -> int:
@@ -56,13 +58,13 @@ def _get_block_submodules(config, spec) -> TransformerBlockSubmodules:
     raise TypeError(f"TransformerBlock spec must be a ModuleSpec or TransformerBlockSubmodules, got {spec!r}")
 
 
-class TransformerBlock(nn.Module):
+class TransformerBlock(MegatronModule):
     def __init__(self, config, spec, post_process: bool = True, pre_process: bool = True,
                  pg_collection=None, vp_stage: int | None = None, layer_seed: int | None = None):
         """``layer_seed`` (mega_par's): when given, layer ``L`` is initialised under ``torch.manual_seed(layer_seed
         + L)``, so its weights do not depend on which stage builds it (reproducible across pipeline layouts)."""
-        super().__init__()
-        self.config, self.pre_process, self.post_process = config, pre_process, post_process
+        super().__init__(config=config)
+        self.pre_process, self.post_process = pre_process, post_process
         self.submodules = _get_block_submodules(config, spec)
         offset = get_transformer_layer_offset(config, vp_stage)
         layers = []
@@ -90,6 +92,22 @@ class TransformerBlock(nn.Module):
     def set_input_tensor(self, input_tensor) -> None:
         """The activation received from the previous pipeline stage replaces the embedding output."""
         self.input_tensor = input_tensor
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        """Layer ``i`` is saved under ``<prefix>layers.<name>`` at index ``layer_number - 1`` of a prepended
+        ``num_layers`` axis, so any pipeline split finds its layers; the final norm as it is."""
+        if sharded_offsets:
+            raise ValueError(f"TransformerBlock.sharded_state_dict: unexpected sharded_offsets {sharded_offsets}")
+        layers_prefix, out = f"{prefix}layers.", {}
+        for i, layer in enumerate(self.layers):
+            offsets = ((0, layer.layer_number - 1, self.config.num_layers),)
+            sub = sharded_state_dict_default(layer, f"{layers_prefix}{i}.", offsets, metadata)
+            replace_prefix_for_sharding(sub, f"{layers_prefix}{i}.", layers_prefix)
+            out.update(sub)
+        for name, module in self.named_children():
+            if name != "layers":
+                out.update(sharded_state_dict_default(module, f"{prefix}{name}.", (), metadata))
+        return out
 
     def forward(self, hidden_states, attention_mask=None, context=None, context_mask=None, rotary_pos_emb=None,
                 **kwargs):

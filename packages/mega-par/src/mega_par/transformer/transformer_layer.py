@@ -13,10 +13,10 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from mega_par.tensor_parallel.random import get_cuda_rng_tracker
 from mega_par.transformer.identity_op import IdentityFuncOp, IdentityOp
+from mega_par.transformer.module import GraphableMegatronModule
 from mega_par.transformer.spec_utils import build_module
 
 
@@ -41,16 +41,16 @@ def sequence_parallel_dropout_context(config):
     return get_cuda_rng_tracker().fork() if config.sequence_parallel else contextlib.nullcontext()
 
 
-class TransformerLayer(nn.Module):
+class TransformerLayer(GraphableMegatronModule):
     def __init__(self, config, submodules: TransformerLayerSubmodules, layer_number: int = 1,
                  hidden_dropout: float | None = None, pg_collection=None, vp_stage: int | None = None):
-        super().__init__()
+        super().__init__(config=config, vp_stage=vp_stage)
         if not isinstance(submodules, TransformerLayerSubmodules):
             raise TypeError(f"TransformerLayer needs TransformerLayerSubmodules, got {type(submodules).__name__}")
         for name in ("pre_cross_attn_layernorm", "cross_attention", "cross_attn_bda"):
             if getattr(submodules, name) not in (IdentityOp, IdentityFuncOp):
                 raise ValueError(f"TransformerLayer: {name} is not supported by mega_par (decoder-only layers)")
-        self.config, self.submodules_config = config, submodules
+        self.submodules_config = submodules
         self.layer_number = layer_number  # 1-based global layer number
         self.hidden_dropout = config.hidden_dropout if hidden_dropout is None else hidden_dropout
         norm_kw = dict(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)

@@ -81,6 +81,16 @@ def make_sharded_tensors_for_checkpoint(state_dict, prefix, tensor_parallel_laye
     return out
 
 
+def sharded_state_dict_default(module: torch.nn.Module, prefix: str = "", sharded_offsets: tuple = (),
+                               metadata: dict | None = None, tp_group=None) -> dict:
+    """The module's own ``sharded_state_dict`` if it has one, else its state dict with the TP-split parameters
+    chunked along their ``partition_dim`` (mega_par's parallel layers mark them; Megatron's carry their own)."""
+    if hasattr(module, "sharded_state_dict"):
+        return module.sharded_state_dict(prefix=prefix, sharded_offsets=sharded_offsets, metadata=metadata)
+    return make_sharded_tensors_for_checkpoint(module.state_dict(keep_vars=True), prefix, tp_axis_map(module),
+                                               sharded_offsets, tp_group=tp_group)
+
+
 def tp_axis_map(module: torch.nn.Module) -> dict:
     """name -> partition_dim for the module's TP-split parameters (mega_par's layers mark them, as Megatron's)."""
     return {n: p.partition_dim for n, p in module.named_parameters() if getattr(p, "tensor_model_parallel", False)}

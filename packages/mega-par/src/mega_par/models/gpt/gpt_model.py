@@ -1,5 +1,6 @@
 """``GPTModel``: embedding -> transformer block (built from a layer spec) -> vocab-parallel output layer
-(``megatron/core/models/gpt/gpt_model.py``).
+(``megatron/core/models/gpt/gpt_model.py``), a ``LanguageModule`` (the loss, the weight tying and the checkpoint
+entries are there).
 
 ``pre_process`` (first stage) owns the embedding, ``post_process`` (last stage) the final norm, output layer
 and loss; middle stages receive activations via ``set_input_tensor``. ``share_embeddings_and_output_weights``
@@ -14,26 +15,19 @@ seeded per module (embedding, each layer, output layer) so any TP/PP layout hold
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from mega_par import parallel_state as ps
 from mega_par.models.common.embeddings.language_model_embedding import LanguageModelEmbedding, seeded
-from mega_par.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from mega_par.models.common.language_module.language_module import LanguageModule
 from mega_par.tensor_parallel.layers import ColumnParallelLinear
 from mega_par.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 from mega_par.transformer.attention import RotaryEmbedding
 from mega_par.transformer.transformer_block import TransformerBlock
-from mega_par.transformer.utils import (
-    make_sharded_tensors_for_checkpoint,
-    make_tp_sharded_tensor_for_checkpoint,
-    replace_prefix_for_sharding,
-    tp_axis_map,
-)
 
 _POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
 
 
-class GPTModel(nn.Module):
+class GPTModel(LanguageModule):
     def __init__(self, config, transformer_layer_spec, vocab_size: int, max_sequence_length: int,
                  pre_process: bool = True, post_process: bool = True, fp16_lm_cross_entropy: bool = False,
                  parallel_output: bool = True, share_embeddings_and_output_weights: bool = False,
@@ -43,7 +37,6 @@ class GPTModel(nn.Module):
                  vp_stage: int | None = None, *, seed: int | None = None):
         """Megatron's signature; ``seed`` (mega_par's, keyword-only) fixes every module's initial weights
         independently of the layout (None: one draw from the default generator, identical on all ranks)."""
-        super().__init__()
         if position_embedding_type not in _POSITION_EMBEDDING_TYPES:
             raise ValueError(f"position_embedding_type must be one of {_POSITION_EMBEDDING_TYPES}, "
                              f"got {position_embedding_type!r}")
@@ -58,7 +51,8 @@ class GPTModel(nn.Module):
         if vocab_size % ps.get_tensor_model_parallel_world_size():
             raise ValueError(f"vocab_size ({vocab_size}) must be divisible by the tensor-parallel size "
                              f"({ps.get_tensor_model_parallel_world_size()}); pad the vocabulary")
-        self.config, self.transformer_layer_spec = config, transformer_layer_spec
+        super().__init__(config=config)
+        self.transformer_layer_spec = transformer_layer_spec
         self.vocab_size, self.max_sequence_length = vocab_size, max_sequence_length
         self.pre_process, self.post_process, self.parallel_output = pre_process, post_process, parallel_output
         self.fp16_lm_cross_entropy = fp16_lm_cross_entropy
@@ -84,39 +78,13 @@ class GPTModel(nn.Module):
                                                          init_method=config.init_method, bias=False,
                                                          gather_output=False,
                                                          skip_weight_param_allocation=tied_here)
-        if share_embeddings_and_output_weights:
+        if pre_process or post_process:
             self.setup_embeddings_and_output_layer()
-
-    def setup_embeddings_and_output_layer(self) -> None:
-        """Tie the output layer to the word embedding (Megatron's ``LanguageModule`` method). On one stage the
-        output layer has no weight of its own; across stages the last stage's copy is zeroed and summed with
-        the first stage's over the embedding group, so it starts equal whatever the seeds."""
-        weight = self.shared_embedding_or_output_weight()
-        if weight is None:
-            return
-        weight.shared_embedding = True
-        if self.pre_process and self.post_process:
-            return
-        if ps.get_pipeline_model_parallel_world_size() == 1 or not ps.is_rank_in_embedding_group(ignore_virtual=True):
-            raise ValueError("GPTModel: share_embeddings_and_output_weights with pre_process="
-                             f"{self.pre_process}, post_process={self.post_process} needs this rank in the "
-                             "pipeline's embedding group (first or last stage)")
-        with torch.no_grad():
-            if not self.pre_process:
-                weight.zero_()
-            torch.distributed.all_reduce(weight, group=ps.get_embedding_group())
 
     def set_input_tensor(self, input_tensor) -> None:
         if isinstance(input_tensor, (list, tuple)):
             input_tensor = input_tensor[0]
         self.decoder.set_input_tensor(input_tensor)
-
-    def shared_embedding_or_output_weight(self):
-        if self.pre_process:
-            return self.embedding.word_embeddings.weight
-        if self.post_process:
-            return self.output_layer.weight
-        return None
 
     def forward(self, input_ids, position_ids, attention_mask, decoder_input=None, labels=None,
                 inference_context=None, packed_seq_params=None, extra_block_kwargs=None,
@@ -148,39 +116,9 @@ class GPTModel(nn.Module):
             if gather:
                 logits = gather_from_tensor_model_parallel_region(logits)
             return logits.transpose(0, 1).contiguous()
-        return self.compute_language_model_loss(labels, logits)
-
-    def compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """labels ``[b, s]``, logits ``[s, b, V/tp]`` -> per-token cross-entropy ``[b, s]`` (Megatron's
-        ``LanguageModule.compute_language_model_loss``; float32 logits unless ``fp16_lm_cross_entropy``)."""
         if not self.fp16_lm_cross_entropy:
-            logits = logits.float()
-        loss = vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous())
-        return loss.transpose(0, 1).contiguous()
-
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
-        """``{state-dict key: ShardedTensor}`` for ``dist_checkpointing`` (Megatron's
-        ``TransformerBlock`` / ``LanguageModule.sharded_state_dict``): layer ``i`` is saved under
-        ``decoder.layers.<name>`` at index ``layer_number - 1`` of a prepended ``num_layers`` axis, so any PP
-        split finds its layers; TP-split weights are chunks along their partition dim. A tied output weight on
-        the last stage is a replica of the first stage's ``embedding.word_embeddings.weight``."""
-        if sharded_offsets:
-            raise ValueError(f"GPTModel.sharded_state_dict: unexpected sharded_offsets {sharded_offsets}")
-        layers_prefix, out = f"{prefix}decoder.layers.", {}
-        for i, layer in enumerate(self.decoder.layers):
-            sub = make_sharded_tensors_for_checkpoint(layer.state_dict(keep_vars=True), f"{layers_prefix}{i}.",
-                                                      tp_axis_map(layer),
-                                                      ((0, layer.layer_number - 1, self.config.num_layers),))
-            replace_prefix_for_sharding(sub, f"{layers_prefix}{i}.", layers_prefix)
-            out.update(sub)
-        rest = {k: v for k, v in self.state_dict(keep_vars=True).items() if not k.startswith("decoder.layers.")}
-        axes = {k: v for k, v in tp_axis_map(self).items() if not k.startswith("decoder.layers.")}
-        out.update(make_sharded_tensors_for_checkpoint(rest, prefix, axes))
-        if self.share_embeddings_and_output_weights and self.post_process and not self.pre_process:
-            out[f"{prefix}output_layer.weight"] = make_tp_sharded_tensor_for_checkpoint(
-                self.output_layer.weight, f"{prefix}embedding.word_embeddings.weight",
-                replica_id=(1, 0, ps.get_data_parallel_rank()), allow_shape_mismatch=True)
-        return out
+            logits = logits.float()  # the loss in fp32 (Megatron's fp16_lm_cross_entropy=False)
+        return self.compute_language_model_loss(labels, logits)
 
     def _full_seq_len(self, decoder_input, input_ids) -> int:
         if decoder_input is None:

@@ -14,6 +14,7 @@ from torch import nn
 
 from mega_par.tensor_parallel.layers import VocabParallelEmbedding
 from mega_par.tensor_parallel.mappings import scatter_to_sequence_parallel_region
+from mega_par.transformer.module import MegatronModule
 from mega_par.transformer.transformer_layer import sequence_parallel_dropout_context
 
 
@@ -28,19 +29,19 @@ def seeded(seed: int | None):
         yield
 
 
-class LanguageModelEmbedding(nn.Module):
+class LanguageModelEmbedding(MegatronModule):
     def __init__(self, config, vocab_size: int, max_sequence_length: int,
                  position_embedding_type: str = "learned_absolute", num_tokentypes: int = 0,
                  scatter_to_sequence_parallel: bool = True, tp_group=None, seed: int | None = None):
         """``seed`` (mega_par's): the word embedding is drawn under ``seed``, the position embedding under
         ``seed + 1``, so every TP/PP layout holds the same full tables."""
-        super().__init__()
+        super().__init__(config=config)
         if num_tokentypes:
             raise ValueError(f"LanguageModelEmbedding: num_tokentypes={num_tokentypes} is not supported")
         if position_embedding_type not in ("learned_absolute", "rope", "none"):
             raise ValueError(f"position_embedding_type must be 'learned_absolute', 'rope' or 'none', "
                              f"got {position_embedding_type!r}")
-        self.config, self.vocab_size, self.max_sequence_length = config, vocab_size, max_sequence_length
+        self.vocab_size, self.max_sequence_length = vocab_size, max_sequence_length
         self.add_position_embedding = position_embedding_type == "learned_absolute"
         self.scatter_to_sequence_parallel = scatter_to_sequence_parallel
         with seeded(seed):
