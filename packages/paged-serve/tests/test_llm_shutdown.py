@@ -15,6 +15,19 @@ from paged_serve.distributed import cleanup_dist_env_and_memory
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
 
+def test_cleanup_is_importable_where_vllm_has_it():
+    """vLLM defines it in ``vllm/distributed/parallel_state.py`` and re-exports it from ``vllm.distributed``;
+    examples import it from either path."""
+    import inspect
+
+    import paged_serve.distributed
+    from paged_serve.distributed.parallel_state import cleanup_dist_env_and_memory as from_parallel_state
+
+    assert from_parallel_state is paged_serve.distributed.cleanup_dist_env_and_memory is cleanup_dist_env_and_memory
+    assert "cleanup_dist_env_and_memory" in paged_serve.distributed.__all__
+    assert str(inspect.signature(from_parallel_state)) == "(shutdown_ray: 'bool' = False) -> 'None'"
+
+
 def _held(llm) -> list[weakref.ref]:
     """Weak references to what an engine holds: the model, a weight, every KV cache tensor."""
     engine = llm.llm_engine
@@ -60,7 +73,7 @@ def test_cleanup_after_a_tensor_parallel_llm_leaves_no_worker_and_no_process_gro
     want = tp.generate(["the quick brown fox"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     assert new_children() and dist.is_initialized()
     del tp
-    with caplog.at_level(logging.INFO, logger="paged_serve._compat.distributed"):
+    with caplog.at_level(logging.INFO, logger="paged_serve.distributed.parallel_state"):
         cleanup_dist_env_and_memory(shutdown_ray=True)
     assert new_children() == [] and not dist.is_initialized()
     assert "runs no Ray" in caplog.text

@@ -63,22 +63,7 @@ class SamplingParams:
         best_of_given = self.best_of is not None
         if self.best_of is None:
             self.best_of = self.n
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        ids = list(self.stop_token_ids or [])
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise ValueError(f"stop_token_ids must be a list of token ids (ints), got {self.stop_token_ids!r}")
-        self.stop_token_ids = ids
-        if self.logit_bias is not None:
-            bias = self.logit_bias
-            ok = isinstance(bias, dict) and all(
-                isinstance(k, int) and not isinstance(k, bool) and k >= 0 and isinstance(v, (int, float))
-                for k, v in bias.items()
-            )
-            if not ok:
-                raise ValueError(f"logit_bias must map token ids (ints >= 0) to numbers, got {bias!r}")
-            self.logit_bias = {k: float(v) for k, v in bias.items()}
+        param_checks.normalize_lists(self)  # stop -> list of str, stop_token_ids -> list, logit_bias -> floats
         if self.top_k == 0:  # OpenAI clients send 0 for "off"; vLLM accepts it as -1
             self.top_k = -1
         param_checks.verify_args(self, RequestOutputKind)  # each field in range, or ValueError naming it

@@ -6,6 +6,25 @@ from __future__ import annotations
 _INT64 = (-(2**63), 2**63 - 1)
 
 
+def _is_id(t) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def normalize_lists(params) -> None:
+    """``stop`` as a list of strings, ``stop_token_ids`` as a list of ints, ``logit_bias`` as {id: float}."""
+    params.stop = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
+    ids = list(params.stop_token_ids or [])
+    if not all(_is_id(t) for t in ids):
+        raise ValueError(f"stop_token_ids must be a list of token ids (ints), got {params.stop_token_ids!r}")
+    params.stop_token_ids = ids
+    bias = params.logit_bias
+    if bias is not None:
+        entries_ok = all(_is_id(k) and k >= 0 and isinstance(v, (int, float)) for k, v in dict(bias).items())
+        if not (isinstance(bias, dict) and entries_ok):
+            raise ValueError(f"logit_bias must map token ids (ints >= 0) to numbers, got {bias!r}")
+        params.logit_bias = {k: float(v) for k, v in bias.items()}
+
+
 def verify_args(params, output_kind_type: type) -> None:
     def check(ok: bool, name: str, rule: str) -> None:
         if not ok:

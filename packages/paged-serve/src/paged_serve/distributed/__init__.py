@@ -1,7 +1,6 @@
 """vLLM's ``vllm.distributed``: the tensor-parallel group and its collectives."""
 
 from paged_serve._compat.distributed import (
-    cleanup_dist_env_and_memory,
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_gather,
@@ -10,6 +9,7 @@ from paged_serve._compat.distributed import (
 )
 from paged_serve.distributed.parallel_state import (
     GroupCoordinator,
+    cleanup_dist_env_and_memory,
     destroy_model_parallel,
     get_tp_group,
     init_distributed_environment,

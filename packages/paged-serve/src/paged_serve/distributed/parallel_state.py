@@ -13,9 +13,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import gc
+import logging
 
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
 
 
 def _move(obj, device):
@@ -112,3 +116,16 @@ def destroy_model_parallel() -> None:
 
 def get_tp_group() -> GroupCoordinator:
     return _TP
+
+
+def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
+    """vLLM's teardown between two engines in one process (examples call it after ``del llm``): engines nothing
+    refers to any more are collected (``LLMEngine.__del__`` -> ``shutdown``: model, KV cache, workers), the group is
+    left, and the CUDA caching allocator gives its freed blocks back."""
+    gc.collect()  # a deleted LLM caught in a reference cycle: its engine shuts down now
+    destroy_model_parallel()
+    if shutdown_ray:
+        logger.info("cleanup_dist_env_and_memory(shutdown_ray=True): paged_serve runs no Ray; nothing to stop")
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
