@@ -16,7 +16,7 @@ from paged_serve import LLM, EngineArgs, SamplingParams
 from transformers import AutoModelForCausalLM
 
 from .hub_cache import add_to_hub_cache
-from .test_serve_flags import start_server
+from .server_util import start_server
 
 SHA_A, SHA_B, SHA_T = "a" * 40, "b" * 40, "c" * 40
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -122,6 +122,32 @@ def test_online_a_missing_name_is_downloaded_with_vllm_s_patterns(hub, checkpoin
     LLM("org/new", revision="r1", download_dir=str(downloads), num_gpu_blocks=32)
     LLM("org/tiny", num_gpu_blocks=32)
     assert len(calls) == 1  # both cached now
+
+
+def test_hf_token_reaches_every_download_from_llm_engine_args_and_serve(hub, checkpoint, tmp_path, monkeypatch):
+    """vLLM's ``hf_token`` (``LLM``, ``EngineArgs``, ``serve --hf-token [TOKEN]``) is the bearer token of the hub
+    requests: a string as given, the flag alone ``True`` (huggingface_hub's saved login), absent ``None``; the model
+    and the tokenizer downloads both carry it."""
+    from paged_serve.entrypoints.cli import make_parser
+
+    calls = []
+    path, _ = checkpoint("llama")
+
+    def fake_snapshot_download(**kwargs):
+        calls.append(kwargs)
+        sha = f"{len(calls):040d}"
+        return str(add_to_hub_cache(kwargs["cache_dir"], kwargs["repo_id"], path, sha, refs=(f"r{len(calls)}",)))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    LLM("org/new", tokenizer="org/newtok", hf_token="hf_secret", download_dir=str(tmp_path / "a"), num_gpu_blocks=32)
+    assert [(c["repo_id"], c["token"]) for c in calls] == [("org/new", "hf_secret"), ("org/newtok", "hf_secret")]
+    for argv, want in ((["--hf-token", "hf_cli"], "hf_cli"), (["--hf-token"], True), ([], None)):
+        calls.clear()
+        args = make_parser().parse_args(["serve", "org/other", "--download-dir", str(tmp_path / str(want)), *argv])
+        assert args.hf_token == want
+        EngineArgs.from_cli_args(args).create_engine_config()
+        assert [(c["repo_id"], c["token"]) for c in calls] == [("org/other", want)]
 
 
 def test_a_failed_download_names_the_model(hub, monkeypatch):

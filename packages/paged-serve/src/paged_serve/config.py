@@ -69,14 +69,15 @@ class ModelConfig:
     download_dir: str | None = None  # a hub cache directory instead of HF_HUB_CACHE
     generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": none; or a directory
     override_generation_config: dict | None = None
+    hf_token: bool | str | None = None  # the hub's bearer token (True: the saved login), for downloads
 
     def __post_init__(self):
         if self.tokenizer is None and self.tokenizer_revision is not None:  # the model's repo, at that revision
             self.tokenizer = self.model
-        self.model = get_model_path(self.model, self.revision, self.download_dir)
+        self.model = get_model_path(self.model, self.revision, self.download_dir, token=self.hf_token)
         if self.tokenizer is not None and not self.skip_tokenizer_init:
             self.tokenizer = get_model_path(self.tokenizer, self.tokenizer_revision, self.download_dir,
-                                            TOKENIZER_FILES, probe="tokenizer.json")  # fmt: skip
+                                            TOKENIZER_FILES, "tokenizer.json", self.hf_token)  # fmt: skip
 
     def get_diff_sampling_param(self) -> dict:
         """The sampling defaults the generation config sets, ``override_generation_config`` over them, under
@@ -85,7 +86,8 @@ class ModelConfig:
         if self.generation_config != "vllm":
             source = self.model
             if self.generation_config != "auto":  # a directory or a hub name holding generation_config.json
-                source = get_model_path(self.generation_config, None, None, ["*.json"], "generation_config.json")
+                source = get_model_path(self.generation_config, None, None, ["*.json"], "generation_config.json",
+                                        self.hf_token)  # fmt: skip
             config = try_get_generation_config(source)
         config.update(self.override_generation_config or {})
         keys = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")

@@ -56,6 +56,7 @@ _HELP = {
     "override_generation_config": "JSON over the generation config, e.g. '{\"temperature\": 0.5}'",
     "tensor_parallel_size": "ranks the model is split over (worker processes beside this one, vLLM's mp executor)",
     "distributed_executor_backend": "'mp' (worker processes; the default when tensor_parallel_size > 1) or 'uni'",
+    "hf_token": "the hub's bearer token for downloads; the flag alone: the saved login (default: HF_TOKEN)",
 }
 
 
@@ -89,6 +90,7 @@ class EngineArgs:
     download_dir: str | None = None
     generation_config: str = "auto"
     override_generation_config: dict | None = None
+    hf_token: bool | str | None = None
 
     def __post_init__(self):
         if not (isinstance(self.scheduler_delay_factor, (int, float)) and self.scheduler_delay_factor >= 0):
@@ -147,7 +149,7 @@ class EngineArgs:
         """The engine's configs; the context length defaults to the checkpoint's (config.json is read here)."""
         model = ModelConfig(self.model, self.tokenizer, self.dtype, self.seed, self.device, self.max_logprobs,
                             self.skip_tokenizer_init, self.revision, self.tokenizer_revision, self.download_dir,
-                            self.generation_config, self.override_generation_config)  # fmt: skip
+                            self.generation_config, self.override_generation_config, self.hf_token)  # fmt: skip
         hf_config = load_hf_config(model.model)  # a hub name is a local snapshot directory by now
         model_max_len = hf_config.get("max_position_embeddings") or hf_config.get("n_positions") or 2048
         cache = CacheConfig(
@@ -190,6 +192,9 @@ class EngineArgs:
                 continue
             flag = "--" + f.name.replace("_", "-")
             default = f.default if f.default is not dataclasses.MISSING else None
+            if f.name == "hf_token":  # vLLM's: a token, or the flag alone for the saved login (True)
+                parser.add_argument(flag, type=str, nargs="?", const=True, default=None, help=_HELP[f.name])
+                continue
             if f.type in ("bool", bool):
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=_HELP[f.name])
                 continue

@@ -58,8 +58,10 @@ def download_weights_from_hf(
     allow_patterns: list[str],
     revision: str | None = None,
     ignore_patterns: list[str] | None = None,
+    token: bool | str | None = None,
 ) -> str:
-    """Download a snapshot of the files matching ``allow_patterns`` into the hub cache; its local directory."""
+    """Download a snapshot of the files matching ``allow_patterns`` into the hub cache; its local directory.
+    ``token`` is huggingface_hub's: a token string, True for the saved login, None for ``HF_TOKEN`` / the login."""
     logger.info("downloading %s (revision %s) into %s", model_name_or_path, revision or "main", cache_dir)
     try:
         return huggingface_hub.snapshot_download(
@@ -68,6 +70,7 @@ def download_weights_from_hf(
             cache_dir=cache_dir,
             allow_patterns=allow_patterns,
             ignore_patterns=ignore_patterns if ignore_patterns is not None else IGNORE_PATTERNS,
+            token=token,
         )
     except Exception as exc:  # network, authentication, unknown repo or revision: one error naming the model
         raise OSError(f"could not download {model_name_or_path!r} (revision {revision or 'main'}): {exc}") from exc
@@ -79,8 +82,10 @@ def get_model_path(
     download_dir: str | None = None,
     allow_patterns: list[str] | None = None,
     probe: str = "config.json",
+    token: bool | str | None = None,
 ) -> str:
-    """A local directory holding ``model``: itself if it is one, else its cached hub snapshot, else a download."""
+    """A local directory holding ``model``: itself if it is one, else its cached hub snapshot, else a download
+    (authenticated with ``token``, vLLM's ``hf_token``)."""
     if Path(model).is_dir():
         return model
     if not is_hub_name(model):
@@ -94,7 +99,7 @@ def get_model_path(
             f"{model!r} (revision {revision or 'main'}) is neither a local directory nor in the Hugging Face cache "
             f"{cache_dir} ({probe} not found), and HF_HUB_OFFLINE is set: download it first or unset HF_HUB_OFFLINE"
         )
-    return download_weights_from_hf(model, cache_dir, allow_patterns or MODEL_FILES, revision)
+    return download_weights_from_hf(model, cache_dir, allow_patterns or MODEL_FILES, revision, token=token)
 
 
 def try_get_generation_config(model_dir: str) -> dict:
