@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 import threading
 import time
 
+import httpx
 import uvicorn
 from paged_serve import EngineArgs
 from paged_serve.engine.async_llm_engine import AsyncLLMEngine
@@ -59,3 +63,33 @@ def sse_events(response) -> list:
             data = line[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args: list[str], env: dict | None = None, timeout: float = 90.0) -> tuple[subprocess.Popen, str]:
+    """``paged-serve serve *args`` in a subprocess on a free loopback port (``env``: None inherits this one's),
+    once /health answers: (the process, its URL). Its exit before that fails with its stderr."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "paged_serve.entrypoints.cli", "serve", *args, "--port", str(port)]
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout
+    try:
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    return server, url
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline, "the server did not start"
+            time.sleep(0.2)
+    except BaseException:
+        server.kill()  # never left running by a test that failed to start it
+        server.wait()
+        raise

@@ -81,31 +81,55 @@ def test_streamed_requests_that_fail_before_the_first_token_get_a_real_status(se
 
 
 def test_a_full_queue_is_a_429_for_streams_too(checkpoint):
+    """One request running, one waiting (max_waiting_requests=1): a streamed completion and a streamed chat get
+    the 429 before any stream starts. The engine is held after its first step (the running request's prefill), so
+    the state is the same however slow the machine; released, both queued requests finish."""
     path, _ = checkpoint("llama")
     s = Server(path, max_waiting_requests=1, max_num_seqs=1, max_num_batched_tokens=128)
+    first_step, release = threading.Event(), threading.Event()
     real_step = s.engine.engine.step
-    s.engine.engine.step = lambda: (time.sleep(0.02), real_step())[1]  # 100 tokens take > 2 s
+
+    def held_step():
+        outputs = real_step()
+        first_step.set()
+        release.wait(timeout=60)  # the engine thread holds still until the test has seen its 429s
+        return outputs
+
+    s.engine.engine.step = held_step
     try:
-        client = openai.AsyncOpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0, timeout=30)
+        client = openai.AsyncOpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0, timeout=60)
+
+        async def until(condition, what):
+            deadline = time.time() + 30
+            while not condition():
+                assert time.time() < deadline, what
+                await asyncio.sleep(0.01)
 
         async def main():
-            long = dict(model="tiny", prompt="the", max_tokens=100, extra_body={"ignore_eos": True})
+            long = dict(model="tiny", prompt="the", max_tokens=16, extra_body={"ignore_eos": True})  # held: any length
             running = asyncio.ensure_future(client.completions.create(**long))
-            await asyncio.sleep(0.3)
+            await until(first_step.is_set, "the first request never ran")
+            assert len(s.engine.engine.scheduler.running) == 1
             waiting = asyncio.ensure_future(client.completions.create(**long))
-            await asyncio.sleep(0.3)
-            with pytest.raises(openai.RateLimitError):
-                await client.completions.create(**{**long, "max_tokens": 2}, stream=True)
-            with pytest.raises(openai.RateLimitError):
-                await client.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True
-                )
+            await until(lambda: s.engine.num_waiting() == 1, "the second request never queued")
+            try:
+                with pytest.raises(openai.RateLimitError):
+                    await client.completions.create(**{**long, "max_tokens": 2}, stream=True)
+                with pytest.raises(openai.RateLimitError):
+                    await client.chat.completions.create(
+                        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True
+                    )
+                assert s.engine.num_waiting() == 1 and not running.done() and not waiting.done()
+            finally:
+                release.set()
             return await running, await waiting
 
         first, second = asyncio.run(main())
-        assert len(first.choices[0].text) > 0 and second.choices[0].finish_reason == "length"
+        assert len(first.choices[0].text) > 0 and first.choices[0].finish_reason == "length"
+        assert second.choices[0].finish_reason == "length"
         assert s.idle_and_free()
     finally:
+        release.set()
         s.close()
 
 

@@ -10,10 +10,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
-import time
 from types import SimpleNamespace
 
 import httpx
@@ -25,7 +21,7 @@ from paged_serve._compat.openai.serving_engine import OpenAIServing
 from paged_serve.entrypoints.cli import make_parser
 from transformers import AutoTokenizer
 
-from .server_util import Server
+from .server_util import Server, start_server
 
 ENV = {**os.environ, "TRITON_INTERPRET": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
@@ -113,30 +109,6 @@ def test_disable_log_requests_silences_the_per_request_line(caplog):
         with caplog.at_level(logging.INFO, logger="paged_serve._compat.openai.serving_engine"):
             OpenAIServing(fake, "m", log_requests).log_request(request, "cmpl-1")
         assert len([r for r in caplog.records if "received request cmpl-1" in r.getMessage()]) == lines
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args: list[str], env: dict) -> tuple[subprocess.Popen, str]:
-    """``paged-serve serve *args`` on a free loopback port, once /health answers: (the process, its URL)."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "paged_serve.entrypoints.cli", "serve", *args, "--port", str(port)]
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while True:
-        assert server.poll() is None, server.stderr.read()
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return server, url
-        except httpx.TransportError:
-            pass
-        assert time.time() < deadline, "the server did not start"
-        time.sleep(0.2)
 
 
 def test_benchmark_serving_server_command_starts_with_the_pasted_flags(checkpoint, tmp_path):

@@ -161,32 +161,16 @@ def _children(pid: int) -> list[int]:
 
 def test_server_answers_500_when_a_worker_dies_then_exits_leaving_no_process(checkpoint):
     import asyncio
-    import socket
-    import subprocess
-    import sys
 
     import httpx
 
+    from .server_util import start_server
+
     path, _ = checkpoint("llama")
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    cmd = [sys.executable, "-m", "paged_serve.entrypoints.cli", "serve", path, "--port", str(port),
-           "--tensor-parallel-size", "2", "--num-gpu-blocks", "64", "--max-model-len", "256",
-           "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [path, "--tensor-parallel-size", "2", "--num-gpu-blocks", "64", "--max-model-len", "256",
+            "--log-level", "warning"]  # fmt: skip
+    proc, url = start_server(args, timeout=120)
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.time() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "no start"
-            time.sleep(0.2)
         (worker,) = _children(proc.pid)
 
         async def load():
