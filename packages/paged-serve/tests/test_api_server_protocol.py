@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import torch
 
 from .server_util import Server, sse_events
 
@@ -214,3 +215,86 @@ def test_the_schema_rejects_exactly_what_the_server_rejects(server, route, name)
         assert r.status_code == (200 if valid else 400), (body, r.text, why)
         sides[valid] += 1
     assert sides[True] >= 5 and sides[False] >= 5, sides  # both sides were exercised
+
+
+# ---------------------------------------------------------------- chat logprobs on split characters
+CYCLE_TEXT = "界é"  # 3 + 2 byte tokens under the test tokenizer's byte-level BPE
+
+
+def _cycling_checkpoint(path, checkpoint_builder, messages):
+    """The test Llama rewired so that greedy decoding after the chat prompt walks the bytes of ``CYCLE_TEXT`` over
+    and over: attention and MLP outputs are zeroed (each position's final hidden state is its token's normalised
+    embedding) and each cycle token's lm_head row is its predecessor's normalised embedding."""
+    from transformers import AutoTokenizer
+
+    model = checkpoint_builder(path)
+    hf_tok = AutoTokenizer.from_pretrained(path)
+    prompt = hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt_ids = hf_tok.encode(prompt, add_special_tokens=False)
+    cycle = hf_tok.encode(CYCLE_TEXT, add_special_tokens=False)
+    assert len(cycle) == 5 and all("\ufffd" in hf_tok.decode([t]) for t in cycle)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        normed = model.model.norm(model.model.embed_tokens.weight)
+        head = torch.zeros_like(model.lm_head.weight)
+        for a, b in zip([prompt_ids[-1], *cycle], [*cycle, cycle[0]]):
+            head[b] += 4 * normed[a]
+        model.lm_head.weight.copy_(head)
+    model.save_pretrained(path)
+    return prompt_ids, cycle
+
+
+def _expected_texts(tok, prompt_ids, ids):
+    """Each token's text from full-prefix decodes: the text it adds, "" while the text ends inside a character
+    (the last token takes what is left)."""
+    done, texts = tok.decode(prompt_ids, skip_special_tokens=False), []
+    for k in range(len(ids)):
+        text = tok.decode(prompt_ids + ids[: k + 1], skip_special_tokens=False)
+        if text.endswith("\ufffd") and k < len(ids) - 1:
+            texts.append("")
+            continue
+        texts.append(text[len(done) :])
+        done = text
+    return texts
+
+
+def test_chat_logprobs_on_split_characters_agree_with_the_message(tmp_path, checkpoint_builder):
+    """A reply made of byte tokens (界 = 3 bytes, é = 2, then a character cut off by max_tokens): each logprobs
+    token is its share of the message, as vLLM's logprobs processor corrects lone byte decodes: "" (no bytes) for
+    the bytes before a character's last, the whole character with its last byte, UTF-8 ``bytes`` of that text;
+    the tokens join to the message, non-streamed and streamed (each chunk's tokens join to its delta)."""
+    messages = [{"role": "user", "content": "the fox"}]
+    prompt_ids, cycle = _cycling_checkpoint(tmp_path, checkpoint_builder, messages)
+    s = Server(str(tmp_path))
+    try:
+        tok = s.engine.engine.tokenizer
+        ids = (cycle * 2)[:7]  # 界 é, then 2 of 界's 3 bytes
+        body = {"messages": messages, "max_tokens": 7, "temperature": 0, "ignore_eos": True, "logprobs": True,
+                "top_logprobs": 2}  # fmt: skip
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        content, entries = choice["message"]["content"], choice["logprobs"]["content"]
+        assert content == tok.decode(ids) and content.startswith(CYCLE_TEXT)  # the rewired model really cycles
+        assert len(entries) == 7
+        texts = _expected_texts(tok, prompt_ids, ids)
+        assert [e["token"] for e in entries] == texts == ["", "", "界", "", "é", "", content[2:]]
+        assert "".join(e["token"] for e in entries) == content
+        for entry in entries:  # greedy: the best alternative is the token itself, with the same text and bytes
+            assert entry["bytes"] == list(entry["token"].encode()) and len(entry["top_logprobs"]) == 2
+            assert entry["top_logprobs"][0] == {k: entry[k] for k in ("token", "logprob", "bytes")}
+            assert all(alt["bytes"] == list(alt["token"].encode()) for alt in entry["top_logprobs"])
+        assert entries[2]["bytes"] == list("界".encode()) and entries[0]["bytes"] == []
+        # streamed: one chunk per step, each chunk's tokens join to its delta, all of them to the message
+        with httpx.stream("POST", f"{s.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+            chunks = [e["choices"][0] for e in sse_events(r)[:-1] if e["choices"]][1:]  # after the role chunk
+        streamed = [e for c in chunks for e in (c["logprobs"] or {"content": []})["content"]]
+        assert [e["token"] for e in streamed] == texts
+        for c in chunks:
+            if c["logprobs"]:
+                assert "".join(e["token"] for e in c["logprobs"]["content"]) == c["delta"].get("content", "")
+        assert "".join(c["delta"].get("content", "") for c in chunks) == content
+    finally:
+        s.close()

@@ -17,8 +17,7 @@ from paged_serve._compat.chat_utils import (
     resolve_chat_template_content_format,
 )
 from paged_serve._compat.openai.protocol import ChatCompletionRequest
-from paged_serve._compat.openai.serving_engine import OpenAIError, OpenAIServing, guard_stream, sse
-from paged_serve.outputs import CompletionOutput
+from paged_serve._compat.openai.serving_engine import OpenAIError, OpenAIServing, guard_stream, sse, token_texts
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -33,29 +32,36 @@ class OpenAIServingChat(OpenAIServing):
                 chat_template, None, chat_template_content_format, self.tokenizer
             )
 
-    def _logprobs(self, out: CompletionOutput, top: int) -> dict | None:
-        if out.logprobs is None:
-            return None
+    @staticmethod
+    def _logprobs(texts: list[tuple], token_ids, logprobs, top: int) -> dict:
+        """OpenAI's chat logprobs, as vLLM's ``_create_chat_logprobs``: each token (and each of its ``top``
+        alternatives, by rank) with its text and that text's UTF-8 ``bytes``. ``texts`` are ``token_texts``': a
+        character split over byte-level tokens comes whole with the token completing it and "" (no bytes) before,
+        so the tokens join to the message; special tokens show as text (vLLM's decode keeps them)."""
         content = []
-        for token_id, lps in zip(out.token_ids, out.logprobs):
-            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        for (text, alternatives), token_id, lps in zip(texts, token_ids, logprobs):
+            text = text or ""
             ranked = sorted(lps.items(), key=lambda kv: kv[1].rank or 0)[:top]
             content.append(
                 {
                     "token": text,
-                    "logprob": lps[token_id].logprob,
+                    "logprob": max(lps[token_id].logprob, -9999.0),
                     "bytes": list(text.encode()),
                     "top_logprobs": [
                         {
-                            "token": self.tokenizer.decode([t], skip_special_tokens=False),
-                            "logprob": lp.logprob,
-                            "bytes": None,
+                            "token": alternatives[t],
+                            "logprob": max(lp.logprob, -9999.0),
+                            "bytes": list(alternatives[t].encode()),
                         }
                         for t, lp in ranked
                     ],
                 }
             )
         return {"content": content}
+
+    def _final_logprobs(self, out, prompt_ids: list[int], top: int) -> dict:
+        texts = token_texts(self.tokenizer, out.token_ids, out.logprobs, prompt_ids, skip=False, final=True)
+        return self._logprobs(texts, out.token_ids, out.logprobs, top)
 
     async def create_chat_completion(self, request: ChatCompletionRequest, raw: Request):
         self.check_model(request.model)
@@ -86,14 +92,14 @@ class OpenAIServingChat(OpenAIServing):
         self.log_request(request, request_id)
         streams = await self.admit([(request_id, None, params, ids)])
         if request.stream:
-            events = self._stream(request, request_id, self.outputs(raw, streams[0]), len(ids), top)
+            events = self._stream(request, request_id, self.outputs(raw, streams[0]), ids, top)
             return StreamingResponse(guard_stream(events, streams), media_type="text/event-stream")
         (final,) = await self.final_outputs(raw, streams)
         choices = [
             {
                 "index": out.index,
                 "message": {"role": "assistant", "content": out.text},
-                "logprobs": self._logprobs(out, top) if request.logprobs else None,
+                "logprobs": self._final_logprobs(out, ids, top) if request.logprobs else None,
                 "finish_reason": out.finish_reason,
                 "stop_reason": out.stop_reason,
             }
@@ -116,7 +122,7 @@ class OpenAIServingChat(OpenAIServing):
             }
         )
 
-    async def _stream(self, request: ChatCompletionRequest, request_id: str, stream, num_prompt: int, top: int):
+    async def _stream(self, request: ChatCompletionRequest, request_id: str, stream, prompt_ids: list[int], top: int):
         created = self.created()
         head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
         for i in range(request.n):
@@ -133,16 +139,27 @@ class OpenAIServingChat(OpenAIServing):
                     ],
                 }
             )
-        completion_tokens = 0
+        completion_tokens, num_prompt = 0, len(prompt_ids)
+        # per choice: the ids up to the last whole character, and the ids after it (already sent as "")
+        decoded: dict[int, tuple[list[int], list[int]]] = {}
         async for output in stream:
             for out in output.outputs:
                 completion_tokens += len(out.token_ids)
-                if not out.text and out.finish_reason is None:
+                if not out.text and not out.token_ids and out.finish_reason is None:
                     continue
+                logprobs = None
+                if request.logprobs:  # every step's tokens, as vLLM sends them; "" inside a character
+                    context, pending = decoded.get(out.index, (prompt_ids, []))
+                    ids, final = pending + list(out.token_ids), out.finish_reason is not None
+                    texts = token_texts(self.tokenizer, ids, [None] * len(pending) + list(out.logprobs), context,
+                                        False, final)  # fmt: skip
+                    logprobs = self._logprobs(texts[len(pending) :], out.token_ids, out.logprobs, top)
+                    whole = max((k + 1 for k, (text, _) in enumerate(texts) if text is not None), default=0)
+                    decoded[out.index] = (context + ids[:whole], ids[whole:])
                 choice = {
                     "index": out.index,
-                    "delta": {"content": out.text} if out.text else {},
-                    "logprobs": self._logprobs(out, top) if request.logprobs else None,
+                    "delta": {"content": out.text} if out.text or out.token_ids else {},
+                    "logprobs": logprobs,
                     "finish_reason": out.finish_reason,
                 }
                 yield sse({**head, "choices": [choice]})

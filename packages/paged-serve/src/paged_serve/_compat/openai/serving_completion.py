@@ -12,37 +12,22 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from paged_serve._compat.openai.protocol import CompletionRequest
-from paged_serve._compat.openai.serving_engine import OpenAIError, OpenAIServing, guard_stream, sse
+from paged_serve._compat.openai.serving_engine import OpenAIError, OpenAIServing, guard_stream, sse, token_texts
 from paged_serve.outputs import CompletionOutput
-
-
-def _piece(tokenizer, window: list[int], prefix_text: str, skip: bool, flush: bool) -> str | None:
-    """The text ``window``'s last token adds after ``prefix_text``; ``None`` while it ends inside a character."""
-    text = tokenizer.decode(window, skip_special_tokens=skip)
-    if not flush and (len(text) <= len(prefix_text) or text.endswith("\ufffd")):
-        return None
-    return text[len(prefix_text) :]
 
 
 def _logprobs(tokenizer, token_ids, logprobs, offset: int, context=(), skip: bool = True, final: bool = True):
     """OpenAI's completion logprobs; a ``None`` entry (a prompt's first token) has no logprob and no top list.
 
-    Each token's text is its share of the decoded text (vLLM's ``detokenize_incrementally``, decoded after the
-    last ``context`` ids): the bytes of a character split across byte-level tokens come out whole with the token
-    that completes it, the others as "", so the tokens concatenate to the text and ``text_offset`` indexes it;
-    ``final`` gives an unfinished character's bytes to the last token.
+    Each token's text is its share of the decoded text (``token_texts``): the bytes of a character split across
+    byte-level tokens come out whole with the token that completes it, the others as "", so the tokens concatenate
+    to the text and ``text_offset`` indexes it.
     """
     if logprobs is None:
         return None
-    ids = list(context)[-5:]
-    prefix, read = 0, len(ids)
-    prefix_text = tokenizer.decode(ids, skip_special_tokens=skip)
     tokens, token_logprobs, top, offsets = [], [], [], []
-    for k, (token_id, lps) in enumerate(zip(token_ids, logprobs)):
-        window = ids[prefix:]
-        ids.append(token_id)
-        last = final and k == len(token_ids) - 1
-        text = _piece(tokenizer, window + [token_id], prefix_text, skip, last)
+    texts = token_texts(tokenizer, token_ids, logprobs, context, skip, final)
+    for (text, alternatives), token_id, lps in zip(texts, token_ids, logprobs):
         tokens.append(text or "")
         offsets.append(offset)
         offset += len(text or "")
@@ -53,11 +38,8 @@ def _logprobs(tokenizer, token_ids, logprobs, offset: int, context=(), skip: boo
             token_logprobs.append(lps[token_id].logprob)
             entry: dict[str, float] = {}
             for t, lp in sorted(lps.items(), key=lambda kv: kv[1].rank or 0):  # texts can collide: the best wins
-                entry.setdefault(_piece(tokenizer, window + [t], prefix_text, skip, last) or "", lp.logprob)
+                entry.setdefault(alternatives[t], lp.logprob)
             top.append(entry)
-        if text is not None:
-            prefix, read = read, len(ids)
-            prefix_text = tokenizer.decode(ids[prefix:read], skip_special_tokens=skip)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
 

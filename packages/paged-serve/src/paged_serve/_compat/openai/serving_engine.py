@@ -33,6 +33,40 @@ class OpenAIError(Exception):
         return JSONResponse(body, status_code=self.status)
 
 
+def _piece(tokenizer, window: list[int], prefix_text: str, skip: bool, flush: bool) -> str | None:
+    """The text ``window``'s last token adds after ``prefix_text``; ``None`` while it ends inside a character."""
+    text = tokenizer.decode(window, skip_special_tokens=skip)
+    if not flush and (len(text) <= len(prefix_text) or text.endswith("\ufffd")):
+        return None
+    return text[len(prefix_text) :]
+
+
+def token_texts(tokenizer, token_ids, logprobs, context=(), skip: bool = True, final: bool = True) -> list[tuple]:
+    """Per token, ``(its share of the decoded text, {alternative id: its text})``, decoded after ``context``'s
+    last ids as vLLM's ``detokenize_incrementally`` does (``logprobs`` entries may be None: no alternatives).
+
+    A character split over byte-level tokens comes whole with the token that completes it; the tokens before are
+    ``None`` (vLLM's logprobs processor corrects their lone decodes, "\ufffd", to "" and the completing token's to
+    the character); ``final`` gives an unfinished character's bytes to the last token, as the output text has them.
+    ``context`` must end on a whole character. The alternatives at a position are decoded after the same context.
+    """
+    ids = list(context)[-5:]
+    prefix, read = 0, len(ids)
+    prefix_text = tokenizer.decode(ids, skip_special_tokens=skip)
+    out = []
+    for k, (token_id, lps) in enumerate(zip(token_ids, logprobs)):
+        window = ids[prefix:]
+        ids.append(token_id)
+        last = final and k == len(token_ids) - 1
+        text = _piece(tokenizer, window + [token_id], prefix_text, skip, last)
+        alternatives = {t: _piece(tokenizer, window + [t], prefix_text, skip, last) or "" for t in lps or ()}
+        out.append((text, alternatives))
+        if text is not None:
+            prefix, read = read, len(ids)
+            prefix_text = tokenizer.decode(ids[prefix:read], skip_special_tokens=skip)
+    return out
+
+
 def sse(payload: dict | str) -> str:
     """One server-sent event."""
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
