@@ -218,31 +218,6 @@ def test_safe_serialization_false_writes_bin_shards_through_save_function(tmp_pa
         assert torch.equal(back.state_dict()[key], value), key
 
 
-def test_push_to_hub_creates_the_repo_and_uploads_the_directory(tmp_path, monkeypatch):
-    from hf_lite._infra import hub
-
-    calls = []
-
-    class FakeApi:
-        def create_repo(self, repo_id, **kwargs):
-            calls.append(("create_repo", repo_id, kwargs))
-            return type("RepoUrl", (), {"repo_id": f"me/{repo_id}"})()
-
-        def upload_folder(self, **kwargs):
-            calls.append(("upload_folder", sorted(os.listdir(kwargs["folder_path"])), kwargs))
-            return "commit-url"
-
-    monkeypatch.setattr(hub, "HfApi", FakeApi)
-    make_model("llama").save_pretrained(tmp_path / "tiny", push_to_hub=True, token="hf_x", private=True,
-                                        commit_message="first")
-    (_, repo_id, create_kwargs), (_, files, upload) = calls
-    assert repo_id == "tiny" and create_kwargs == {"exist_ok": True, "token": "hf_x", "private": True}
-    assert files == ["config.json", "generation_config.json", "model.safetensors"]
-    assert upload["repo_id"] == "me/tiny" and upload["commit_message"] == "first" and upload["token"] == "hf_x"
-    calls.clear()
-    make_model("llama").save_pretrained(tmp_path / "tiny", push_to_hub=True, repo_id="me/other")
-    make_model("gpt2").save_pretrained(tmp_path / "tiny", push_to_hub=True, repo_id="me/other")
-    assert calls[0][1] == "me/other"  # transformers' default messages: by the class name
-    assert [c[2]["commit_message"] for c in calls[1::2]] == ["Upload LlamaForCausalLM", "Upload model"]
+def test_distributed_checkpoint_is_refused(tmp_path):
     with pytest.raises(ValueError, match="distributed_checkpoint=True"):
         make_model("llama").save_pretrained(tmp_path / "dcp", distributed_checkpoint=True)

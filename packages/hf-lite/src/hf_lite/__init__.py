@@ -3,28 +3,63 @@ byte-level BPE, generation and the Trainer's loop), interoperable with the real 
 directory format. The names transformers' users import; the tokenizer interface, the Trainer's surface and the other
 compatibility pieces are in ``_compat/``."""
 
+from ._compat.optimization import (
+    get_cosine_with_hard_restarts_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup,
+    get_inverse_sqrt_schedule,
+    get_polynomial_decay_schedule_with_warmup,
+)
 from ._compat.torch_ddp import TorchDDPPlugin
+from ._compat.trainer_utils import enable_full_determinism, torch_distributed_zero_first
 from .cache_utils import DynamicCache
 from .checkpoint_utils import CheckpointError
 from .configuration_utils import PreTrainedConfig, PretrainedConfig
 from .data import (
     DataCollatorForLanguageModeling,
     DataCollatorWithPadding,
+    DefaultDataCollator,
     GroupedTextsDataset,
     IterableGroupedTextsDataset,
     default_data_collator,
     group_texts,
 )
 from .generation import (
+    EosTokenCriteria,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    ExponentialDecayLengthPenalty,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
     GenerationConfig,
     GenerationMixin,
+    InfNanRemoveLogitsProcessor,
+    LogitNormalization,
+    LogitsProcessor,
     LogitsProcessorList,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    StoppingCriteria,
     StoppingCriteriaList,
+    StopStringCriteria,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
     TextIteratorStreamer,
     TextStreamer,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
 )
 from .hf_argparser import HfArgumentParser
-from .integrations import JSONLinesCallback, TensorBoardCallback
+from .integrations import JSONLinesCallback, TensorBoardCallback, is_tensorboard_available
 from .modeling_utils import PreTrainedModel
 from .models.auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, AutoModelForSequenceClassification
 from .models.auto.configuration_auto import CONFIG_MAPPING, AutoConfig
@@ -66,7 +101,13 @@ from .models.qwen3 import (
     Qwen3Model,
     Qwen3PreTrainedModel,
 )
-from .optimization import get_scheduler
+from .optimization import (
+    get_constant_schedule,
+    get_constant_schedule_with_warmup,
+    get_cosine_schedule_with_warmup,
+    get_linear_schedule_with_warmup,
+    get_scheduler,
+)
 from .pipelines import Pipeline, TextGenerationPipeline, pipeline
 from .tokenization_gpt2 import GPT2Tokenizer
 from .tokenization_utils import PreTrainedTokenizer
@@ -85,7 +126,12 @@ from .trainer_callback import (
 from .trainer_distributed import DataParallelPlugin
 from .trainer_utils import EvalPrediction, IntervalStrategy, SchedulerType, get_last_checkpoint, set_seed
 from .training_args import ParallelMode, TrainingArguments
-from .utils import is_torch_xla_available
+from .utils import (
+    is_datasets_available,
+    is_tokenizers_available,
+    is_torch_available,
+    is_torch_xla_available,
+)
 
 __version__ = "0.1.0"
 
@@ -186,4 +232,46 @@ __all__ = [
     "get_scheduler",
     "group_texts",
     "set_seed",
+    "EosTokenCriteria",
+    "EpsilonLogitsWarper",
+    "EtaLogitsWarper",
+    "ExponentialDecayLengthPenalty",
+    "ForcedBOSTokenLogitsProcessor",
+    "ForcedEOSTokenLogitsProcessor",
+    "InfNanRemoveLogitsProcessor",
+    "LogitNormalization",
+    "LogitsProcessor",
+    "MaxLengthCriteria",
+    "MaxTimeCriteria",
+    "MinLengthLogitsProcessor",
+    "MinNewTokensLengthLogitsProcessor",
+    "MinPLogitsWarper",
+    "NoBadWordsLogitsProcessor",
+    "NoRepeatNGramLogitsProcessor",
+    "PrefixConstrainedLogitsProcessor",
+    "RepetitionPenaltyLogitsProcessor",
+    "SequenceBiasLogitsProcessor",
+    "StopStringCriteria",
+    "StoppingCriteria",
+    "SuppressTokensAtBeginLogitsProcessor",
+    "SuppressTokensLogitsProcessor",
+    "TemperatureLogitsWarper",
+    "TopKLogitsWarper",
+    "TopPLogitsWarper",
+    "TypicalLogitsWarper",
+    "get_cosine_with_hard_restarts_schedule_with_warmup",
+    "get_cosine_with_min_lr_schedule_with_warmup",
+    "get_inverse_sqrt_schedule",
+    "get_polynomial_decay_schedule_with_warmup",
+    "enable_full_determinism",
+    "torch_distributed_zero_first",
+    "get_constant_schedule",
+    "get_constant_schedule_with_warmup",
+    "get_cosine_schedule_with_warmup",
+    "get_linear_schedule_with_warmup",
+    "DefaultDataCollator",
+    "is_tensorboard_available",
+    "is_datasets_available",
+    "is_tokenizers_available",
+    "is_torch_available",
 ]

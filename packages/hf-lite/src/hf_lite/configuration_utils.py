@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ._infra.atomic_io import atomic_write_text
-from ._infra.hub import cached_file, check_remote_code, pop_hub_kwargs
+from ._infra.hub import PushToHubMixin, cached_file, check_remote_code, pop_hub_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def to_torch_dtype(dtype) -> torch.dtype | None:
     return resolved
 
 
-class PretrainedConfig:
+class PretrainedConfig(PushToHubMixin):
     """Base class of every model configuration.
 
     Like transformers, every keyword becomes an attribute; keys a subclass does not know are kept (and saved back), so

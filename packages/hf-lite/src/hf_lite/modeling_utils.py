@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ._infra.atomic_io import atomic_save_directory
-from ._infra.hub import cached_checkpoint, pop_hub_kwargs, push_folder
+from ._infra.hub import ModelPushToHubMixin, cached_checkpoint, pop_hub_kwargs
 from .checkpoint_bin import is_bin_weight_file, save_bin_state_dict
 from .checkpoint_utils import is_weight_file, save_state_dict
 from .configuration_utils import CONFIG_NAME, PretrainedConfig, to_torch_dtype
@@ -62,7 +62,7 @@ def _resolve_device(device_map):
     return torch.device(device_map)
 
 
-class PreTrainedModel(nn.Module):
+class PreTrainedModel(nn.Module, ModelPushToHubMixin):
     """Base of every model. Subclasses set ``config_class``, ``base_model_prefix`` and ``_init_weights``."""
 
     config_class: type[PretrainedConfig] = PretrainedConfig
@@ -281,14 +281,15 @@ class PreTrainedModel(nn.Module):
         takes both in ``kwargs`` and ignores them): safetensors by default, ``save_function`` unused there as in
         both; ``safe_serialization=False`` writes ``pytorch_model.bin`` shards with ``save_function(shard, path)``
         (accelerate's ``Accelerator.save``). Under torchrun every rank calls this; only ``is_main_process`` writes.
-        Files other than this save's (a tokenizer, other variants) stay. ``push_to_hub`` uploads the directory
-        (``repo_id``, ``commit_message``, ``private``... in ``kwargs``). There are no adapters or converted weights
-        here, so ``save_peft_format`` and ``save_original_format`` change nothing.
+        Files other than this save's (a tokenizer, other variants) stay. ``push_to_hub`` commits the files this
+        save changed, with a model card (``repo_id``, ``commit_message``, ``private``... in ``kwargs``). There are
+        no adapters or converted weights here, so ``save_peft_format`` and ``save_original_format`` change nothing.
         """
         if distributed_checkpoint:
             raise ValueError("distributed_checkpoint=True: hf-lite has no DCP writer; gather the state dict instead")
         if not is_main_process:
             return
+        hub = self._create_repo(save_directory, push_to_hub, kwargs, token)  # the repo first (_infra/hub.py)
         # A tied copy is written once, also from a given state_dict (the Trainer passes model.state_dict()):
         # the loader re-ties it, as in transformers.
         state_dict = self.state_dict() if state_dict is None else state_dict
@@ -315,9 +316,7 @@ class PreTrainedModel(nn.Module):
             else:
                 save_bin_state_dict(state_dict, stage, max_shard_size, variant, save_function)
         if push_to_hub:
-            push_folder(os.fspath(save_directory), token=token, **kwargs)
-        elif kwargs:
-            raise TypeError(f"save_pretrained got unexpected keyword arguments {sorted(kwargs)} (without push_to_hub)")
+            self._upload_saved(save_directory, token=token, **hub)
 
     # ------------------------------------------------------------------ loading
     @classmethod

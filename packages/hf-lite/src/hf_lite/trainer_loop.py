@@ -541,7 +541,7 @@ class Trainer:
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """A Hugging Face directory (config.json, model.safetensors, tokenizer files when a ``processing_class`` is
         given) that ``from_pretrained`` of hf-lite and transformers loads; written by the main process.
-        ``_internal_call`` is transformers' signature: there it only decides hub pushes, which hf-lite has not."""
+        ``_internal_call``: a call of the Trainer's own, which never pushes to the hub (``_compat/trainer.py``)."""
         state_dict = self.parallelism.model_state_dict(self.model_wrapped)  # every rank: a plugin may gather
         self._save(output_dir if output_dir is not None else self.args.output_dir, state_dict=state_dict)
         self.parallelism.barrier()

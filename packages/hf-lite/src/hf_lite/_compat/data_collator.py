@@ -1,5 +1,6 @@
-"""Batching examples into model inputs (transformers' ``data/data_collator.py``): ``default_data_collator``,
-``DataCollatorWithPadding`` and ``DataCollatorForLanguageModeling`` with ``mlm=False`` (causal LM labels)."""
+"""Batching examples into model inputs (transformers' ``data/data_collator.py``): ``default_data_collator``
+(``DefaultDataCollator``), ``DataCollatorWithPadding`` and ``DataCollatorForLanguageModeling`` with ``mlm=False``
+(causal LM labels)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,16 @@ def default_data_collator(features: list, return_tensors: str = "pt") -> dict[st
                 "Use DataCollatorWithPadding or DataCollatorForLanguageModeling."
             ) from None
     return batch
+
+
+@dataclass
+class DefaultDataCollator:
+    """``default_data_collator`` as an object (transformers' ``DefaultDataCollator``)."""
+
+    return_tensors: str = "pt"
+
+    def __call__(self, features: list, return_tensors: str | None = None) -> dict[str, Any]:
+        return default_data_collator(features, return_tensors or self.return_tensors)
 
 
 @dataclass
@@ -104,9 +115,13 @@ class DataCollatorForLanguageModeling:
 
     tokenizer: Any
     mlm: bool = True
+    whole_word_mask: bool = False  # the masking options (to seed) only act with mlm=True
     mlm_probability: float | None = 0.15
+    mask_replace_prob: float = 0.8
+    random_replace_prob: float = 0.1
     pad_to_multiple_of: int | None = None
     return_tensors: str = "pt"
+    seed: int | None = None
 
     def __post_init__(self):
         if self.mlm:
@@ -130,3 +145,6 @@ class DataCollatorForLanguageModeling:
             labels[labels == self.tokenizer.pad_token_id] = -100
         batch["labels"] = labels
         return batch
+
+    def torch_call(self, examples: list) -> dict[str, Any]:
+        return self(examples)

@@ -15,7 +15,7 @@ import os
 import torch
 
 from .._infra.atomic_io import atomic_save_directory, atomic_write_text
-from .._infra.hub import cached_directory, pop_hub_kwargs
+from .._infra.hub import PushToHubMixin, cached_directory, pop_hub_kwargs
 from .batch_encoding import BatchEncoding, as_rows, encode_rows, finish_rows
 from .chat_template_utils import render_conversations
 from .tokenization_padding import VERY_LARGE_INTEGER, padding_truncation_strategies
@@ -53,7 +53,7 @@ INIT_KWARGS = {
 __all__ = ["BatchEncoding", "PreTrainedTokenizerBase"]
 
 
-class PreTrainedTokenizerBase(SpecialTokensMixin, abc.ABC):
+class PreTrainedTokenizerBase(SpecialTokensMixin, PushToHubMixin, abc.ABC):
     model_input_names = ["input_ids", "attention_mask"]
     vocab_files: tuple[str, ...] = (TOKENIZER_FILE,)
 
@@ -382,14 +382,23 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, abc.ABC):
             config["chat_template"] = self.chat_template
         return config
 
-    def save_pretrained(self, save_directory: str | os.PathLike) -> tuple[str, ...]:
-        """Write the tokenizer files; the directory changes in one step, other files in it stay."""
+    def save_pretrained(self, save_directory: str | os.PathLike, legacy_format: bool | None = None,
+                        filename_prefix: str | None = None, push_to_hub: bool = False, **kwargs) -> tuple[str, ...]:
+        """Write the tokenizer files; the directory changes in one step, other files in it stay. ``push_to_hub``
+        commits the files this save changed (``repo_id``, ``commit_message``, ``token``, ``private``... in
+        ``kwargs``). The files are always the tokenizer's own format, whatever ``legacy_format`` says."""
+        if filename_prefix is not None:
+            raise ValueError(f"filename_prefix={filename_prefix!r}: hf-lite writes the tokenizer files unprefixed")
+        token = kwargs.get("token")
+        hub = self._create_repo(save_directory, push_to_hub, kwargs)
         names = [*self.vocab_files, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE]
         dump = lambda obj: json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=True) + "\n"
         with atomic_save_directory(save_directory, lambda name: name in names) as stage:
             self._save_vocabulary_files(stage)
             atomic_write_text(os.path.join(stage, TOKENIZER_CONFIG_FILE), dump(self._tokenizer_config()))
             atomic_write_text(os.path.join(stage, SPECIAL_TOKENS_MAP_FILE), dump(self.special_tokens_map))
+        if push_to_hub:
+            self._upload_modified_files(save_directory, token=token, **hub)
         return tuple(os.path.join(os.fspath(save_directory), name) for name in names)
 
     @classmethod

@@ -72,6 +72,9 @@ class TorchDDPPlugin(DataParallelPlugin):
             kwargs.setdefault("find_unused_parameters", args.ddp_find_unused_parameters)
         elif getattr(model, "is_gradient_checkpointing", False):
             kwargs.setdefault("find_unused_parameters", False)  # transformers' default under checkpointing
+        for name in ("bucket_cap_mb", "broadcast_buffers", "static_graph"):
+            if getattr(args, f"ddp_{name}", None) is not None:
+                kwargs.setdefault(name, getattr(args, f"ddp_{name}"))
         device_ids = [args.device.index] if args.device.type == "cuda" else None
         wrapped = nn.parallel.DistributedDataParallel(
             model, device_ids=device_ids, process_group=self.process_group, **kwargs

@@ -25,6 +25,46 @@ LOG_LEVELS = {"passive": -1, "debug": 10, "info": 20, "warning": 30, "error": 40
 REPORT_TO = ("tensorboard", "jsonl")
 
 
+# What hf-lite lacks behind each of these transformers fields; any value but the default raises naming it.
+_UNSUPPORTED = {
+    "label_smoothing_factor": "the loss is the model's own cross-entropy",
+    "optim_args": "optim is adamw_torch(_fused), which takes no extra arguments",
+    "optim_target_modules": "there are no GaLore/APOLLO optimizers",
+    "bf16_full_eval": "evaluation runs in the training precision",
+    "fp16_full_eval": "evaluation runs in the training precision",
+    "torch_compile": "the model is not compiled",
+    "torch_compile_backend": "the model is not compiled",
+    "torch_compile_mode": "the model is not compiled",
+    "use_liger_kernel": "there are no Liger kernels",
+    "liger_kernel_config": "there are no Liger kernels",
+    "neftune_noise_alpha": "there is no NEFTune embedding noise",
+    "auto_find_batch_size": "the batch size is fixed",
+    "include_for_metrics": "compute_metrics gets predictions and labels only",
+    "batch_eval_metrics": "compute_metrics runs once over the whole evaluation",
+    "save_on_each_node": "the main process writes every checkpoint",
+    "enable_jit_checkpoint": "there is no checkpoint-on-signal",
+    "skip_memory_metrics": "there are no memory metrics",
+    "dataloader_multiprocessing_context": "the data loader uses the platform's default context",
+    "dataloader_in_order": "the data loader yields in order",
+    "train_sampling_strategy": "the sampler is a seeded shuffle",
+    "accelerator_config": "there is no accelerate",
+    "parallelism_config": "another engine comes in through Trainer(parallelism=...)",
+    "fsdp": "another engine comes in through Trainer(parallelism=...)",
+    "fsdp_config": "another engine comes in through Trainer(parallelism=...)",
+    "deepspeed": "another engine comes in through Trainer(parallelism=...)",
+    "debug": "there are no debug options",
+}
+
+
+class HubStrategy(ExplicitEnum):
+    """What the Trainer pushes at each save (transformers' ``trainer_utils.HubStrategy``)."""
+
+    END = "end"
+    EVERY_SAVE = "every_save"
+    CHECKPOINT = "checkpoint"
+    ALL_CHECKPOINTS = "all_checkpoints"
+
+
 class ParallelMode(ExplicitEnum):
     NOT_PARALLEL = "not_parallel"
     NOT_DISTRIBUTED = "not_distributed"
@@ -44,7 +84,7 @@ class TrainingArguments:
     do_train: bool = field(default=False, metadata={"help": "Whether to run training."})
     do_eval: bool = field(default=False, metadata={"help": "Whether to run eval on the dev set."})
     do_predict: bool = field(default=False, metadata={"help": "Whether to run predictions on the test set."})
-    push_to_hub: bool = field(default=False, metadata={"help": "Upload to the hub (hf-lite: False only)."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Push the model and checkpoints to the hub."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Batch size per device for training."})
     per_device_eval_batch_size: int = field(default=8, metadata={"help": "Batch size per device for evaluation."})
     num_train_epochs: float = field(default=3.0, metadata={"help": "Total number of training epochs."})
@@ -115,10 +155,71 @@ class TrainingArguments:
     ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "DDP find_unused_parameters."})
     ddp_timeout: int = field(default=1800, metadata={"help": "Process-group timeout in seconds."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "Checkpoint for train() to resume."})
+    hub_token: str | None = field(default=None, metadata={"help": "The token to push to the hub with."})
+    hub_private_repo: bool | None = field(default=None, metadata={"help": "Create the hub repo private."})
+    hub_model_id: str | None = field(default=None, metadata={"help": "The repo to push to (default: output_dir)."})
+    hub_strategy: str = field(default="every_save", metadata={"help": "end, every_save, checkpoint, all_checkpoints"})
+    hub_always_push: bool = field(default=False, metadata={"help": "Push even while the last push is running."})
+    hub_revision: str | None = field(default=None, metadata={"help": "The branch to push to."})
+    # transformers' fields that change no result here: memory or process placement only
+    eval_accumulation_steps: int | None = field(default=None, metadata={"help": "(memory only: hf-lite gathers on "
+                                                                                "the host after every step)"})
+    eval_use_gather_object: bool = field(default=False, metadata={"help": "(hf-lite always gathers objects)"})
+    torch_empty_cache_steps: int | None = field(default=None, metadata={"help": "(memory only)"})
+    local_rank: int = field(default=-1, metadata={"help": "(torchrun's LOCAL_RANK is read instead)"})
+    log_on_each_node: bool = field(default=True, metadata={"help": "Log from each node's main process."})
+    tf32: bool | None = field(default=None, metadata={"help": "Allow TF32 matmuls on Ampere+ GPUs."})
+    full_determinism: bool = field(default=False, metadata={"help": "enable_full_determinism(seed) at start."})
+    ddp_bucket_cap_mb: int | None = field(default=None, metadata={"help": "DDP bucket_cap_mb."})
+    ddp_broadcast_buffers: bool | None = field(default=None, metadata={"help": "DDP broadcast_buffers."})
+    ddp_static_graph: bool | None = field(default=None, metadata={"help": "DDP static_graph."})
+    length_column_name: str = field(default="length", metadata={"help": "(read with group_by_length only)"})
+    project: str = field(default="huggingface", metadata={"help": "(trackio's project; not an integration here)"})
+    trackio_space_id: str | None = field(default=None, metadata={"help": "(trackio only)"})
+    trackio_bucket_id: str | None = field(default=None, metadata={"help": "(trackio only)"})
+    trackio_static_space_id: str | None = field(default=None, metadata={"help": "(trackio only)"})
+    # transformers' fields hf-lite has only at their defaults (_UNSUPPORTED says why)
+    label_smoothing_factor: float = field(default=0.0, metadata={"help": "0 only"})
+    optim_args: str | None = field(default=None, metadata={"help": "None only"})
+    optim_target_modules: str | None = field(default=None, metadata={"help": "None only"})
+    bf16_full_eval: bool = field(default=False, metadata={"help": "False only"})
+    fp16_full_eval: bool = field(default=False, metadata={"help": "False only"})
+    torch_compile: bool = field(default=False, metadata={"help": "False only"})
+    torch_compile_backend: str | None = field(default=None, metadata={"help": "None only"})
+    torch_compile_mode: str | None = field(default=None, metadata={"help": "None only"})
+    use_liger_kernel: bool = field(default=False, metadata={"help": "False only"})
+    liger_kernel_config: dict | None = field(default=None, metadata={"help": "None only"})
+    neftune_noise_alpha: float | None = field(default=None, metadata={"help": "None only"})
+    auto_find_batch_size: bool = field(default=False, metadata={"help": "False only"})
+    include_for_metrics: list[str] = field(default_factory=list, metadata={"help": "empty only"})
+    batch_eval_metrics: bool = field(default=False, metadata={"help": "False only"})
+    save_on_each_node: bool = field(default=False, metadata={"help": "False only"})
+    enable_jit_checkpoint: bool = field(default=False, metadata={"help": "False only"})
+    skip_memory_metrics: bool = field(default=True, metadata={"help": "True only"})
+    dataloader_multiprocessing_context: str | None = field(default=None, metadata={"help": "None only"})
+    dataloader_in_order: bool = field(default=True, metadata={"help": "True only"})
+    train_sampling_strategy: str = field(default="random", metadata={"help": "random only"})
+    accelerator_config: dict | str | None = field(default=None, metadata={"help": "None only"})
+    parallelism_config: dict | None = field(default=None, metadata={"help": "None only"})
+    fsdp: str | None = field(default=None, metadata={"help": "None only (Trainer(parallelism=...))"})
+    fsdp_config: dict | str | None = field(default=None, metadata={"help": "None only"})
+    deepspeed: dict | str | None = field(default=None, metadata={"help": "None only (Trainer(parallelism=...))"})
+    debug: str = field(default="", metadata={"help": "empty only"})
+
+    def check_supported(self) -> None:
+        """Every field of ``_UNSUPPORTED`` at transformers' default (at construction, and again when a Trainer gets
+        the arguments: the setters may have changed them)."""
+        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                    for f in dataclasses.fields(self) if f.name in _UNSUPPORTED}
+        for name, default in defaults.items():
+            if getattr(self, name) != default:
+                raise ValueError(f"{name}={getattr(self, name)!r}: hf-lite supports only {default!r} "
+                                 f"({_UNSUPPORTED[name]})")
 
     def __post_init__(self):
-        if self.push_to_hub:
-            raise ValueError("push_to_hub=True: hf-lite has no hub; save_model() writes a local directory")
+        self.check_supported()
+        if self.tf32 is not None and torch.cuda.is_available():
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.tf32
         if not self.eval_do_concat_batches:
             raise ValueError("eval_do_concat_batches=False: hf-lite's evaluation loop concatenates the batches")
         if self.output_dir is None:
@@ -151,6 +252,7 @@ class TrainingArguments:
         self.eval_strategy = IntervalStrategy(self.eval_strategy)
         self.logging_strategy = IntervalStrategy(self.logging_strategy)
         self.save_strategy = SaveStrategy(self.save_strategy)
+        self.hub_strategy = HubStrategy(self.hub_strategy)
         self.lr_scheduler_type = SchedulerType(self.lr_scheduler_type)
         self.optim = OptimizerNames(self.optim)
         if self.eval_strategy == IntervalStrategy.STEPS and not self.eval_steps:
@@ -325,7 +427,7 @@ class TrainingArguments:
 
     @property
     def should_log(self) -> bool:
-        return self.local_process_index == 0
+        return (self.local_process_index if self.log_on_each_node else self.process_index) == 0
 
     @property
     def should_save(self) -> bool:
@@ -352,7 +454,94 @@ class TrainingArguments:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             out[f.name] = value.value if hasattr(value, "value") and not isinstance(value, (int, float)) else value
+            if f.name.endswith("_token"):
+                out[f.name] = f"<{f.name.upper()}>"  # never written to disk (transformers' to_dict)
         return out
+
+    def to_sanitized_dict(self) -> dict[str, Any]:
+        """``to_dict`` with the batch sizes, values other than bool/int/float/str/tensor as strings (TensorBoard's
+        hparams)."""
+        d = {**self.to_dict(), "train_batch_size": self.train_batch_size, "eval_batch_size": self.eval_batch_size}
+        return {k: v if type(v) in (bool, int, float, str, torch.Tensor) else str(v) for k, v in d.items()}
+
+    def set_push_to_hub(self, model_id: str, strategy: str | HubStrategy = "every_save", token: str | None = None,
+                        private_repo: bool | None = None, always_push: bool = False, revision: str | None = None):
+        """Turn on pushing to ``model_id`` with these hub settings; returns ``self``."""
+        self.push_to_hub, self.hub_model_id, self.hub_strategy = True, model_id, HubStrategy(strategy)
+        self.hub_token, self.hub_private_repo, self.hub_always_push = token, private_repo, always_push
+        self.hub_revision = revision
+        return self
+
+    # transformers' grouped setters: each sets its fields and returns ``self``
+    def set_training(self, learning_rate: float = 5e-5, batch_size: int = 8, weight_decay: float = 0,
+                     num_epochs: float = 3, max_steps: int = -1, gradient_accumulation_steps: int = 1, seed: int = 42,
+                     activation_checkpointing: bool = False, gradient_checkpointing: bool | None = None):
+        self.do_train, self.learning_rate, self.per_device_train_batch_size = True, learning_rate, batch_size
+        self.weight_decay, self.num_train_epochs, self.max_steps = weight_decay, num_epochs, max_steps
+        self.gradient_accumulation_steps, self.seed = gradient_accumulation_steps, seed
+        checkpointing = activation_checkpointing if gradient_checkpointing is None else gradient_checkpointing
+        self.activation_checkpointing = self.gradient_checkpointing = checkpointing
+        return self
+
+    def _strategy(self, kind, strategy, steps):
+        strategy = kind(strategy)
+        if strategy.value == "steps" and steps == 0:
+            raise ValueError("Setting `strategy` as 'steps' requires a positive value for `steps`.")
+        return strategy
+
+    def set_evaluate(self, strategy: str | IntervalStrategy = "no", steps: int = 500, batch_size: int = 8,
+                     accumulation_steps: int | None = None, delay: float | None = None, loss_only: bool = False):
+        self.eval_strategy = self._strategy(IntervalStrategy, strategy, steps)
+        self.do_eval, self.eval_steps = self.eval_strategy != IntervalStrategy.NO, steps
+        self.per_device_eval_batch_size, self.eval_accumulation_steps = batch_size, accumulation_steps
+        self.eval_delay, self.prediction_loss_only = delay, loss_only
+        return self
+
+    def set_testing(self, batch_size: int = 8, loss_only: bool = False):
+        self.do_predict, self.per_device_eval_batch_size, self.prediction_loss_only = True, batch_size, loss_only
+        return self
+
+    def set_save(self, strategy: str | SaveStrategy = "steps", steps: int = 500, total_limit: int | None = None,
+                 on_each_node: bool = False):
+        self.save_strategy = self._strategy(SaveStrategy, strategy, steps)
+        self.save_steps, self.save_total_limit, self.save_on_each_node = steps, total_limit, on_each_node
+        return self
+
+    def set_logging(self, strategy: str | IntervalStrategy = "steps", steps: int = 500,
+                    report_to: str | list[str] = "none", level: str = "passive", first_step: bool = False,
+                    nan_inf_filter: bool = False, on_each_node: bool = False, replica_level: str = "passive"):
+        self.logging_strategy = self._strategy(IntervalStrategy, strategy, steps)
+        self.logging_steps, self.report_to, self.log_level = steps, report_to, level
+        self.logging_first_step, self.logging_nan_inf_filter = first_step, nan_inf_filter
+        self.log_on_each_node, self.log_level_replica = on_each_node, replica_level
+        return self
+
+    def set_optimizer(self, name: str | OptimizerNames = "adamw_torch", learning_rate: float = 5e-5,
+                      weight_decay: float = 0, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8,
+                      args: str | None = None):
+        self.optim, self.learning_rate, self.weight_decay = OptimizerNames(name), learning_rate, weight_decay
+        self.adam_beta1, self.adam_beta2, self.adam_epsilon, self.optim_args = beta1, beta2, epsilon, args
+        return self
+
+    def set_lr_scheduler(self, name: str | SchedulerType = "linear", num_epochs: float = 3.0, max_steps: int = -1,
+                         warmup_steps: float = 0):
+        self.lr_scheduler_type, self.num_train_epochs = SchedulerType(name), num_epochs
+        self.max_steps, self.warmup_steps = max_steps, warmup_steps
+        return self
+
+    def set_dataloader(self, train_batch_size: int = 8, eval_batch_size: int = 8, drop_last: bool = False,
+                       num_workers: int = 0, pin_memory: bool = True, persistent_workers: bool = False,
+                       prefetch_factor: int | None = None, multiprocessing_context: str | None = None,
+                       in_order: bool = True, auto_find_batch_size: bool = False, ignore_data_skip: bool = False,
+                       sampler_seed: int | None = None):
+        self.per_device_train_batch_size, self.per_device_eval_batch_size = train_batch_size, eval_batch_size
+        self.dataloader_drop_last, self.dataloader_num_workers = drop_last, num_workers
+        self.dataloader_pin_memory, self.dataloader_persistent_workers = pin_memory, persistent_workers
+        self.dataloader_prefetch_factor = prefetch_factor
+        self.dataloader_multiprocessing_context, self.dataloader_in_order = multiprocessing_context, in_order
+        self.auto_find_batch_size, self.ignore_data_skip = auto_find_batch_size, ignore_data_skip
+        self.data_seed = sampler_seed
+        return self
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)

@@ -4,18 +4,25 @@
 it by ``hf_hub_download`` (never when ``HF_HUB_OFFLINE=1`` or ``local_files_only=True``). The loaders then read the
 directory the files lie in: the repo's snapshot (and ``subfolder``) or the local directory.
 
-Saving goes through it too: the shard split transformers' ``save_pretrained`` asks ``huggingface_hub`` for, and
-``push_to_hub``. This is the only module that calls ``huggingface_hub``; it imports nothing of hf-lite.
+Saving goes through it too: the shard split transformers' ``save_pretrained`` asks ``huggingface_hub`` for, and the
+uploads: ``PushToHubMixin`` (transformers' ``utils/hub.py``: ``push_to_hub`` saves into a temporary directory and
+commits its files; ``save_pretrained(push_to_hub=True)`` commits the files the save changed), and the repo and folder
+calls of the Trainer's pushes. This is the only module that calls ``huggingface_hub``; it imports nothing of hf-lite.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import tempfile
 
 from huggingface_hub import (
     _CACHED_NO_EXIST,
+    CommitOperationAdd,
     HfApi,
+    ModelCard,
+    ModelCardData,
     constants,
     hf_hub_download,
     split_torch_state_dict_into_shards,
@@ -30,6 +37,8 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.file_download import REGEX_COMMIT_HASH, repo_folder_name
+
+logger = logging.getLogger(__name__)
 
 # What transformers' from_pretrained accepts for the download (``DownloadKwargs``), and what it accepts but changes
 # nothing here (no mirrors, no remote code revisions, no low-memory loader: the loader is already lazy per shard).
@@ -206,18 +215,158 @@ def shard_state_dict(state_dict: dict, max_shard_size: int, filename_pattern: st
     return split.filename_to_tensors, split.metadata
 
 
-def push_folder(folder: str, repo_id: str | None = None, commit_message: str | None = None, create_pr: bool = False,
-                token: bool | str | None = None, **create_repo_kwargs) -> str:
-    """``save_pretrained(push_to_hub=True)``: the repo (default: the directory's name) is created if needed
-    (``private=`` and the other ``create_repo`` kwargs), then the directory is uploaded in one commit, by default
-    with transformers' message for the saved class (config.json's ``architectures``): "Upload model" or
-    "Upload <class>"."""
-    api = HfApi()
-    repo_id = repo_id or os.path.basename(os.path.abspath(folder))
-    repo_id = api.create_repo(repo_id, exist_ok=True, token=token, **create_repo_kwargs).repo_id
-    if commit_message is None:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-            class_name = (json.load(f).get("architectures") or ["Model"])[0]
-        commit_message = "Upload model" if "Model" in class_name else f"Upload {class_name}"
-    return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message, create_pr=create_pr,
-                             token=token)
+def create_repo(repo_id: str, token: bool | str | None = None, private: bool | None = None, **kwargs) -> str:
+    """The repo's full id (``user/name``), the repo created if it does not exist."""
+    return HfApi().create_repo(repo_id, token=token, private=private, exist_ok=True, **kwargs).repo_id
+
+
+def upload_folder(**kwargs):
+    """``HfApi.upload_folder``: one commit of a directory (a ``Future`` with ``run_as_future=True``)."""
+    return HfApi().upload_folder(**kwargs)
+
+
+class PushInProgress:
+    """The background uploads of the Trainer's checkpoint pushes (transformers' ``utils/hub.py``)."""
+
+    def __init__(self, jobs=None) -> None:
+        self.jobs = [] if jobs is None else jobs
+
+    def is_done(self) -> bool:
+        return all(job.done() for job in self.jobs)
+
+    def wait_until_done(self) -> None:
+        for job in self.jobs:
+            job.result()
+
+    def cancel(self) -> None:
+        self.jobs = [job for job in self.jobs if not (job.cancel() or job.done())]
+
+
+def create_and_tag_model_card(repo_id: str, tags: list[str] | None = None, token: bool | str | None = None):
+    """The repo's README.md as a ``ModelCard`` (a new one from huggingface_hub's template when the repo has none),
+    with ``tags`` added (transformers' ``create_and_tag_model_card``)."""
+    try:
+        card = ModelCard.load(repo_id, token=token)
+    except EntryNotFoundError:
+        data = ModelCardData(tags=[] if tags is None else list(tags), library_name="transformers")
+        card = ModelCard.from_template(data, model_description="A checkpoint in transformers' format, pushed to "
+                                       "the Hub by hf-lite. This model card has been generated automatically.")
+    card.data.tags = card.data.tags or []
+    card.data.tags += [tag for tag in tags or [] if tag not in card.data.tags]
+    return card
+
+
+class PushToHubMixin:
+    """``push_to_hub`` for models, configs, generation configs and tokenizers (transformers' ``PushToHubMixin``):
+    the repo is created if needed, the object saved with its ``save_pretrained`` and the files committed in one
+    ``create_commit``. The class only needs ``save_pretrained(directory, **self._push_save_kwargs(...))``."""
+
+    def _push_save_kwargs(self, max_shard_size, safe_serialization) -> dict:
+        return {}  # a model takes max_shard_size / safe_serialization; a config or tokenizer nothing
+
+    def _get_files_timestamps(self, working_dir: str | os.PathLike) -> dict[str, float]:
+        if not os.path.isdir(working_dir):
+            return {}
+        return {f: os.path.getmtime(os.path.join(working_dir, f)) for f in os.listdir(working_dir)}
+
+    def _create_repo(self, save_directory: str | os.PathLike, push_to_hub: bool, kwargs: dict,
+                     token: bool | str | None = None) -> dict:
+        """``save_pretrained(push_to_hub=True, repo_id=, commit_message=, create_pr=, private=, ...)`` before the
+        save: the repo (default: the directory's name) and the files' timestamps; the hub kwargs are taken out of
+        ``kwargs``. Without ``push_to_hub`` any kwarg is an error. A model's ``token`` is its own argument: it goes
+        to ``create_repo`` too (transformers creates a model's repo without it)."""
+        if not push_to_hub:
+            if kwargs:
+                raise TypeError(f"save_pretrained got unexpected keyword arguments {sorted(kwargs)} (without "
+                                "push_to_hub)")
+            return {}
+        hub = {"commit_message": kwargs.pop("commit_message", None), "create_pr": kwargs.pop("create_pr", False)}
+        repo_id = kwargs.pop("repo_id", os.fspath(save_directory).rstrip(os.sep).split(os.sep)[-1])
+        if token is not None:
+            kwargs["token"] = token
+        hub["repo_id"] = HfApi().create_repo(repo_id, exist_ok=True, **kwargs).repo_id
+        hub["files_timestamps"] = self._get_files_timestamps(save_directory)
+        kwargs.clear()
+        return hub
+
+    def _upload_modified_files(self, working_dir: str | os.PathLike, repo_id: str, files_timestamps: dict[str, float],
+                               commit_message: str | None = None, token: bool | str | None = None,
+                               create_pr: bool = False, revision: str | None = None,
+                               commit_description: str | None = None):
+        """One commit of the files (and first-level folders) of ``working_dir`` created or modified since
+        ``files_timestamps``; the default message names the kind of object ("Upload model", "Upload config", ...)."""
+        if commit_message is None:
+            name = type(self).__name__
+            kind = next((k for k in ("Model", "Config", "Tokenizer") if k in name), None)
+            commit_message = f"Upload {kind.lower()}" if kind else f"Upload {name}"
+        modified = [f for f in sorted(os.listdir(working_dir)) if f not in files_timestamps
+                    or os.path.getmtime(os.path.join(working_dir, f)) > files_timestamps[f]]
+        operations = []
+        for name in modified:
+            path = os.path.join(working_dir, name)
+            inner = sorted(os.listdir(path)) if os.path.isdir(path) else [None]
+            operations += [CommitOperationAdd(path_or_fileobj=os.path.join(path, f) if f else path,
+                                              path_in_repo=f"{name}/{f}" if f else name) for f in inner]
+        api = HfApi()
+        if revision is not None and not revision.startswith("refs/pr"):
+            try:
+                api.create_branch(repo_id=repo_id, branch=revision, token=token, exist_ok=True)
+            except HfHubHTTPError as err:  # a PR on a repo we cannot write: the branch may exist already
+                if not (create_pr and err.response is not None and err.response.status_code == 403):
+                    raise
+        logger.info("Uploading the following files to %s: %s", repo_id, ",".join(modified))
+        return api.create_commit(repo_id=repo_id, operations=operations, commit_message=commit_message,
+                                 commit_description=commit_description, token=token, create_pr=create_pr,
+                                 revision=revision)
+
+    def push_to_hub(self, repo_id: str, *, commit_message: str | None = None, commit_description: str | None = None,
+                    private: bool | None = None, token: bool | str | None = None, revision: str | None = None,
+                    create_pr: bool = False, max_shard_size: int | str | None = "50GB", tags: list[str] | None = None,
+                    use_temp_dir: bool | None = None, safe_serialization: bool = True):
+        """Upload the saved files to ``repo_id`` in one commit (transformers 5's signature; transformers 4's
+        ``use_temp_dir=False`` saves into ``./<repo name>`` instead of a temporary directory, and
+        ``safe_serialization`` goes to a model's ``save_pretrained``). Returns the ``CommitInfo``."""
+        repo_id = HfApi().create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+        card = create_and_tag_model_card(repo_id, tags, token=token)
+        save = self._push_save_kwargs(max_shard_size, safe_serialization)
+        if use_temp_dir is False:
+            working_dir = repo_id.split("/")[-1]
+            timestamps = self._get_files_timestamps(working_dir)
+            self.save_pretrained(working_dir, **save)
+            card.save(os.path.join(working_dir, "README.md"))
+            return self._upload_modified_files(working_dir, repo_id, timestamps, commit_message, token, create_pr,
+                                               revision, commit_description)
+        with tempfile.TemporaryDirectory() as tmp_dir:
+            self.save_pretrained(tmp_dir, **save)
+            card.save(os.path.join(tmp_dir, "README.md"))
+            return self._upload_modified_files(tmp_dir, repo_id, {}, commit_message, token, create_pr, revision,
+                                               commit_description)
+
+
+class ModelPushToHubMixin(PushToHubMixin):
+    """A model's pushes: its ``model_tags`` go into the model card, the save takes the shard size and format, and
+    ``save_pretrained(push_to_hub=True)`` writes the card too (transformers' ``PreTrainedModel``)."""
+
+    model_tags: list[str] | None = None
+
+    def add_model_tags(self, tags: list[str] | str) -> None:
+        """Tags for the model card of the next push (transformers' ``PreTrainedModel.add_model_tags``)."""
+        self.model_tags = list(self.model_tags or [])
+        self.model_tags += [tag for tag in ([tags] if isinstance(tags, str) else tags) if tag not in self.model_tags]
+
+    def _push_save_kwargs(self, max_shard_size, safe_serialization) -> dict:
+        return {"max_shard_size": max_shard_size, "safe_serialization": safe_serialization}
+
+    def _upload_saved(self, save_directory: str | os.PathLike, token: bool | str | None = None, **hub):
+        """After ``save_pretrained(push_to_hub=True)``: the model card, then the commit of the changed files."""
+        card = create_and_tag_model_card(hub["repo_id"], self.model_tags, token=token)
+        card.save(os.path.join(save_directory, "README.md"))
+        return self._upload_modified_files(save_directory, token=token, **hub)
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        tags = list(self.model_tags or [])
+        extra = kwargs.get("tags") or []
+        tags += [tag for tag in ([extra] if isinstance(extra, str) else extra) if tag not in tags]
+        if tags:
+            kwargs["tags"] = tags
+        return super().push_to_hub(repo_id, **kwargs)

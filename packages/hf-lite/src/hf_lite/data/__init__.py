@@ -2,11 +2,17 @@
 ``group_texts`` as datasets (``_compat/language_modeling.py``)."""
 
 from .._compat.language_modeling import GroupedTextsDataset, IterableGroupedTextsDataset, group_texts
-from .data_collator import DataCollatorForLanguageModeling, DataCollatorWithPadding, default_data_collator
+from .data_collator import (
+    DataCollatorForLanguageModeling,
+    DataCollatorWithPadding,
+    DefaultDataCollator,
+    default_data_collator,
+)
 
 __all__ = [
     "DataCollatorForLanguageModeling",
     "DataCollatorWithPadding",
+    "DefaultDataCollator",
     "GroupedTextsDataset",
     "IterableGroupedTextsDataset",
     "default_data_collator",

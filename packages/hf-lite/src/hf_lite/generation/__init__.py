@@ -1,5 +1,18 @@
-"""Generation: configuration, logits processors, stopping criteria, streamers and ``GenerationMixin.generate``."""
+"""Generation: configuration, logits processors (the ones ``generate`` builds, and more in
+``_compat/generation/logits_process.py``), stopping criteria, streamers and ``GenerationMixin.generate``."""
 
+from .._compat.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    ExponentialDecayLengthPenalty,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    LogitNormalization,
+    PrefixConstrainedLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    TypicalLogitsWarper,
+)
 from .configuration_utils import GenerationConfig
 from .logits_process import (
     InfNanRemoveLogitsProcessor,
@@ -31,9 +44,15 @@ from .utils import GenerationMixin
 __all__ = [
     "BaseStreamer",
     "EosTokenCriteria",
+    "EpsilonLogitsWarper",
+    "EtaLogitsWarper",
+    "ExponentialDecayLengthPenalty",
+    "ForcedBOSTokenLogitsProcessor",
+    "ForcedEOSTokenLogitsProcessor",
     "GenerationConfig",
     "GenerationMixin",
     "InfNanRemoveLogitsProcessor",
+    "LogitNormalization",
     "LogitsProcessor",
     "LogitsProcessorList",
     "MaxLengthCriteria",
@@ -44,14 +63,18 @@ __all__ = [
     "MinPLogitsWarper",
     "NoBadWordsLogitsProcessor",
     "NoRepeatNGramLogitsProcessor",
+    "PrefixConstrainedLogitsProcessor",
     "RepetitionPenaltyLogitsProcessor",
+    "SequenceBiasLogitsProcessor",
     "StopStringCriteria",
     "StoppingCriteria",
     "StoppingCriteriaList",
+    "SuppressTokensAtBeginLogitsProcessor",
     "SuppressTokensLogitsProcessor",
     "TemperatureLogitsWarper",
     "TextIteratorStreamer",
     "TextStreamer",
     "TopKLogitsWarper",
     "TopPLogitsWarper",
+    "TypicalLogitsWarper",
 ]

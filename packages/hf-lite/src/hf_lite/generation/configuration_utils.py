@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from .._infra.atomic_io import atomic_write_text
-from .._infra.hub import cached_file, pop_hub_kwargs
+from .._infra.hub import PushToHubMixin, cached_file, pop_hub_kwargs
 
 GENERATION_CONFIG_NAME = "generation_config.json"
 
@@ -28,7 +28,7 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
-class GenerationConfig:
+class GenerationConfig(PushToHubMixin):
     """Holds every ``generate`` knob; unknown keys are kept so a transformers-written file round-trips."""
 
     def __init__(self, **kwargs):

@@ -1,6 +1,6 @@
-"""``hf_lite.utils.hub`` (transformers' ``utils/hub.py``): hub names resolved through ``huggingface_hub``, in
-``_infra/hub.py``."""
+"""``hf_lite.utils.hub`` (transformers' ``utils/hub.py``): hub names resolved through ``huggingface_hub``, and the
+uploads (``PushToHubMixin``), in ``_infra/hub.py``."""
 
-from .._infra.hub import cached_file, cached_files
+from .._infra.hub import PushInProgress, PushToHubMixin, cached_file, cached_files, create_and_tag_model_card
 
-__all__ = ["cached_file", "cached_files"]
+__all__ = ["PushInProgress", "PushToHubMixin", "cached_file", "cached_files", "create_and_tag_model_card"]

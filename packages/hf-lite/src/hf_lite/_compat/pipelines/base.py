@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..._infra.hub import PushToHubMixin
 from ...generation import GenerationConfig
 from .pt_utils import KeyDataset
 
@@ -151,7 +152,7 @@ class _PreprocessedIterable(torch.utils.data.IterableDataset):
             yield self.preprocess(item, **self.params)
 
 
-class Pipeline(ABC):
+class Pipeline(ABC, PushToHubMixin):
     """Base class of the task pipelines: ``__call__`` runs ``preprocess`` -> ``_forward`` -> ``postprocess`` with
     the parameters ``_sanitize_parameters`` split among them (transformers' ``Pipeline``)."""
 
