@@ -38,8 +38,8 @@ from pt_dist.fsdp._common_utils import (
     ShardingStrategy,
 )
 from pt_dist.fsdp._init_utils import _check_arguments, _check_offload, _init_process_groups
+from pt_dist.fsdp._wrap_utils import _as_policy, _recursive_wrap
 from pt_dist.fsdp.flat_param import FlatParamHandle, HandleTrainingState
-from pt_dist.fsdp.wrap import _as_policy, _recursive_wrap
 from pt_dist.nn.parallel.distributed import _find_tensors
 from pt_dist.utils import _broadcast_coalesced
 
@@ -271,8 +271,9 @@ class FullyShardedDataParallel(nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Backward passes inside keep each unit's whole gradient on this rank, summed, with no communication; the
-        first backward outside adds it to its own and reduce-scatters the sum (torch's: on the root only)."""
+        """Backward passes inside keep each unit's whole gradient on this rank in ``flat_param.grad``, summed, with
+        no communication; the first backward outside adds it to its own and reduce-scatters the sum (torch's: on
+        the root only)."""
         self._lazy_init()
         if not self._is_root:
             raise RuntimeError("`no_sync()` on inner FSDP instances is not supported. Please call `no_sync()` on root "

@@ -99,7 +99,8 @@ class FlatParamHandle:
         self.is_unsharded = False
         self.state = HandleTrainingState.IDLE
         self.post_backward_calls = 0
-        self._kept_grad: torch.Tensor | None = None  # the unsharded gradient summed inside no_sync()
+        self._kept = False  # flat_param.grad holds what no_sync() accumulated (sharded: the unsharded gradient)
+        self._saved_grad_shard: torch.Tensor | None = None  # a synced shard set aside meanwhile (torch's name)
 
     # -- flattening ----------------------------------------------------------------------------------------------
 
@@ -208,27 +209,33 @@ class FlatParamHandle:
     # -- gradients -----------------------------------------------------------------------------------------------
 
     def keep_unsharded_grad(self) -> None:
-        """Inside ``no_sync()``: add this backward's whole gradient to the one kept here, nothing communicated. Not
-        sharded (NO_SHARD), it is kept in ``flat_param.grad``, this rank's own gradient there, as torch's."""
+        """Inside ``no_sync()``: this backward's whole gradient added to ``flat_param.grad``, nothing communicated,
+        as torch's. Sharded, that ``.grad`` is the unsharded gradient on the shard-sized parameter (set through
+        ``.data``, as torch's), and a synced step's shard found there waits aside for the next reduction's."""
         grad, self._unsharded.grad = self._unsharded.grad.reshape(-1), None
+        fp = self.flat_param
         if not self.sharded:
-            self._accumulate_grad(grad.to(self.flat_param.dtype))
-            self._kept_grad = self.flat_param.grad
-            return
-        self._kept_grad = grad if self._kept_grad is None else self._kept_grad.add_(grad)
+            self._accumulate_grad(grad.to(fp.dtype))
+        elif self._kept and fp.grad is not None:
+            fp.grad.data.add_(grad)
+        else:  # the first one (kept, or zeroed since and so dropped, as torch's)
+            if not self._kept:
+                self._saved_grad_shard = fp.grad
+            fp.grad = torch.empty_like(fp)
+            fp.grad.data = grad
+        self._kept = True
 
     def reduce_grad(self, world: int) -> None:
         """Start averaging this unit's gradient over ``world`` data-parallel ranks: reduce-scatter within the shard
         group (each rank its shard), or all-reduce when not sharded (plus what ``no_sync()`` kept)."""
         grad, self._unsharded.grad = self._unsharded.grad, None
-        flat = grad.reshape(-1)
-        if self._kept_grad is not None and not self.sharded:  # (in flat_param.grad, unless zeroed since)
-            if self.flat_param.grad is self._kept_grad:  # reduced with this one; the result lands in it zeroed
-                flat = flat + self._kept_grad.to(flat.dtype)
-                self._kept_grad.zero_()
-            self._kept_grad = None
-        if self._kept_grad is not None:
-            flat, self._kept_grad = self._kept_grad.add_(flat), None
+        flat, fp = grad.reshape(-1), self.flat_param
+        if self._kept and fp.grad is not None:  # reduced with this one (NO_SHARD: the result lands in it, zeroed)
+            flat = flat + fp.grad.to(flat.dtype)
+            fp.grad.zero_()
+        if self._kept and self.sharded:
+            fp.grad, self._saved_grad_shard = self._saved_grad_shard, None
+        self._kept = False
         if self.padded_numel == self.numel and grad.dtype == self.reduce_dtype:
             padded = flat.div_(world)  # divide first: no overflow in fp16 (the gradient is ours to change)
         else:

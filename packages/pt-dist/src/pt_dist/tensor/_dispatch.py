@@ -6,7 +6,8 @@ global shape the op gives on meta tensors.
 The rule's answer and the global output shapes depend only on the op, the arguments' global shapes, placements
 and the non-tensor values, so they are computed once per such key and cached (torch's sharding-propagation
 cache). An op without a rule raises ``NotImplementedError`` naming it: nothing is gathered behind the caller's
-back. A plain tensor argument is refused unless it holds one element (then it is a replicated scalar, as torch's).
+back. A plain tensor argument is refused unless it holds one element (then it is a replicated scalar, as torch's)
+or ``allow_implicit_replication`` is set (then any is, as torch's under ``implicit_replication()``).
 
 ``DTensor.__torch_dispatch__`` passes its class in, so this module needs no import of ``_api.py``.
 """
@@ -45,6 +46,9 @@ def _unflatten(flat: list, tree) -> tuple[tuple, dict]:
         out.append(flat[i] if s is None else s[0](flat[i:i + s[1]]))
         i += 1 if s is None else s[1]
     return tuple(out[:nargs]), dict(zip(keys, out[nargs:]))
+
+
+allow_implicit_replication = False  # any plain tensor taken as Replicate (torch's experimental.implicit_replication)
 
 
 def _key(x, dtensor):
@@ -92,7 +96,7 @@ def _decide(op, args, kwargs, flat, mesh, dtensor) -> _Decision:
             specs.append(x._spec)
             positions.append(i)
         elif isinstance(x, torch.Tensor):
-            if x.numel() != 1:
+            if x.numel() != 1 and not allow_implicit_replication:
                 raise RuntimeError(f"{op}: got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to "
                                    "DTensor before calling distributed operators!")
             specs.append(DTensorSpec(mesh, (Replicate(),) * mesh.ndim,
@@ -113,7 +117,7 @@ def dispatch(dtensor: type, op, args, kwargs):
     mesh = next(x for x in flat if isinstance(x, dtensor)).device_mesh
     keys = tuple(_key(x, dtensor) for x in flat)
     # this rank's coordinate too: a view's local size depends on it, and a process may join another world later
-    key = (op, mesh, mesh._coordinate_on_dim, tree, keys) if None not in keys else None
+    key = (op, mesh, mesh._coordinate_on_dim, tree, keys, allow_implicit_replication) if None not in keys else None
     decision = _CACHE.get(key) if key is not None else None
     if decision is None:
         decision = _decide(op, args, kwargs, flat, mesh, dtensor)
@@ -125,9 +129,12 @@ def dispatch(dtensor: type, op, args, kwargs):
     local_flat = list(flat)
     for pos, want in zip(decision.positions, sharding.input_placements):
         x = flat[pos]
-        if not isinstance(x, dtensor):
+        if isinstance(x, dtensor):
+            spec, local = x._spec, x._local_tensor  # this call's (a cached spec's mesh may be an older world's)
+        elif want is None or all(isinstance(p, Replicate) for p in want):
             continue
-        spec, local = x._spec, x._local_tensor  # this call's (a cached spec's mesh may be an older world's)
+        else:  # a plain tensor under implicit replication, cut to the placements asked for
+            spec, local = DTensorSpec(mesh, (Replicate(),) * mesh.ndim, TensorMeta(x.shape, x.stride(), x.dtype)), x
         if want is not None and want != spec.placements:
             if pos == 0 and returns_self(op):
                 raise RuntimeError(f"{op}: the in-place op would change self's placements {spec.placements} to "

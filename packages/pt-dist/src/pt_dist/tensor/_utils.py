@@ -13,11 +13,7 @@ from pt_dist.tensor.placement_types import Placement, Shard
 __all__ = ["compute_local_shape_and_global_offset", "compute_global_tensor_info", "local_shard_size_and_offset"]
 
 
-def local_shard_size_and_offset(size: int, num_chunks: int, rank: int) -> tuple[int, int]:
-    """(length, start) of chunk ``rank`` of ``num_chunks`` of a dim of ``size``, as ``torch.chunk``."""
-    full = -(-size // num_chunks)
-    start = min(size, full * rank)
-    return max(0, min(size, start + full) - start), start
+local_shard_size_and_offset = Shard.local_shard_size_and_offset
 
 
 def compute_local_shape_and_global_offset(global_shape: Sequence[int], mesh, placements: Sequence[Placement],

@@ -58,6 +58,13 @@ class Shard(Placement):
     def __reduce__(self):
         return Shard, (self.dim,)
 
+    @staticmethod
+    def local_shard_size_and_offset(curr_local_size: int, num_chunks: int, rank: int) -> tuple[int, int]:
+        """(length, start) of chunk ``rank`` of ``num_chunks`` of a dim of ``curr_local_size``, as ``torch.chunk``."""
+        full = -(-curr_local_size // num_chunks)
+        start = min(curr_local_size, full * rank)
+        return max(0, min(curr_local_size, start + full) - start), start
+
 
 class Replicate(Placement):
     """Every rank of the mesh dim holds the whole tensor."""

@@ -1,7 +1,8 @@
 """torch's ``FileSystemWriter`` options over the core's (``pt_dist/checkpoint/storage.py``): ``thread_count``
 files per rank of about equal size (or one per item without ``single_file_per_rank``) written that many at a time;
 ``per_thread_copy_ahead`` accepted (torch copies GPU tensors that far ahead; here each is copied to the CPU in its
-turn, so it changes nothing); async staging, stream extensions and safetensors refused."""
+turn, so it changes nothing); ``stage`` (it is a ``BlockingAsyncStager``, as torch's: ``async_save`` stages
+through it, into one kept copy with ``cache_staged_state_dict``); stream extensions and safetensors refused."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 
+from pt_dist._compat.checkpoint.staging import BlockingAsyncStager
 from pt_dist.checkpoint import storage
+from pt_dist.checkpoint.metadata import STATE_DICT_TYPE
 from pt_dist.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from pt_dist.checkpoint.storage import DEFAULT_SUFFIX, WriteResult
 
@@ -21,19 +24,23 @@ class SerializationFormat(Enum):
     SAFETENSORS = "safetensors"
 
 
-class FileSystemWriter(storage.FileSystemWriter):
+class FileSystemWriter(storage.FileSystemWriter, BlockingAsyncStager):
     def __init__(self, path: str | os.PathLike, single_file_per_rank: bool = True, sync_files: bool = True,
                  thread_count: int = 1, per_thread_copy_ahead: int = 10_000_000, cache_staged_state_dict: bool = False,
                  overwrite: bool = True, _extensions=None,
                  serialization_format: SerializationFormat = SerializationFormat.TORCH_SAVE) -> None:
-        if thread_count < 1 or cache_staged_state_dict or _extensions or \
-                serialization_format is not SerializationFormat.TORCH_SAVE:
-            raise ValueError(f"FileSystemWriter: not supported: thread_count={thread_count}, cache_staged_state_dict="
-                             f"{cache_staged_state_dict} (async_save's staging), _extensions={_extensions!r}, "
-                             f"serialization_format={serialization_format!r} (TORCH_SAVE only)")
+        if thread_count < 1 or _extensions or serialization_format is not SerializationFormat.TORCH_SAVE:
+            raise ValueError(f"FileSystemWriter: not supported: thread_count={thread_count}, _extensions="
+                             f"{_extensions!r}, serialization_format={serialization_format!r} (TORCH_SAVE only)")
         super().__init__(path, sync_files=sync_files, overwrite=overwrite)
+        BlockingAsyncStager.__init__(self, cache_staged_state_dict)
         self.single_file_per_rank, self.thread_count = single_file_per_rank, thread_count
         self.per_thread_copy_ahead, self.serialization_format = per_thread_copy_ahead, serialization_format
+
+    def stage(self, state_dict: STATE_DICT_TYPE) -> STATE_DICT_TYPE:
+        """A CPU copy of ``state_dict`` for ``async_save`` (torch's: then nothing is copied ahead while writing)."""
+        self.per_thread_copy_ahead = 0
+        return super().stage(state_dict)
 
     def _buckets(self, plan: SavePlan) -> list[tuple[str, list[WriteItem]]]:
         buckets = _split_by_size(self.thread_count, plan.items) if self.single_file_per_rank else \

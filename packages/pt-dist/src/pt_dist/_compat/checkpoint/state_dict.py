@@ -29,6 +29,7 @@ from pt_dist._compat.checkpoint.state_dict_utils import (
 )
 from pt_dist.checkpoint._nested_dict import flatten_state_dict, set_element
 from pt_dist.object_collectives import broadcast_object_list
+from pt_dist.tensor import DTensor
 
 __all__ = [
     "StateDictOptions",
@@ -39,6 +40,14 @@ __all__ = [
     "set_optimizer_state_dict",
     "set_state_dict",
 ]
+
+# torch's type aliases of the module
+FQNS_T = set[str]
+PrimitiveType = DTensor | torch.Tensor | int | float | str
+ValueType = PrimitiveType | list[PrimitiveType] | tuple[PrimitiveType] | dict[str, "ValueType"]
+DictValueType = dict[str, ValueType]
+ListDictValueType = list[DictValueType]
+OptimizerStateType = dict[str, DictValueType | ListDictValueType]
 
 _FLAT_PARAM = "_flat_param"
 _FSDP_WRAPPED = "_fsdp_wrapped_module"

@@ -1,11 +1,12 @@
 """``load`` with torch's arguments (torch/distributed/checkpoint/state_dict_loader.py): the storage a
 ``checkpoint_id`` names, ``Stateful`` values loaded through their ``state_dict()`` and handed back to
 ``load_state_dict``, one process when pt_dist is not initialised; then the core's load
-(``pt_dist/checkpoint/_checkpointer.py``)."""
+(``pt_dist/checkpoint/_checkpointer.py``); the deprecated ``load_state_dict``."""
 
 from __future__ import annotations
 
 import os
+import warnings
 
 from pt_dist._compat.checkpoint.storage_utils import _storage_setup, _use_dist
 from pt_dist.checkpoint._checkpointer import _load_state_dict
@@ -14,7 +15,7 @@ from pt_dist.checkpoint.planner import LoadPlanner
 from pt_dist.checkpoint.stateful import Stateful
 from pt_dist.checkpoint.storage import StorageReader
 
-__all__ = ["load"]
+__all__ = ["load", "load_state_dict"]
 
 
 def load(state_dict: STATE_DICT_TYPE, *, checkpoint_id: str | os.PathLike | None = None,
@@ -36,3 +37,12 @@ def load(state_dict: STATE_DICT_TYPE, *, checkpoint_id: str | os.PathLike | None
         else:
             state_dict[key] = stateful_sd[key]
 
+
+
+def load_state_dict(state_dict: dict, storage_reader: StorageReader, process_group=None, coordinator_rank: int = 0,
+                    no_dist: bool = False, planner: LoadPlanner | None = None) -> None:
+    """Deprecated: torch's former ``load`` (no ``Stateful`` handling, an explicit coordinator rank)."""
+    warnings.warn("`load_state_dict` is deprecated and will be removed in future versions. Please use `load` "
+                  "instead.", FutureWarning, stacklevel=2)
+    storage_reader.reset()
+    _load_state_dict(state_dict, storage_reader, process_group, coordinator_rank, no_dist, planner)

@@ -22,6 +22,7 @@ from pt_dist._compat.fsdp import summon_full_params as _summon
 from pt_dist._compat.fsdp._traversal_utils import fsdp_modules
 from pt_dist._compat.fsdp.api import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 from pt_dist._compat.fsdp.use_orig_params import OrigParamsHandle, flat_params_exposed, orig_handles
+from pt_dist._compat.fsdp.wrap import _POLICY_KWARGS
 from pt_dist.fsdp import _runtime_utils
 from pt_dist.fsdp._common_utils import FLAT_PARAM, FSDP_WRAPPED_MODULE, BackwardPrefetch, ShardingStrategy
 from pt_dist.fsdp.flat_param import FlatParamHandle
@@ -49,6 +50,19 @@ class FullyShardedDataParallel(_runtime_utils.FullyShardedDataParallel):
         ignored_states=None,
         device_mesh=None,
     ):
+        custom = module.__dict__.pop(_POLICY_KWARGS, None)
+        if custom:  # a unit CustomPolicy gave arguments of its own (torch's: over the root's)
+            given = dict(process_group=process_group, sharding_strategy=sharding_strategy, cpu_offload=cpu_offload,
+                         auto_wrap_policy=auto_wrap_policy, backward_prefetch=backward_prefetch,
+                         mixed_precision=mixed_precision, ignored_modules=ignored_modules, param_init_fn=param_init_fn,
+                         device_id=device_id, sync_module_states=sync_module_states, forward_prefetch=forward_prefetch,
+                         limit_all_gathers=limit_all_gathers, use_orig_params=use_orig_params,
+                         ignored_states=ignored_states, device_mesh=device_mesh)
+            unknown = set(custom) - set(given)
+            if unknown:
+                raise TypeError(f"FullyShardedDataParallel: CustomPolicy gave unknown arguments {sorted(unknown)}")
+            self.__init__(module, **{**given, **custom})
+            return
         for name, value in (("param_init_fn", param_init_fn), ("ignored_states", ignored_states)):
             if value is not None:
                 raise ValueError(f"FullyShardedDataParallel: {name} is not supported, got {value!r}")
@@ -134,6 +148,11 @@ class FullyShardedDataParallel(_runtime_utils.FullyShardedDataParallel):
         clean = getattr(self, "_summoned", False)
         for name, p in super().named_parameters(*args, **kwargs):
             yield (name.replace(FSDP_WRAPPED_MODULE + ".", "") if clean else name), p
+
+    def check_is_root(self) -> bool:
+        """Whether this unit is the root (the first one run, or asked, decides it, as torch's)."""
+        self._lazy_init()
+        return bool(self._is_root)
 
     @property
     def rank(self) -> int:

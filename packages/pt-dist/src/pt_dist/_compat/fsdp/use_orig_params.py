@@ -2,16 +2,17 @@
 optimizer steps them (torch's ``FlatParamHandle`` with ``use_orig_params``: ``_use_sharded_views``,
 ``_use_sharded_grad_views``, ``_writeback_orig_params``, ``_deregister_orig_params_ctx``).
 
-``OrigParamsHandle`` is the core ``FlatParamHandle`` (pt_dist/fsdp/flat_param.py) with the original parameters
-as views of its flat shard. Each original starts 16-byte aligned in the flat parameter (zeros between, as
-torch's ``align_addresses``). Outside forward and backward each original's data is the 1-D run of its elements
-that falls in this rank's shard (possibly empty), or, unsharded (NO_SHARD), the whole parameter in its own shape;
-after backward its ``.grad`` is the same view of the flat gradient. So an optimizer over ``model.parameters()``
-steps the flat shard in place, with per-parameter groups (its own learning rate, weight decay), and a unit may
-mix frozen and trainable parameters (a frozen one gets no gradient; its part of the flat gradient stays zero).
-In forward the module sees plain tensor views of the gathered buffer, as the core's. What the user does to an
-original between steps is carried back into the flat parameter: ``p.data = t`` (same shape) at the next
-forward, ``p.grad = None`` (``zero_grad``) or ``p.grad = g`` at the next gradient accumulation, as torch's
+``OrigParamsHandle`` is the core ``FlatParamHandle`` (pt_dist/fsdp/flat_param.py) with the original parameters as
+views of its flat shard. Each original starts 16-byte aligned in the flat parameter (zeros between, as torch's
+``align_addresses``). Outside forward and backward each original's data is the 1-D run of its elements that falls in
+this rank's shard (possibly empty), or, unsharded (NO_SHARD), the whole parameter in its own shape; after backward
+its ``.grad`` is the same view of the flat gradient (inside ``no_sync()``, sharded: its whole unreduced gradient in
+its own shape, a view of the unsharded flat gradient kept there, as torch's). So an optimizer over
+``model.parameters()`` steps the flat shard in place, with per-parameter groups (its own learning rate, weight
+decay), and a unit may mix frozen and trainable parameters (a frozen one gets no gradient; its part of the flat
+gradient stays zero). In forward the module sees plain tensor views of the gathered buffer, as the core's. What the
+user does to an original between steps is carried back into the flat parameter: ``p.data = t`` (same shape) at the
+next forward, ``p.grad = None`` (``zero_grad``) or ``p.grad = g`` at the next gradient accumulation, as torch's
 writeback.
 """
 
@@ -84,6 +85,27 @@ class OrigParamsHandle(FlatParamHandle):
         super()._accumulate_grad(grad)
         self.use_grad_views()
 
+    def keep_unsharded_grad(self) -> None:
+        self._writeback_before_accumulating()
+        super().keep_unsharded_grad()
+        if self.sharded:
+            self.use_unsharded_grad_views()
+
+    def reduce_grad(self, world: int) -> None:
+        self._writeback_before_accumulating()
+        super().reduce_grad(world)
+        if self.sharded:  # the unsharded gradient is in the reduction: the originals see the shard again
+            self.use_grad_views()
+
+    def _writeback_before_accumulating(self) -> None:
+        """What the user did to the originals' gradients, carried into the flat one before a gradient joins it;
+        over the unsharded gradient ``no_sync()`` kept, a ``zero_grad()`` drops it (torch's
+        ``_reset_flat_param_grad_info_if_needed``)."""
+        if not (self._kept and self.sharded):
+            self.writeback_grads()
+        elif all(p.grad is None for p in self.params):
+            self.flat_param.grad = None
+
     # -- the views ------------------------------------------------------------------------------------------------
 
     def shard_view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
@@ -126,6 +148,20 @@ class OrigParamsHandle(FlatParamHandle):
         for i, p in enumerate(self.params):
             here = p.requires_grad and fp.grad is not None and self.in_shard(i)
             p.grad = self.shard_view(fp.grad, i) if here else None  # (none outside the shard, as torch's)
+
+    def use_unsharded_grad_views(self) -> None:
+        """Inside ``no_sync()`` (sharded): each original's gradient is its whole, unreduced gradient in its own shape,
+        a view of the unsharded flat gradient, set through ``.data`` on the sharded parameter (torch's
+        ``_use_unsharded_grad_views``)."""
+        grad = self.flat_param.grad
+        views = self.views_of(grad) if grad is not None else [None] * len(self.params)
+        for p, view, shape in zip(self.params, views, self.shapes):
+            if view is None:
+                p.grad = None
+                continue
+            if p.grad is None:
+                p.grad = torch.empty_like(p)
+            p.grad.data = view.view(shape)
 
     # -- writeback (torch's _writeback_orig_params) ---------------------------------------------------------------
 

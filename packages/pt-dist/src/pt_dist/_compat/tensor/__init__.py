@@ -15,6 +15,6 @@ from pt_dist._compat.tensor import (  # noqa: F401
     view_ops,
 )
 from pt_dist._compat.tensor.distribute_module import distribute_module
-from pt_dist._compat.tensor.factories import empty, full, ones, zeros
+from pt_dist._compat.tensor.factories import empty, full, linspace, logspace, ones, rand, randn, zeros
 
-__all__ = ["distribute_module", "empty", "full", "ones", "zeros"]
+__all__ = ["distribute_module", "empty", "full", "linspace", "logspace", "ones", "rand", "randn", "zeros"]

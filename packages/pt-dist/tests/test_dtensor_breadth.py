@@ -1,0 +1,160 @@
+"""torch.distributed.tensor's surface beyond DTensor's mechanism, each beside torch's in the same 2 ranks:
+the factories ``linspace`` / ``logspace`` / ``rand`` / ``randn``, ``Shard.local_shard_size_and_offset``,
+``debug.CommDebugMode`` (a tensor-parallel MLP's collectives counted under torch's keys, as torch counts them),
+``debug.visualize_sharding``, ``experimental.implicit_replication`` and ``experimental.local_map`` (after torch's
+test/distributed/tensor/test_init.py, debug/test_comm_mode.py, test_dtensor.py's implicit replication case and
+experimental/test_local_map.py), and the ``tensor.device_mesh`` import path."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.tensor as tt
+from torch import nn
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_device_mesh import _both_worlds  # noqa: E402
+from test_dtensor import _close_up, _meshes  # noqa: E402
+
+
+@pytest.mark.parametrize("size", [0, 1, 5, 7, 8, 13])
+@pytest.mark.parametrize("chunks", [1, 2, 3, 4])
+def test_shard_local_shard_size_and_offset_matches_torchs(size, chunks):
+    from pt_dist.tensor import Shard
+
+    for rank in range(chunks):
+        assert Shard.local_shard_size_and_offset(size, chunks, rank) == tuple(
+            int(v) for v in tt.Shard.local_shard_size_and_offset(size, chunks, rank)), (size, chunks, rank)
+
+
+def _mlp():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4))
+
+
+def _comm_counts(lib, tp, mesh, rank):
+    """A Colwise / Rowwise MLP's forward and backward, and a distribute / redistribute, under CommDebugMode."""
+    model = tp.parallelize_module(_mlp(), mesh, {"0": tp.ColwiseParallel(), "2": tp.RowwiseParallel()})
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(rank))
+    with lib.debug.CommDebugMode() as mode:
+        model(x).sum().backward()
+    mlp = ({str(k): v for k, v in mode.get_comm_counts().items()}, mode.get_total_counts())
+    with lib.debug.CommDebugMode() as mode:
+        d = lib.distribute_tensor(torch.ones(4, 2), mesh, [lib.Shard(0)])
+        d.redistribute(mesh, [lib.Replicate()])
+        d.redistribute(mesh, [lib.Shard(1)])
+    return mlp, ({str(k): v for k, v in mode.get_comm_counts().items()}, mode.get_total_counts())
+
+
+def _breadth(rank, world):
+    import pt_dist.tensor as pt
+    import pt_dist.tensor.debug  # noqa: F401
+    import pt_dist.tensor.experimental as pt_exp
+    import pt_dist.tensor.parallel as pt_tp
+    import torch.distributed.tensor.debug  # noqa: F401
+    import torch.distributed.tensor.experimental as tt_exp
+    import torch.distributed.tensor.parallel as tt_tp
+    from pt_dist.tensor.device_mesh import DeviceMesh, init_device_mesh
+
+    _both_worlds(rank, world, "tcp")
+    try:
+        mesh, tmesh = _meshes((world,))
+        out = {"device_mesh path": isinstance(init_device_mesh("cpu", (world,)), DeviceMesh)}
+        for name, make in {"linspace S0": lambda lib, m: lib.linspace(-1.0, 2.0, 7, device_mesh=m,
+                                                                     placements=[lib.Shard(0)]),
+                           "linspace R": lambda lib, m: lib.linspace(0, 1, 5, device_mesh=m),
+                           "logspace S0": lambda lib, m: lib.logspace(0.0, 3.0, 5, base=2.0, device_mesh=m,
+                                                                     placements=[lib.Shard(0)]),
+                           "linspace 1 step": lambda lib, m: lib.linspace(3.0, 5.0, 1, device_mesh=m,
+                                                                         placements=[lib.Shard(0)])}.items():
+            got, want = make(pt, mesh), make(tt, tmesh)
+            out[name] = ((str(got.placements), got.to_local(), got.full_tensor()),
+                         (str(want.placements), want.to_local(), want.full_tensor()))
+        # rand / randn: a shard drawn from the rank's own generator (torch 2.15 on a CPU mesh has no RNG tracker)
+        torch.manual_seed(7)
+        r = pt.rand(5, 4, device_mesh=mesh, placements=[pt.Shard(0)])
+        torch.manual_seed(7)
+        out["rand"] = (r.shape, str(r.placements), r.to_local(), torch.rand(r.to_local().shape))
+        torch.manual_seed(8)
+        r = pt.randn((4, 3), device_mesh=mesh, requires_grad=True)
+        torch.manual_seed(8)
+        out["randn"] = (r.shape, str(r.placements), r.requires_grad, r.to_local(), torch.randn(4, 3))
+        try:
+            tt.rand(5, 4, device_mesh=tmesh)
+            out["torch rand"] = "ran"
+        except AssertionError:
+            out["torch rand"] = "AssertionError"
+        out["comm"] = (_comm_counts(pt, pt_tp, mesh, rank), _comm_counts(tt, tt_tp, tmesh, rank))
+        # implicit_replication: a plain tensor meets a sharded one
+        plain = torch.arange(24.0).reshape(4, 6)
+        res = []
+        for lib, m, exp in ((pt, mesh, pt_exp), (tt, tmesh, tt_exp)):
+            a = lib.distribute_tensor(torch.ones(4, 6), m, [lib.Shard(0)])
+            try:
+                a + plain
+                refused = False
+            except RuntimeError:
+                refused = True
+            with exp.implicit_replication():
+                s = a + plain
+            res.append((refused, str(s.placements), s.full_tensor()))
+        out["implicit"] = res
+        # local_map: a function of local tensors on DTensors
+        res = []
+        for lib, m, exp in ((pt, mesh, pt_exp), (tt, tmesh, tt_exp)):
+            x = lib.distribute_tensor(torch.arange(12.0).reshape(4, 3), m, [lib.Shard(0)])
+            w = lib.distribute_tensor(torch.ones(3, 2), m, [lib.Replicate()])
+            mm = exp.local_map(torch.mm, out_placements=[lib.Shard(0)], in_placements=([lib.Shard(0)],
+                                                                                         [lib.Replicate()]))
+            y = mm(x, w)
+            try:
+                mm(w.redistribute(m, [lib.Shard(0)]).t(), w)
+                mismatch = None
+            except ValueError as e:
+                mismatch = "mismatched placements" in str(e)
+            again = exp.local_map(torch.mm, out_placements=[lib.Shard(0)], in_placements=(
+                [lib.Shard(0)], [lib.Replicate()]), redistribute_inputs=True)(x.redistribute(m, [lib.Replicate()]), w)
+            res.append((type(y).__name__, str(y.placements), y.full_tensor(), mismatch, again.full_tensor()))
+        out["local_map"] = res
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            pt.debug.visualize_sharding(pt.distribute_tensor(torch.ones(4, 6), mesh, [pt.Shard(0)]))
+        out["visualize"] = printed.getvalue()
+        return out
+    finally:
+        _close_up()
+
+
+def test_tensor_breadth_matches_torchs_in_the_same_ranks():
+    results = run_ranks(_breadth, 2, backend=None, timeout=180)
+    for rank, out in enumerate(results):
+        assert out["device_mesh path"]
+        for name in ("linspace S0", "linspace R", "logspace S0", "linspace 1 step"):
+            (p, local, full), (t_p, t_local, t_full) = out[name]
+            assert p == t_p and torch.equal(local, t_local) and torch.equal(full, t_full), (name, rank, local, t_local)
+        shape, placements, local, want = out["rand"]
+        assert shape == (5, 4) and local.shape == ((3, 4) if rank == 0 else (2, 4)) and torch.equal(local, want)
+        shape, placements, grad, local, want = out["randn"]
+        assert shape == (4, 3) and grad and torch.equal(local, want)
+        assert out["torch rand"] == "AssertionError"  # torch 2.15: no DTensor RNG on a CPU mesh
+        (mlp, moved), (t_mlp, t_moved) = out["comm"]
+        assert mlp == t_mlp and mlp[1] > 0, (mlp, t_mlp)  # same ops, same counts, as torch's keys
+        # scatter, all-gather, then Shard(0) -> Shard(1): an all-to-all here, where torch's CPU group falls back to
+        # a second all-gather ("CPU process group does not support alltoall yet")
+        assert moved[0] == {"c10d.scatter_": 1, "c10d_functional.all_gather_into_tensor": 1,
+                            "_dtensor.shard_dim_alltoall": 1}, moved
+        assert t_moved[0] == {"c10d.scatter_": 1, "c10d_functional.all_gather_into_tensor": 2}, t_moved
+        (refused, p, full), (t_refused, t_p, t_full) = out["implicit"]
+        assert refused and t_refused and p == t_p and torch.equal(full, t_full)
+        (kind, p, full, mismatch, again), (t_kind, t_p, t_full, t_mismatch, t_again) = out["local_map"]
+        assert kind == "DTensor" and p == t_p and torch.equal(full, t_full) and torch.equal(again, t_again)
+        assert mismatch is True and t_mismatch is True
+    assert "Row 0-1" in results[0]["visualize"] and "cpu:1" in results[0]["visualize"]
+    assert results[1]["visualize"] == ""  # printed by the mesh's first rank only, as torch's
