@@ -1,5 +1,5 @@
-"""``LLM.beam_search`` (vLLM ``entrypoints/llm.py``, ``vllm/beam_search.py``), ``get_tokenizer`` / ``set_tokenizer``
-and ``encode``'s refusal for a generative model.
+"""``LLM.beam_search`` (vLLM ``entrypoints/llm.py``, ``vllm/beam_search.py``) and ``get_tokenizer`` /
+``set_tokenizer`` (the pooling methods' refusals are in ``test_vllm_surface.py``).
 
 vLLM's beam search keeps, each step, the ``beam_width`` best extensions among each beam's ``2 * beam_width`` most
 likely tokens; EOS extensions leave as completed; the final ranking divides the cumulative logprob by the length
@@ -121,11 +121,6 @@ def test_text_prompts_concurrency_limit_and_refusals(llm):
         llm.beam_search([{"prompt": "the"}], BeamSearchParams(beam_width=11, max_tokens=3))
     with pytest.raises(ValueError, match="lora_request"):
         llm.beam_search([{"prompt": "the"}], params, lora_request=object())
-
-
-def test_encode_is_refused_for_a_generative_model_with_vllms_words(llm):
-    with pytest.raises(ValueError, match=r"LLM.encode\(\) is only supported for pooling models"):
-        llm.encode("the quick brown fox")
 
 
 def test_set_tokenizer_takes_a_transformers_tokenizer(llm):
