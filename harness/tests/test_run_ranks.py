@@ -271,3 +271,24 @@ def test_a_gloo_connect_flake_on_one_rank_is_retried_by_all_ranks_together():
     seen[0], out[0] = [], None
     rank(0, {(0, 1): "some other RuntimeError"})
     assert out[0] == "some other RuntimeError" and seen[0] == ["pg"]
+
+
+@pytest.mark.parametrize(("omp", "want"), [(None, 1), ("2", 2)])
+def test_test_processes_get_one_intra_op_thread_unless_omp_num_threads_says(tmp_path, omp, want):
+    """The plugin's default, as torchrun's for ranks: the xdist workers' torch (imported by the test module) and
+    their subprocesses run one OpenMP thread; a user's OMP_NUM_THREADS is kept."""
+    (tmp_path / "test_thr.py").write_text(textwrap.dedent(f"""
+        import os, subprocess, sys, torch
+
+        def test_threads():
+            child = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+            assert (torch.get_num_threads(), int(child), os.environ["OMP_NUM_THREADS"]) == ({want}, {want}, "{want}")
+    """))
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "1", "-q", "-p", "no:cacheprovider",
+                           "--import-mode=importlib", "--rootdir", str(tmp_path), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr

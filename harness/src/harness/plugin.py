@@ -4,8 +4,27 @@ without CUDA, pool teardown."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+
+def _one_intra_op_thread() -> None:
+    """One OpenMP thread per test process unless OMP_NUM_THREADS says otherwise, as torchrun gives its ranks.
+
+    The suite's processes (the xdist workers, the ranks and subprocesses of multi-rank tests) already outnumber
+    the cores; with torch's default of a thread per core, OpenMP's spinning barriers make every parallel op wait
+    for threads the scheduler has parked: a file of tiny-model tests took 7x as long beside another one.
+    Subprocesses inherit the variable. Runs when pytest loads this plugin, before test modules import torch.
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:  # imported before this plugin (by another plugin): OpenMP has read the variable
+        sys.modules["torch"].set_num_threads(1)
+
+
+_one_intra_op_thread()
 
 
 def pytest_configure(config):
