@@ -351,3 +351,10 @@ def test_vllm_switches_take_their_no_form_and_short_spellings():
     args = make_parser().parse_args(["serve", "org/m", "--no-enforce-eager", "--no-enable-lora", "-pp", "1"])
     check_vllm_only_args(args)  # vLLM's defaults, spelled out: nothing to refuse
     assert EngineArgs.from_cli_args(args).enable_prefix_caching is False
+
+
+def test_serve_help_lists_every_vllm_flag(capsys):
+    with pytest.raises(SystemExit) as exc:
+        make_parser().parse_args(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and all(flag in out for flag in VLLM_SERVE_FLAGS)
