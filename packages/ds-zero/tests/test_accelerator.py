@@ -6,6 +6,7 @@ CUDA when a device is visible, else cpu)."""
 
 import contextlib
 import inspect
+import re
 
 import pytest
 import torch
@@ -68,6 +69,55 @@ def test_every_public_method_of_deepspeeds_interface_exists_on_both_accelerators
             theirs = inspect.getattr_static(DSAccelerator, name)
             mine = inspect.getattr_static(cls, name)
             assert isinstance(mine, property) == isinstance(theirs, property), (cls.__name__, name)
+
+
+def _missing_abstract(base, implemented: dict) -> set:
+    """The methods Python's TypeError names when a subclass of ``base`` implements only ``implemented``."""
+    cls = type("Partial_Accelerator", (base,), implemented)
+    with pytest.raises(TypeError, match="Can't instantiate abstract class Partial_Accelerator") as info:
+        cls()
+    listed = str(info.value).split("abstract method", 1)[1].removeprefix("s")  # 3.11: a, b; 3.12: 'a', 'b'
+    return set(re.findall(r"[A-Za-z_]\w*", listed))
+
+
+def test_interface_is_abstract_where_deepspeeds_is_with_its_signatures():
+    """DeepSpeed's docs ("Implement new accelerator extension") have a new device subclass DeepSpeedAccelerator;
+    what it leaves out must fail at instantiation as under DeepSpeed, naming the same methods."""
+    assert DeepSpeedAccelerator.__abstractmethods__ == DSAccelerator.__abstractmethods__
+    assert len(DSAccelerator.__abstractmethods__) == 65
+    for name in sorted(DSAccelerator.__abstractmethods__):
+        theirs, mine = inspect.getattr_static(DSAccelerator, name), inspect.getattr_static(DeepSpeedAccelerator, name)
+        if isinstance(theirs, property):
+            assert isinstance(mine, property), name
+        else:
+            assert inspect.signature(mine) == inspect.signature(theirs), name
+    half = {n: (lambda self, *a, **k: None) for n in sorted(DSAccelerator.__abstractmethods__)[::2]}
+    names = _missing_abstract(DeepSpeedAccelerator, half)
+    assert names == _missing_abstract(DSAccelerator, half) == DSAccelerator.__abstractmethods__ - set(half)
+    assert _missing_abstract(DeepSpeedAccelerator, {}) == set(DSAccelerator.__abstractmethods__)
+
+
+def test_a_complete_subclass_instantiates_and_can_be_set(fresh_choice):
+    """A device implementing every abstract method (here each by a stub) instantiates under both libraries and
+    ``set_accelerator`` takes it, as DeepSpeed's own does; DeepSpeed's test_abstract_methods_defined (each concrete
+    class instantiable with its ``__init__`` stubbed) for ds_zero's two."""
+    body = {n: (lambda self, *a, **k: None) for n in DSAccelerator.__abstractmethods__}
+    body["device_name"] = lambda self, device_index=None: "mydev"
+    mine = type("MyDev_Accelerator", (DeepSpeedAccelerator,), body)()
+    type("MyDev_Accelerator", (DSAccelerator,), body)()
+    assert mine.is_fp64_supported() and not mine.prefer_triton_grouped_mm()  # DeepSpeed's concrete defaults
+    ours_real.set_accelerator(mine)
+    assert get_accelerator() is mine and get_accelerator().device_name() == "mydev"
+    assert not ours_real.is_current_accelerator_supported()
+    with pytest.raises(AssertionError, match="not subclass of DeepSpeedAccelerator"):
+        ours_real.set_accelerator(object())
+    for cls in (CPU_Accelerator, CUDA_Accelerator):
+        init = cls.__init__
+        cls.__init__ = lambda self: None
+        try:
+            cls()
+        finally:
+            cls.__init__ = init
 
 
 def test_cpu_accelerator_answers_each_method_as_deepspeeds():

@@ -1,7 +1,7 @@
 """ds_zero: DeepSpeed's engine rebuilt small: ZeRO stages 0-3 with CPU/NVMe offload, the 1F1B pipeline engine,
 activation checkpointing, fp16/bf16, DeepSpeed's JSON config and checkpoints."""
 
-from ds_zero import accelerator, checkpoint, checkpointing, moe, ops, pipe, runtime, utils, zero
+from ds_zero import accelerator, checkpoint, checkpointing, comm, moe, ops, pipe, runtime, utils, zero
 from ds_zero._compat.arguments import add_config_arguments, config_from_args
 from ds_zero._compat.comm import init_distributed
 from ds_zero._compat.config import DeepSpeedConfig
@@ -16,4 +16,4 @@ __version__ = "0.1.0"
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "config_from_args", "DeepSpeedEngine",
            "get_accelerator", "DeepSpeedConfig", "DeepSpeedConfigError", "PipelineModule", "accelerator",
-           "checkpoint", "checkpointing", "moe", "ops", "pipe", "runtime", "utils", "zero"]
+           "checkpoint", "checkpointing", "comm", "moe", "ops", "pipe", "runtime", "utils", "zero"]

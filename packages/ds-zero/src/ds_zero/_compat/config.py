@@ -31,7 +31,7 @@ _IGNORED = {
         "communication_data_type", "seq_parallel_communication_data_type", "flops_profiler", "tensorboard", "wandb",
         "csv_monitor", "comet", "elasticity", "checkpoint", "data_efficiency", "data_types", "compile",
         "memory_breakdown", "sparse_attention", "autotuning", "comms_logger", "torch_autocast", "disable_allgather",
-        "dataloader_drop_last", "gradient_allreduce_op", "use_data_before_expert_parallelism", "log_level",
+        "gradient_allreduce_op", "use_data_before_expert_parallelism", "log_level",
         "monitor_config", "eigenvalue", "progressive_layer_drop", "curriculum_learning", "quantize_training",
         "weight_quantization", "compression_training", "hybrid_engine", "nebula", "disable_python_gc",
         "managed_gradient_accumulation", "check_overflow", "tensor_parallel", "sequence_parallel_size",
@@ -39,8 +39,7 @@ _IGNORED = {
     "zero_optimization": {
         "use_multi_rank_bucket_allreduce", "compute_grad_norm", "load_from_fp32_weights", "elastic_checkpoint",
         "zenflow", "cpu_offload_param", "cpu_offload_use_pin_memory", "cpu_offload", "model_persistence_threshold",
-        "stage3_model_persistence_threshold", "gather_16bit_weights_on_model_save",
-        "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+        "stage3_model_persistence_threshold",
         "module_granularity_threshold", "stage3_module_granularity_threshold", "use_all_reduce_for_fetch_params",
         "stage3_use_all_reduce_for_fetch_params", "allgather_sequential", "stage3_allgather_sequential",
         "ignore_unused_parameters", "legacy_stage1", "round_robin_gradients", "parameter_alignment",
@@ -56,7 +55,10 @@ _IGNORED = {
 }
 # DeepSpeed options checked as DeepSpeed checks them and accepted with no effect here: section -> {key: kind}.
 _ACCEPTED = {
-    "zero_optimization": {"allgather_partitions": "bool"},
+    "": {"dataloader_drop_last": "bool"},  # read by the loader initialize(training_data=) builds
+    "zero_optimization": {"allgather_partitions": "bool", "gather_16bit_weights_on_model_save": "bool",  # read by
+                          "stage3_gather_16bit_weights_on_model_save": "bool",  # the engine's save_16bit_model
+                          "stage3_gather_fp16_weights_on_model_save": "bool"},
     "offload_param": {"max_in_cpu": "int"},
     "activation_checkpointing": {"synchronize_checkpoint_boundary": "bool", "profile": "bool"},
     "pipeline": {"seed_layers": "bool", "pipe_partitioned": "bool", "grad_partitioned": "bool", "stages": "stages",

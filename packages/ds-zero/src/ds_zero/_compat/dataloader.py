@@ -34,5 +34,5 @@ def build_dataloader(engine, data, collate_fn=None, pipeline: bool = False):
     sampler = torch.utils.data.DistributedSampler(data, num_replicas=engine.dp_world_size, rank=engine.groups.dp_rank,
                                                   shuffle=not pipeline)
     loader = torch.utils.data.DataLoader(data, batch_size=engine.train_micro_batch_size_per_gpu(), sampler=sampler,
-                                         collate_fn=collate_fn)
+                                         collate_fn=collate_fn, drop_last=engine.dataloader_drop_last())
     return RepeatingLoader(loader) if pipeline else loader

@@ -5,6 +5,7 @@ torch-style ``output.backward(grad)`` on the engine's outputs."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -13,10 +14,12 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 
 from ds_zero import engine
-from ds_zero._compat import checkpoint
+from ds_zero._compat import checkpoint, tensor_fragment
 from ds_zero._compat.accelerator import get_accelerator
 from ds_zero.pipe import engine as pipe_engine
-from ds_zero.runtime.zero.partition_parameters import is_zero_param
+from ds_zero.runtime.zero.partition_parameters import GatheredParameters, is_zero_param
+
+logger = logging.getLogger(__name__)
 
 
 class DeepSpeedEngineAPI:
@@ -41,6 +44,8 @@ class DeepSpeedEngineAPI:
         self.dist_backend = get_accelerator().communication_backend_name()
         self.gradient_average = True
         self.enable_backward_allreduce = True
+        if self._config.zero.stage >= 1 or self.bfloat16_enabled():  # DeepSpeed's optimizers with hp mappings
+            tensor_fragment.link_params(self.optimizer)
 
     def train_batch_size(self) -> int:
         return self._config.train_batch_size
@@ -171,6 +176,85 @@ class DeepSpeedEngineAPI:
                 if not p.requires_grad:
                     sd.pop(prefix + n, None)
         return sd
+
+    # --- what DeepSpeed's users reach for beyond the step -----------------------------------------------------
+    def get_batch_info(self) -> tuple:
+        """The getters of the global batch, the micro-batch and the accumulation steps: DeepSpeed 0.19's returns the
+        bound methods, not their values, and code written for it calls them; so does this one."""
+        return self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps
+
+    def set_train_batch_size(self, train_batch_size: int) -> None:
+        """A new global batch at the same micro-batch: the gradient accumulation steps change (DeepSpeed's)."""
+        per_step = self.train_micro_batch_size_per_gpu() * self.dp_world_size
+        if train_batch_size % per_step != 0:
+            raise ValueError("Train batch size must be divisible by micro-batch data parallelism")
+        self._config.train_batch_size = train_batch_size
+        self._config.gradient_accumulation_steps = train_batch_size // per_step
+
+    def set_train_micro_batch_size(self, micro_batch_size: int) -> None:
+        """A new micro-batch at the same accumulation steps: the global batch changes (DeepSpeed's)."""
+        self._config.train_batch_size = micro_batch_size * self.gradient_accumulation_steps() * self.dp_world_size
+        self._config.train_micro_batch_size_per_gpu = micro_batch_size
+
+    def _raw_zero(self) -> dict:
+        z = getattr(self._config, "raw", {}).get("zero_optimization", {})
+        return z if isinstance(z, dict) else {}
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        z = self._raw_zero()
+        for key in ("gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save",
+                    "stage3_gather_fp16_weights_on_model_save"):
+            if key in z:
+                return bool(z[key])
+        return False
+
+    def dataloader_drop_last(self) -> bool:
+        return bool(getattr(self._config, "raw", {}).get("dataloader_drop_last", False))
+
+    def zero_offload_optimizer(self):
+        """The ``offload_optimizer`` section, None when it offloads nothing (DeepSpeed's)."""
+        return self._config.zero.offload_optimizer if self._config.zero.offload_optimizer.device != "none" else None
+
+    def zero_offload_param(self):
+        return self._config.zero.offload_param if self._config.zero.offload_param.device != "none" else None
+
+    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """The model's 16-bit (its own dtype) state dict in ``save_dir/save_filename``, written by rank 0; every rank
+        calls it. At stage 3 the partitioned weights are gathered only with ``stage3_gather_16bit_weights_on_model
+        _save``; without it nothing is saved and False returned, as DeepSpeed does."""
+        path = os.path.join(save_dir, save_filename)
+        if self._config.zero.stage == 3:
+            if not self.zero_gather_16bit_weights_on_model_save():
+                logger.info("Did not save the model %s because stage3_gather_16bit_weights_on_model_save is False",
+                            path)
+                return False
+            with GatheredParameters(list(self.module.parameters()), modifier_rank=None):
+                state_dict = {k: v.detach().clone() for k, v in
+                              self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters).items()}
+        else:
+            state_dict = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        if dist.get_rank() == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            logger.info("Saving model weights to %s, tag: global_step%d", path, self.global_steps)
+            torch.save(state_dict, path)
+        return True
+
+    def save_fp16_model(self, save_dir, save_filename: str = "pytorch_model.bin",
+                        exclude_frozen_parameters: bool = False) -> bool:
+        """Older name of :meth:`save_16bit_model`."""
+        return self.save_16bit_model(save_dir, save_filename, exclude_frozen_parameters)
+
+    def load_module_state_dict(self, checkpoint, strict: bool = True, custom_load_fn=None,
+                               fetch_z3_params: bool = False) -> None:
+        """``checkpoint['module']`` into the wrapped module (through ``custom_load_fn(src=, dst=)`` if given; with
+        ``fetch_z3_params`` the ZeRO-3 partitions gathered, loaded on every rank, and partitioned again)."""
+        params = list(self.module.parameters()) if fetch_z3_params else []
+        with GatheredParameters(params, modifier_rank=0, enabled=fetch_z3_params):
+            if custom_load_fn is not None:
+                custom_load_fn(src=checkpoint["module"], dst=self.module)
+            else:
+                self.module.load_state_dict(checkpoint["module"], strict=strict)
 
     def was_step_applied(self) -> bool:
         """Whether the last ``step()`` updated the parameters (False off a boundary or on an fp16 overflow)."""

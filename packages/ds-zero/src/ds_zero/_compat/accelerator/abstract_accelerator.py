@@ -45,8 +45,9 @@ def _require_host(device) -> None:
 
 
 class DeepSpeedAccelerator(abc.ABC):
-    """``deepspeed.accelerator.abstract_accelerator.DeepSpeedAccelerator``: the interface, and the parts every device
-    shares (op builders, pinning helpers, visible-devices variables, compile backend)."""
+    """``deepspeed.accelerator.abstract_accelerator.DeepSpeedAccelerator``: the interface, abstract where DeepSpeed's
+    is (a subclass that leaves a method out cannot be instantiated: Python's TypeError names it), with DeepSpeed's
+    concrete host-pinning helpers."""
 
     supports_nvtx_domain = False
     _torch_pins_host_memory = True
@@ -54,73 +55,198 @@ class DeepSpeedAccelerator(abc.ABC):
     def __init__(self):
         self._name = None
         self._communication_backend_name = None
-        self._compile_backend = "inductor"
-
-    # what each device must answer itself (DeepSpeed declares more of its interface abstract; the rest is shared)
-    @abc.abstractmethod
-    def is_synchronized_device(self) -> bool: ...
+        self._compile_backend = None
 
     @abc.abstractmethod
-    def device_name(self, device_index=None) -> str: ...
+    def is_synchronized_device(self): ...
 
     @abc.abstractmethod
-    def current_device_name(self) -> str: ...
+    def use_host_timers(self): ...
 
     @abc.abstractmethod
-    def device_count(self) -> int: ...
+    def resolves_data_dependency(self): ...
+
+    @abc.abstractmethod
+    def handles_memory_backpressure(self): ...
+
+    # device
+    @abc.abstractmethod
+    def device_name(self, device_index): ...
+
+    @abc.abstractmethod
+    def device(self, device_index): ...
+
+    @abc.abstractmethod
+    def set_device(self, device_index): ...
+
+    @abc.abstractmethod
+    def current_device(self): ...
+
+    @abc.abstractmethod
+    def current_device_name(self): ...
+
+    @abc.abstractmethod
+    def device_count(self): ...
 
     @abc.abstractmethod
     def synchronize(self, device_index=None): ...
+
+    # RNG
+    @abc.abstractmethod
+    def random(self): ...
+
+    @abc.abstractmethod
+    def set_rng_state(self, new_state, device_index=None): ...
+
+    @abc.abstractmethod
+    def get_rng_state(self, device_index=None): ...
 
     @abc.abstractmethod
     def manual_seed(self, seed): ...
 
     @abc.abstractmethod
-    def memory_allocated(self, device_index=None) -> int: ...
+    def manual_seed_all(self, seed): ...
 
     @abc.abstractmethod
-    def is_bf16_supported(self) -> bool: ...
+    def initial_seed(self): ...
 
     @abc.abstractmethod
-    def is_fp16_supported(self) -> bool: ...
+    def default_generator(self, device_index): ...
+
+    # streams and events
+    @property
+    @abc.abstractmethod
+    def Stream(self): ...
 
     @abc.abstractmethod
-    def is_available(self) -> bool: ...
+    def stream(self, stream): ...
 
     @abc.abstractmethod
-    def on_accelerator(self, tensor) -> bool: ...
+    def current_stream(self, device_index=None): ...
 
-    def is_fp64_supported(self) -> bool:
+    @abc.abstractmethod
+    def default_stream(self, device_index=None): ...
+
+    @property
+    @abc.abstractmethod
+    def Event(self): ...
+
+    # memory
+    @abc.abstractmethod
+    def empty_cache(self): ...
+
+    @abc.abstractmethod
+    def memory_allocated(self, device_index=None): ...
+
+    @abc.abstractmethod
+    def max_memory_allocated(self, device_index=None): ...
+
+    @abc.abstractmethod
+    def reset_max_memory_allocated(self, device_index=None): ...
+
+    @abc.abstractmethod
+    def memory_cached(self, device_index=None): ...
+
+    @abc.abstractmethod
+    def max_memory_cached(self, device_index=None): ...
+
+    @abc.abstractmethod
+    def reset_max_memory_cached(self, device_index=None): ...
+
+    @abc.abstractmethod
+    def memory_stats(self, device_index=None): ...
+
+    @abc.abstractmethod
+    def reset_peak_memory_stats(self, device_index=None): ...
+
+    @abc.abstractmethod
+    def memory_reserved(self, device_index=None): ...
+
+    @abc.abstractmethod
+    def max_memory_reserved(self, device_index=None): ...
+
+    @abc.abstractmethod
+    def total_memory(self, device_index=None): ...
+
+    @abc.abstractmethod
+    def available_memory(self, device_index=None): ...
+
+    # data types
+    @abc.abstractmethod
+    def is_bf16_supported(self): ...
+
+    @abc.abstractmethod
+    def is_fp16_supported(self): ...
+
+    def is_fp64_supported(self):
         return True
 
-    def use_host_timers(self) -> bool:
-        return self.is_synchronized_device()
+    @abc.abstractmethod
+    def supported_dtypes(self): ...
 
-    def resolves_data_dependency(self) -> bool:
-        return self.is_synchronized_device()
+    # misc
+    @abc.abstractmethod
+    def is_available(self): ...
 
-    def handles_memory_backpressure(self) -> bool:
-        return self.is_synchronized_device()
+    @abc.abstractmethod
+    def range_push(self, msg, domain=None, category=None): ...
 
-    def communication_backend_name(self) -> str:
-        return self._communication_backend_name
+    @abc.abstractmethod
+    def range_pop(self, domain=None): ...
 
-    def random(self):
-        return torch.random
+    @abc.abstractmethod
+    def lazy_call(self, callback): ...
 
-    def prefer_triton_grouped_mm(self) -> bool:
+    @abc.abstractmethod
+    def communication_backend_name(self): ...
+
+    @abc.abstractmethod
+    def is_triton_supported(self): ...
+
+    def prefer_triton_grouped_mm(self):
         return False
 
+    # graphs
     def is_current_stream_capturing(self) -> bool:
         return False
 
-    def supported_dtypes(self) -> list:
-        dtypes = [torch.float]
-        if self.is_fp16_supported():
-            dtypes.append(torch.half)
-        if self.is_bf16_supported():
-            dtypes.append(torch.bfloat16)
-        return dtypes
+    @abc.abstractmethod
+    def create_graph(self): ...
+
+    @abc.abstractmethod
+    def capture_to_graph(self, graph, pool=None, stream=None): ...
+
+    @abc.abstractmethod
+    def replay_graph(self, graph): ...
+
+    # tensor types
+    @property
+    @abc.abstractmethod
+    def BFloat16Tensor(self): ...
+
+    @property
+    @abc.abstractmethod
+    def ByteTensor(self): ...
+
+    @property
+    @abc.abstractmethod
+    def DoubleTensor(self): ...
+
+    @property
+    @abc.abstractmethod
+    def FloatTensor(self): ...
+
+    @property
+    @abc.abstractmethod
+    def HalfTensor(self): ...
+
+    @property
+    @abc.abstractmethod
+    def IntTensor(self): ...
+
+    @property
+    @abc.abstractmethod
+    def LongTensor(self): ...
 
     # --- host memory pinning (torch's own; DeepSpeed's native pinning backend is not built here) ---------------
     def _torch_pin_memory(self, tensor):
@@ -144,8 +270,11 @@ class DeepSpeedAccelerator(abc.ABC):
         template = tensor.new_empty((0,), dtype=tensor.dtype if dtype is None else dtype, device=device)
         return self._torch_empty_pinned(template, tuple(tensor.shape))
 
-    def is_pinned(self, tensor) -> bool:
+    def _torch_is_pinned(self, tensor) -> bool:
         return tensor.is_pinned()
+
+    def is_pinned(self, tensor) -> bool:
+        return self._torch_is_pinned(tensor)
 
     def unpin_memory(self, tensor):
         return None
@@ -159,7 +288,70 @@ class DeepSpeedAccelerator(abc.ABC):
     def pin_memory_alignment(self) -> int:
         return 1
 
-    # --- ops, environment, compile --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def on_accelerator(self, tensor): ...
+
+    # op builders, environment, compile
+    @abc.abstractmethod
+    def op_builder_dir(self): ...
+
+    @abc.abstractmethod
+    def create_op_builder(self, class_name): ...
+
+    @abc.abstractmethod
+    def get_op_builder(self, class_name): ...
+
+    @abc.abstractmethod
+    def build_extension(self): ...
+
+    @abc.abstractmethod
+    def export_envs(self): ...
+
+    @abc.abstractmethod
+    def visible_devices_envs(self): ...
+
+    @abc.abstractmethod
+    def set_visible_devices_envs(self, current_env, local_accelerator_ids): ...
+
+    @abc.abstractmethod
+    def get_compile_backend(self): ...
+
+    @abc.abstractmethod
+    def set_compile_backend(self, backend): ...
+
+
+class TorchAccelerator(DeepSpeedAccelerator):
+    """What ds_zero's cpu and cuda accelerators answer alike (DeepSpeed repeats it in each of its classes):
+    timers and memory back-pressure follow ``is_synchronized_device``, torch's RNG module, the dtypes, ds_zero's op
+    builders, the visible-devices variables, and the compile backend."""
+
+    def __init__(self):
+        super().__init__()
+        self._compile_backend = "inductor"
+
+    def use_host_timers(self) -> bool:
+        return self.is_synchronized_device()
+
+    def resolves_data_dependency(self) -> bool:
+        return self.is_synchronized_device()
+
+    def handles_memory_backpressure(self) -> bool:
+        return self.is_synchronized_device()
+
+    def communication_backend_name(self) -> str:
+        return self._communication_backend_name
+
+    def random(self):
+        return torch.random
+
+    def supported_dtypes(self) -> list:
+        dtypes = [torch.float]
+        if self.is_fp16_supported():
+            dtypes.append(torch.half)
+        if self.is_bf16_supported():
+            dtypes.append(torch.bfloat16)
+        return dtypes
+
     def op_builder_dir(self) -> str:
         return "ds_zero.ops.op_builder"
 

@@ -9,7 +9,7 @@ import os
 import psutil
 import torch
 
-from ds_zero._compat.accelerator.abstract_accelerator import DeepSpeedAccelerator
+from ds_zero._compat.accelerator.abstract_accelerator import TorchAccelerator
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def _numa_node_count() -> int:
     return max(1, len(cpulists))
 
 
-class CPU_Accelerator(DeepSpeedAccelerator):
+class CPU_Accelerator(TorchAccelerator):
     """``deepspeed.accelerator.cpu_accelerator.CPU_Accelerator``: one "device" per local rank, memory figures from
     the process's resident set (peak kept here), gloo for communication."""
 

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from ds_zero._compat.accelerator.abstract_accelerator import DeepSpeedAccelerator
+from ds_zero._compat.accelerator.abstract_accelerator import TorchAccelerator
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +18,7 @@ def _cuda_tensor(dtype):
     return functools.partial(torch.tensor, dtype=dtype, device="cuda")
 
 
-class CUDA_Accelerator(DeepSpeedAccelerator):
+class CUDA_Accelerator(TorchAccelerator):
     """``deepspeed.accelerator.cuda_accelerator.CUDA_Accelerator``: each method is its ``torch.cuda`` call."""
 
     supports_nvtx_domain = True
