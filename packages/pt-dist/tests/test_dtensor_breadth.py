@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -39,13 +40,30 @@ def _mlp():
     return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4))
 
 
-def _comm_counts(lib, tp, mesh, rank):
+def _tree(mode, path):
+    """The JSON dump's module tree: names, types, parameters, collectives (torch also lists operations)."""
+    mode.generate_json_dump(path, noise_level=1)
+    with open(path) as f:
+        dump = json.load(f)
+
+    def strip(node):
+        return (node["fqn"], node["module_type"], [tuple(p) for p in node["parameters"]],
+                sorted(map(tuple, node["collectives_forward"])), sorted(map(tuple, node["collectives_backward"])),
+                [strip(c) for c in node["children"]])
+
+    return strip(dump)
+
+
+def _comm_counts(lib, tp, mesh, rank, path):
     """A Colwise / Rowwise MLP's forward and backward, and a distribute / redistribute, under CommDebugMode."""
     model = tp.parallelize_module(_mlp(), mesh, {"0": tp.ColwiseParallel(), "2": tp.RowwiseParallel()})
     x = torch.randn(3, 6, generator=torch.Generator().manual_seed(rank))
     with lib.debug.CommDebugMode() as mode:
         model(x).sum().backward()
-    mlp = ({str(k): v for k, v in mode.get_comm_counts().items()}, mode.get_total_counts())
+    mlp = ({str(k): v for k, v in mode.get_comm_counts().items()}, mode.get_total_counts(),
+           {m: {ph: {str(k): n for k, n in c.items()} for ph, c in d.items()}
+            for m, d in mode.comm_module_counts.items()},
+           {k: str(v) for k, v in mode.get_sharding_info().items()}, _tree(mode, path))
     with lib.debug.CommDebugMode() as mode:
         d = lib.distribute_tensor(torch.ones(4, 2), mesh, [lib.Shard(0)])
         d.redistribute(mesh, [lib.Replicate()])
@@ -53,7 +71,7 @@ def _comm_counts(lib, tp, mesh, rank):
     return mlp, ({str(k): v for k, v in mode.get_comm_counts().items()}, mode.get_total_counts())
 
 
-def _breadth(rank, world):
+def _breadth(rank, world, root):
     import pt_dist.tensor as pt
     import pt_dist.tensor.debug  # noqa: F401
     import pt_dist.tensor.experimental as pt_exp
@@ -91,7 +109,8 @@ def _breadth(rank, world):
             out["torch rand"] = "ran"
         except AssertionError:
             out["torch rand"] = "AssertionError"
-        out["comm"] = (_comm_counts(pt, pt_tp, mesh, rank), _comm_counts(tt, tt_tp, tmesh, rank))
+        out["comm"] = (_comm_counts(pt, pt_tp, mesh, rank, f"{root}/ours{rank}.json"),
+                       _comm_counts(tt, tt_tp, tmesh, rank, f"{root}/theirs{rank}.json"))
         # implicit_replication: a plain tensor meets a sharded one
         plain = torch.arange(24.0).reshape(4, 6)
         res = []
@@ -132,8 +151,8 @@ def _breadth(rank, world):
         _close_up()
 
 
-def test_tensor_breadth_matches_torchs_in_the_same_ranks():
-    results = run_ranks(_breadth, 2, backend=None, timeout=180)
+def test_tensor_breadth_matches_torchs_in_the_same_ranks(tmp_path):
+    results = run_ranks(_breadth, 2, str(tmp_path), backend=None, timeout=180)
     for rank, out in enumerate(results):
         assert out["device_mesh path"]
         for name in ("linspace S0", "linspace R", "logspace S0", "linspace 1 step"):
@@ -145,7 +164,9 @@ def test_tensor_breadth_matches_torchs_in_the_same_ranks():
         assert shape == (4, 3) and grad and torch.equal(local, want)
         assert out["torch rand"] == "AssertionError"  # torch 2.15: no DTensor RNG on a CPU mesh
         (mlp, moved), (t_mlp, t_moved) = out["comm"]
-        assert mlp == t_mlp and mlp[1] > 0, (mlp, t_mlp)  # same ops, same counts, as torch's keys
+        # same ops, same counts, under torch's keys, per module and pass; the parameters' placements; the JSON tree
+        assert mlp == t_mlp and mlp[1] > 0 and len(mlp[3]) == 4, (mlp, t_mlp)
+        assert set(mlp[2]) == {"Global", "Sequential", "Sequential.2"}, mlp[2]  # the row-wise layer's all-reduce
         # scatter, all-gather, then Shard(0) -> Shard(1): an all-to-all here, where torch's CPU group falls back to
         # a second all-gather ("CPU process group does not support alltoall yet")
         assert moved[0] == {"c10d.scatter_": 1, "c10d_functional.all_gather_into_tensor": 1,
