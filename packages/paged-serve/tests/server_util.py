@@ -17,13 +17,13 @@ from paged_serve.entrypoints.openai.api_server import bind_socket, build_app
 
 
 class Server:
-    def __init__(self, path, api_key=None, max_waiting_requests=64, max_request_bytes=None, **engine_kw):
+    def __init__(self, path, api_key=None, max_waiting_requests=64, max_request_bytes=None, app_kw=None, **engine_kw):
         engine_kw = {"num_gpu_blocks": 96, "max_model_len": 128, **engine_kw}
         self.engine = AsyncLLMEngine.from_engine_args(EngineArgs(path, **engine_kw), max_waiting_requests)
         self.sock = bind_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         limit = {"max_request_bytes": max_request_bytes} if max_request_bytes else {}
-        app = build_app(self.engine, "tiny", api_key, **limit)
+        app = build_app(self.engine, "tiny", api_key, **limit, **(app_kw or {}))
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()

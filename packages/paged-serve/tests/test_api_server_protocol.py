@@ -267,12 +267,12 @@ def test_chat_logprobs_on_split_characters_agree_with_the_message(tmp_path, chec
     the tokens join to the message, non-streamed and streamed (each chunk's tokens join to its delta)."""
     messages = [{"role": "user", "content": "the fox"}]
     prompt_ids, cycle = _cycling_checkpoint(tmp_path, checkpoint_builder, messages)
-    s = Server(str(tmp_path))
+    s = Server(str(tmp_path), app_kw={"return_tokens_as_token_ids": True})  # the request below says False
     try:
         tok = s.engine.engine.tokenizer
         ids = (cycle * 2)[:7]  # 界 é, then 2 of 界's 3 bytes
         body = {"messages": messages, "max_tokens": 7, "temperature": 0, "ignore_eos": True, "logprobs": True,
-                "top_logprobs": 2}  # fmt: skip
+                "top_logprobs": 2, "return_tokens_as_token_ids": False}  # fmt: skip
         r = httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=60)
         assert r.status_code == 200, r.text
         choice = r.json()["choices"][0]
@@ -296,5 +296,19 @@ def test_chat_logprobs_on_split_characters_agree_with_the_message(tmp_path, chec
             if c["logprobs"]:
                 assert "".join(e["token"] for e in c["logprobs"]["content"]) == c["delta"].get("content", "")
         assert "".join(c["delta"].get("content", "") for c in chunks) == content
+        # vLLM's return_tokens_as_token_ids (the server's flag, here on; a request's field overrides it)
+        del body["return_tokens_as_token_ids"]
+        entries = httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["logprobs"]
+        assert [e["token"] for e in entries["content"]] == [f"token_id:{t}" for t in ids]
+        for entry in entries["content"]:
+            assert entry["bytes"] == list(entry["token"].encode())
+            assert entry["top_logprobs"][0]["token"] == entry["token"]
+            assert all(alt["token"].startswith("token_id:") for alt in entry["top_logprobs"])
+        body = {"prompt": prompt_ids, "max_tokens": 7, "temperature": 0, "ignore_eos": True, "logprobs": 1}
+        choice = httpx.post(f"{s.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+        assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in ids] and choice["text"] == content
+        assert choice["logprobs"]["text_offset"] == [0, 0, 0, 1, 1, 2, 2]  # still offsets into the text
+        plain = httpx.post(f"{s.url}/v1/completions", json={**body, "return_tokens_as_token_ids": False}, timeout=60)
+        assert plain.json()["choices"][0]["logprobs"]["tokens"] == texts
     finally:
         s.close()

@@ -51,6 +51,8 @@ def make_parser() -> argparse.ArgumentParser:
         help="message content as a string or OpenAI's parts ('auto': what the template reads)",
     )
     serve.add_argument("--disable-log-requests", action="store_true", help="log no line per request")
+    serve.add_argument("--return-tokens-as-token-ids", action=argparse.BooleanOptionalAction, default=False,
+                       help="logprobs tokens as 'token_id:<id>' unless a request says otherwise")  # fmt: skip
     serve.add_argument(
         "--max-waiting-requests", type=int, default=256, help="waiting requests beyond which new ones get 429"
     )
@@ -97,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     names = args.served_model_name or [Path(args.model).name if Path(args.model).is_dir() else args.model]
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     app = api_server.build_app(engine, names, api_key, args.max_request_bytes, not args.disable_log_requests,
-                               chat_template, args.chat_template_content_format)  # fmt: skip
+                               chat_template, args.chat_template_content_format,
+                               args.return_tokens_as_token_ids)  # fmt: skip
     try:
         api_server.run_server(app, sock, engine, args.log_level, args.shutdown_timeout)
     finally:

@@ -90,11 +90,13 @@ def build_app(
     log_requests: bool = True,
     chat_template: str | None = None,
     chat_template_content_format: str = "auto",
+    return_tokens_as_token_ids: bool = False,
 ) -> FastAPI:
     """The app; ``served_model_name`` is one name or vLLM's list (the first answers, all are accepted)."""
     app = FastAPI(title="paged-serve", redoc_url=None)  # /docs and /openapi.json, as vLLM's server has
-    completion = OpenAIServingCompletion(engine, served_model_name, log_requests)
-    chat = OpenAIServingChat(engine, served_model_name, log_requests, chat_template, chat_template_content_format)
+    completion = OpenAIServingCompletion(engine, served_model_name, log_requests, return_tokens_as_token_ids)
+    chat = OpenAIServingChat(engine, served_model_name, log_requests, chat_template, chat_template_content_format,
+                             return_tokens_as_token_ids)  # fmt: skip
     served_model_name = completion.model_name
     created = int(time.time())
     if api_key:

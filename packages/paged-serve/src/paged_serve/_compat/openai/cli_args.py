@@ -41,7 +41,6 @@ VLLM_ONLY_FLAGS: dict[str, tuple[bool, tuple[str, ...] | None, str]] = {
     "--ssl-cert-reqs": (True, ("0",), _NO_TLS),
     "--root-path": (True, (), "the routes are served at /"),
     "--middleware": (True, (), "no ASGI middleware can be added"),
-    "--return-tokens-as-token-ids": (False, (), "logprobs tokens are always text"),
     "--disable-frontend-multiprocessing": (False, ANY, "the server and the engine share one process"),
     "--enable-request-id-headers": (False, (), "responses carry no X-Request-Id header"),
     "--enable-auto-tool-choice": (False, (), "no tool-call parsing (tools are accepted and ignored)"),

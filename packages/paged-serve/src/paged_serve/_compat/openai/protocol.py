@@ -68,6 +68,8 @@ class _SamplingFields(BaseModel):
     # OpenAI sends token ids as JSON object keys (strings): digits only, so the schema can say so
     logit_bias: Annotated[dict[_IdKey, float], Field(json_schema_extra={"additionalProperties": False})] | None = None
     response_format: ResponseFormat | None = None
+    # vLLM's: logprobs tokens as "token_id:<id>" (None: the server's --return-tokens-as-token-ids)
+    return_tokens_as_token_ids: bool | None = None
 
     @field_validator("logit_bias")
     @classmethod

@@ -22,9 +22,10 @@ from paged_serve._compat.openai.serving_engine import OpenAIError, OpenAIServing
 
 class OpenAIServingChat(OpenAIServing):
     def __init__(self, engine: AsyncLLMEngine, served_model_name: str | list[str], log_requests: bool = True,
-                 chat_template: str | None = None, chat_template_content_format: str = "auto"):  # fmt: skip
+                 chat_template: str | None = None, chat_template_content_format: str = "auto",
+                 return_tokens_as_token_ids: bool = False):  # fmt: skip
         """``chat_template``: the server's template (``--chat-template``) instead of the tokenizer's."""
-        super().__init__(engine, served_model_name, log_requests)
+        super().__init__(engine, served_model_name, log_requests, return_tokens_as_token_ids)
         self.chat_template = chat_template
         self.content_format = "string"
         if self.tokenizer is not None:
@@ -33,14 +34,17 @@ class OpenAIServingChat(OpenAIServing):
             )
 
     @staticmethod
-    def _logprobs(texts: list[tuple], token_ids, logprobs, top: int) -> dict:
+    def _logprobs(texts: list[tuple], token_ids, logprobs, top: int, as_ids: bool = False) -> dict:
         """OpenAI's chat logprobs, as vLLM's ``_create_chat_logprobs``: each token (and each of its ``top``
         alternatives, by rank) with its text and that text's UTF-8 ``bytes``. ``texts`` are ``token_texts``': a
         character split over byte-level tokens comes whole with the token completing it and "" (no bytes) before,
-        so the tokens join to the message; special tokens show as text (vLLM's decode keeps them)."""
+        so the tokens join to the message; special tokens show as text (vLLM's decode keeps them). ``as_ids``:
+        every token is "token_id:<id>" instead (vLLM's ``return_tokens_as_token_ids``)."""
         content = []
         for (text, alternatives), token_id, lps in zip(texts, token_ids, logprobs):
             text = text or ""
+            if as_ids:
+                text, alternatives = f"token_id:{token_id}", {t: f"token_id:{t}" for t in alternatives}
             ranked = sorted(lps.items(), key=lambda kv: kv[1].rank or 0)[:top]
             content.append(
                 {
@@ -59,9 +63,9 @@ class OpenAIServingChat(OpenAIServing):
             )
         return {"content": content}
 
-    def _final_logprobs(self, out, prompt_ids: list[int], top: int) -> dict:
+    def _final_logprobs(self, out, prompt_ids: list[int], top: int, as_ids: bool) -> dict:
         texts = token_texts(self.tokenizer, out.token_ids, out.logprobs, prompt_ids, skip=False, final=True)
-        return self._logprobs(texts, out.token_ids, out.logprobs, top)
+        return self._logprobs(texts, out.token_ids, out.logprobs, top, as_ids)
 
     async def create_chat_completion(self, request: ChatCompletionRequest, raw: Request):
         self.check_model(request.model)
@@ -95,11 +99,12 @@ class OpenAIServingChat(OpenAIServing):
             events = self._stream(request, request_id, self.outputs(raw, streams[0]), ids, top)
             return StreamingResponse(guard_stream(events, streams), media_type="text/event-stream")
         (final,) = await self.final_outputs(raw, streams)
+        as_ids = self.token_id_names(request)
         choices = [
             {
                 "index": out.index,
                 "message": {"role": "assistant", "content": out.text},
-                "logprobs": self._final_logprobs(out, ids, top) if request.logprobs else None,
+                "logprobs": self._final_logprobs(out, ids, top, as_ids) if request.logprobs else None,
                 "finish_reason": out.finish_reason,
                 "stop_reason": out.stop_reason,
             }
@@ -153,7 +158,8 @@ class OpenAIServingChat(OpenAIServing):
                     ids, final = pending + list(out.token_ids), out.finish_reason is not None
                     texts = token_texts(self.tokenizer, ids, [None] * len(pending) + list(out.logprobs), context,
                                         False, final)  # fmt: skip
-                    logprobs = self._logprobs(texts[len(pending) :], out.token_ids, out.logprobs, top)
+                    as_ids = self.token_id_names(request)
+                    logprobs = self._logprobs(texts[len(pending) :], out.token_ids, out.logprobs, top, as_ids)
                     whole = max((k + 1 for k, (text, _) in enumerate(texts) if text is not None), default=0)
                     decoded[out.index] = (context + ids[:whole], ids[whole:])
                 choice = {

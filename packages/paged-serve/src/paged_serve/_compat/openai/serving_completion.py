@@ -16,19 +16,21 @@ from paged_serve._compat.openai.serving_engine import OpenAIError, OpenAIServing
 from paged_serve.outputs import CompletionOutput
 
 
-def _logprobs(tokenizer, token_ids, logprobs, offset: int, context=(), skip: bool = True, final: bool = True):
+def _logprobs(tokenizer, token_ids, logprobs, offset: int, context=(), skip: bool = True, final: bool = True,
+              as_ids: bool = False):  # fmt: skip
     """OpenAI's completion logprobs; a ``None`` entry (a prompt's first token) has no logprob and no top list.
 
     Each token's text is its share of the decoded text (``token_texts``): the bytes of a character split across
     byte-level tokens come out whole with the token that completes it, the others as "", so the tokens concatenate
-    to the text and ``text_offset`` indexes it.
+    to the text and ``text_offset`` indexes it. ``as_ids``: tokens (and top_logprobs keys) are "token_id:<id>"
+    (vLLM's ``return_tokens_as_token_ids``), the offsets still index the text.
     """
     if logprobs is None:
         return None
     tokens, token_logprobs, top, offsets = [], [], [], []
     texts = token_texts(tokenizer, token_ids, logprobs, context, skip, final)
     for (text, alternatives), token_id, lps in zip(texts, token_ids, logprobs):
-        tokens.append(text or "")
+        tokens.append(f"token_id:{token_id}" if as_ids else text or "")
         offsets.append(offset)
         offset += len(text or "")
         if lps is None:
@@ -38,7 +40,7 @@ def _logprobs(tokenizer, token_ids, logprobs, offset: int, context=(), skip: boo
             token_logprobs.append(lps[token_id].logprob)
             entry: dict[str, float] = {}
             for t, lp in sorted(lps.items(), key=lambda kv: kv[1].rank or 0):  # texts can collide: the best wins
-                entry.setdefault(alternatives[t], lp.logprob)
+                entry.setdefault(f"token_id:{t}" if as_ids else alternatives[t], lp.logprob)
             top.append(entry)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
@@ -126,6 +128,7 @@ class OpenAIServingCompletion(OpenAIServing):
         try:
             # echo: the prompt first; with logprobs it waits for the prefill that scores the prompt tokens
             pending_echo = set(range(len(prompts))) if request.echo else set()
+            as_ids = self.token_id_names(request)
             if request.logprobs is None:
                 for i in sorted(pending_echo):
                     for event in self._echo(base, created, prompts[i], i, n, None):
@@ -144,7 +147,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 if i in pending_echo and (output.prompt_logprobs is not None or output.finished):
                     pending_echo.discard(i)
                     lps = output.prompt_logprobs
-                    for event in self._echo(base, created, prompts[i], i, n, lps, request.skip_special_tokens):
+                    skip = request.skip_special_tokens
+                    for event in self._echo(base, created, prompts[i], i, n, lps, skip, as_ids):
                         yield event
                 for out in output.outputs:
                     usage["completion_tokens"] += len(out.token_ids)
@@ -157,7 +161,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         continue
                     final = out.finish_reason is not None
                     logprobs = _logprobs(self.tokenizer, ids, lps if out.logprobs is not None else None, offset,
-                                         context, request.skip_special_tokens, final)  # fmt: skip
+                                         context, request.skip_special_tokens, final, as_ids)  # fmt: skip
                     sent[index] = (context + ids, offset + len(out.text), [], [])
                     yield sse(self._chunk(base, created, index, out.text, out, out.finish_reason, logprobs))
             if request.stream_options and request.stream_options.include_usage:
@@ -182,19 +186,21 @@ class OpenAIServingCompletion(OpenAIServing):
         """With ``echo``, the prompt tokens' logprobs come first (vLLM's prompt_logprobs), from offset 0."""
         if out.logprobs is None:
             return None
-        skip = request.skip_special_tokens
+        skip, as_ids = request.skip_special_tokens, self.token_id_names(request)
         if request.echo and final.prompt_logprobs is not None:
             lps = final.prompt_logprobs + out.logprobs
-            return _logprobs(self.tokenizer, prompt_ids + out.token_ids, lps, 0, skip=skip)
-        return _logprobs(self.tokenizer, out.token_ids, out.logprobs, offset, prompt_ids, skip)
+            return _logprobs(self.tokenizer, prompt_ids + out.token_ids, lps, 0, skip=skip, as_ids=as_ids)
+        return _logprobs(self.tokenizer, out.token_ids, out.logprobs, offset, prompt_ids, skip, as_ids=as_ids)
 
     def _echo_text(self, prompt) -> str:
         text, ids = prompt
         return text if text is not None else self.tokenizer.decode(ids)
 
-    def _echo(self, base, created, prompt, i: int, n: int, prompt_logprobs, skip: bool = True):
+    def _echo(self, base, created, prompt, i: int, n: int, prompt_logprobs, skip: bool = True, as_ids: bool = False):
         echo = self._echo_text(prompt)
-        lp = _logprobs(self.tokenizer, prompt[1], prompt_logprobs, 0, skip=skip) if prompt_logprobs else None
+        lp = None
+        if prompt_logprobs:
+            lp = _logprobs(self.tokenizer, prompt[1], prompt_logprobs, 0, skip=skip, as_ids=as_ids)
         for k in range(n):
             yield sse(self._chunk(base, created, i * n + k, echo, None, None, lp))
 

@@ -73,9 +73,12 @@ def sse(payload: dict | str) -> str:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLMEngine, served_model_name: str | list[str], log_requests: bool = True):
+    def __init__(self, engine: AsyncLLMEngine, served_model_name: str | list[str], log_requests: bool = True,
+                 return_tokens_as_token_ids: bool = False):  # fmt: skip
         """``served_model_name``: the name responses carry, or vLLM's list of them (the first is answered with,
-        every one is accepted); ``log_requests=False`` is ``--disable-log-requests``."""
+        every one is accepted); ``log_requests=False`` is ``--disable-log-requests``; ``return_tokens_as_token_ids``
+        names logprobs tokens "token_id:<id>" unless a request says otherwise (vLLM's flag and request field)."""
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids
         names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
         self.engine = engine
         self.model_name, self.model_names = names[0], names
@@ -86,6 +89,10 @@ class OpenAIServing:
         self.default_sampling_params = engine.engine.model_config.get_diff_sampling_param()
         if self.default_sampling_params:
             logger.info("sampling defaults from the model's generation config: %s", self.default_sampling_params)
+
+    def token_id_names(self, request) -> bool:
+        given = request.return_tokens_as_token_ids
+        return self.return_tokens_as_token_ids if given is None else given
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.model_names:
