@@ -108,7 +108,7 @@ from .optimization import (
     get_linear_schedule_with_warmup,
     get_scheduler,
 )
-from .pipelines import Pipeline, TextGenerationPipeline, pipeline
+from .pipelines import Pipeline, TextClassificationPipeline, TextGenerationPipeline, pipeline
 from .tokenization_gpt2 import GPT2Tokenizer
 from .tokenization_utils import PreTrainedTokenizer
 from .tokenization_utils_base import BatchEncoding, PreTrainedTokenizerBase
@@ -137,6 +137,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Pipeline",
+    "TextClassificationPipeline",
     "TextGenerationPipeline",
     "pipeline",
     "CONFIG_MAPPING",

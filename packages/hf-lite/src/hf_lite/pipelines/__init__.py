@@ -1,5 +1,5 @@
-"""``hf_lite.pipelines`` (transformers' ``pipelines``): ``pipeline("text-generation", ...)`` and the pipeline
-classes, from ``_compat/pipelines/``."""
+"""``hf_lite.pipelines`` (transformers' ``pipelines``): ``pipeline("text-generation" | "text-classification", ...)``
+and the pipeline classes, from ``_compat/pipelines/``."""
 
 from .._compat.pipelines.base import Pipeline, PipelineException, PipelineRegistry
 from .._compat.pipelines.factory import (
@@ -10,9 +10,10 @@ from .._compat.pipelines.factory import (
     get_supported_tasks,
     pipeline,
 )
+from .._compat.pipelines.text_classification import TextClassificationPipeline
 from .._compat.pipelines.text_generation import TextGenerationPipeline
 
 __all__ = [
     "PIPELINE_REGISTRY", "SUPPORTED_TASKS", "TASK_ALIASES", "Pipeline", "PipelineException", "PipelineRegistry",
-    "TextGenerationPipeline", "check_task", "get_supported_tasks", "pipeline",
+    "TextClassificationPipeline", "TextGenerationPipeline", "check_task", "get_supported_tasks", "pipeline",
 ]

@@ -1,6 +1,6 @@
 """``pipeline(task, model=..., tokenizer=...)``: the task's pipeline class over a loaded model and tokenizer
-(transformers' ``pipelines/__init__.py``). hf-lite has one task, ``"text-generation"``; any other name raises
-transformers' ``KeyError`` naming it and the supported tasks."""
+(transformers' ``pipelines/__init__.py``). hf-lite has ``"text-generation"`` and ``"text-classification"`` (alias
+``"sentiment-analysis"``); any other name raises transformers' ``KeyError`` naming it and the supported tasks."""
 
 from __future__ import annotations
 
@@ -13,14 +13,18 @@ import torch
 from ...configuration_utils import PretrainedConfig
 from ...models.auto.configuration_auto import AutoConfig
 from ...models.auto.modeling_auto import AutoModelForCausalLM
+from ..models.auto import AutoModelForSequenceClassification
 from ..tokenization_auto import AutoTokenizer
 from .base import Pipeline, PipelineRegistry
+from .text_classification import TextClassificationPipeline
 from .text_generation import TextGenerationPipeline
 
 logger = logging.getLogger(__name__)
 
-TASK_ALIASES: dict[str, str] = {}
+TASK_ALIASES: dict[str, str] = {"sentiment-analysis": "text-classification"}
 SUPPORTED_TASKS: dict[str, Any] = {
+    "text-classification": {"impl": TextClassificationPipeline, "pt": (AutoModelForSequenceClassification,),
+                            "type": "text"},
     "text-generation": {"impl": TextGenerationPipeline, "pt": (AutoModelForCausalLM,), "type": "text"},
 }
 PIPELINE_REGISTRY = PipelineRegistry(supported_tasks=SUPPORTED_TASKS, task_aliases=TASK_ALIASES)
@@ -72,7 +76,7 @@ def pipeline(task: str | None = None, model=None, config: str | PretrainedConfig
     for name, value in (("feature_extractor", feature_extractor), ("image_processor", image_processor),
                         ("video_processor", video_processor), ("processor", processor)):
         if value is not None:
-            raise ValueError(f"{name}: the text-generation pipeline takes a tokenizer only")
+            raise ValueError(f"{name}: hf-lite's text pipelines take a tokenizer only")
     normalized_task, targeted_task, _ = check_task(task)
     pipeline_class = pipeline_class or targeted_task["impl"]
     if isinstance(model, Path):
