@@ -86,3 +86,83 @@ def test_zero_stages_match_single_process_torch(world):
                 torch.testing.assert_close(other[(stage, gas, clip)][1][name], params[name], rtol=0, atol=0)
         # Sanity: training moved the weights, so the comparison is not vacuous.
         assert not torch.allclose(params["head.weight"], lib.make_model().head.weight.detach())
+
+
+COLLECTIVES = ("all_reduce", "reduce", "reduce_scatter_tensor", "all_gather", "all_gather_into_tensor")
+CAPPED = 64  # bytes per rank per all-gather piece, for the gloo cap case: 16 fp32 elements
+DEFAULTS_STEPS = 3
+
+
+def _defaults_cases(rank, world):
+    """Stages 1-2 on DeepSpeed's default zero_optimization (only the stage: 5e8-element buckets, no overlap_comm),
+    with its default clipping; stage 1 again with gloo's all-gather piece cap lowered to ``CAPPED`` bytes. Every
+    collective of each step, with the tensors it writes (data pointer, elements)."""
+    import ds_zero
+    import torch.distributed as dist
+    from ds_zero.runtime.zero import stage_1_and_2
+
+    out = {}
+    x, y = lib.make_data(DEFAULTS_STEPS, 2 * world)
+    real = {name: getattr(dist, name) for name in COLLECTIVES}
+    real_cap = stage_1_and_2.GLOO_ALLGATHER_PIECE_BYTES
+    for stage, cap in ((1, None), (2, None), (1, CAPPED)):
+        cfg = lib.base_config(stage, world, micro=2, gradient_clipping=1.0)
+        cfg["zero_optimization"] = {"stage": stage}
+        engine, *_ = ds_zero.initialize(model=lib.make_model(), config=cfg)
+        flat = engine.optimizer.flat_groups[0]
+        calls = []
+
+        def record(name, *a, calls=calls, **k):
+            written = a[0] if a else k.get("output_tensor", k.get("tensor_list", k.get("tensor")))
+            written = written if isinstance(written, list) else [written]
+            calls.append((name, [(t.data_ptr(), t.numel()) for t in written]))
+            return real[name](*a, **k)
+
+        for name in COLLECTIVES:
+            setattr(dist, name, lambda *a, name=name, **k: record(name, *a, **k))
+        stage_1_and_2.GLOO_ALLGATHER_PIECE_BYTES = cap or real_cap
+        try:
+            with lib.one_thread():
+                losses = lib.train_ds(engine, x, y, rank, world, 2, 1)
+        finally:
+            stage_1_and_2.GLOO_ALLGATHER_PIECE_BYTES = real_cap
+            for name, fn in real.items():
+                setattr(dist, name, fn)
+        out[stage, cap] = (losses, lib.full_params(engine), calls, flat.data_ptr(), flat.numel(), flat.element_size())
+        engine.destroy()
+    return out
+
+
+def test_stages_1_and_2_on_deepspeed_defaults_gather_in_place():
+    """One gradient bucket, and the updated partitions gathered straight into the flat parameter buffer, as
+    DeepSpeed's ``all_gather_dp_groups``: no copy of the gathered parameters. On gloo the all-gather goes in equal
+    pieces of at most ``GLOO_ALLGATHER_PIECE_BYTES`` per rank (gloo's all-gather slows down past ~12 MiB)."""
+    world = 2
+    results = run_ranks(_defaults_cases, world, timeout=240)
+    x, y = lib.make_data(DEFAULTS_STEPS, 2 * world)
+    for stage, cap in results[0]:
+        ref = lib.make_model()
+        ref_losses = lib.train_reference(ref, x, y, clip=1.0)
+        losses = lib.mean_over_ranks([r[stage, cap][0] for r in results])
+        assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6), (stage, cap)
+        for name, p in ref.named_parameters():
+            torch.testing.assert_close(results[0][stage, cap][1][name], p.detach(), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(results[1][stage, cap][1][name], results[0][stage, cap][1][name], rtol=0, atol=0)
+        for r in results:
+            _, _, calls, ptr, numel, size = r[stage, cap]
+            # per step: the gradients' all-reduce (gloo), the norm's, then the gather
+            gathers = [c for c in calls if c[0] not in ("all_reduce",)]
+            assert [name for name, _ in calls if name == "all_reduce"] == ["all_reduce"] * 2 * DEFAULTS_STEPS
+            if cap is None:
+                assert gathers == [("all_gather_into_tensor", [(ptr, numel)])] * DEFAULTS_STEPS, stage
+                continue
+            psize = numel // world
+            count = -(-psize * size // cap)
+            assert len(gathers) == count * DEFAULTS_STEPS
+            written = set()
+            for name, pieces in gathers:
+                assert name == "all_gather" and len(pieces) == world
+                for p, n in pieces:
+                    assert n * size <= cap and ptr <= p and p + n * size <= ptr + numel * size
+                    written.update(range(p, p + n * size, size))
+            assert len(written) == numel  # every element of the flat buffer, in place
