@@ -313,3 +313,19 @@ def test_import_paths_scripts_use_exist_as_in_transformers():
     from transformers.trainer_utils import HubStrategy as Theirs
 
     assert [s.value for s in HubStrategy] == [s.value for s in Theirs]
+
+
+# ---------------------------------------------------------------------- AutoTokenizer options
+@pytest.mark.parametrize("use_fast", [True, False])
+@pytest.mark.parametrize("options", [dict(split_special_tokens=True), dict(split_special_tokens=False),
+                                     dict(legacy=False), dict(padding_side="left", truncation_side="left",
+                                                              model_max_length=6)])
+def test_auto_tokenizer_options_match_transformers(trained_tokenizer_dir, use_fast, options):
+    texts = ["def f(x): <|im_end|> return x<pad>", "<|im_start|>import os"]
+    kwargs = dict(pad_token="<pad>", use_fast=use_fast, **options)
+    ours = hf_lite.AutoTokenizer.from_pretrained(trained_tokenizer_dir, **kwargs)
+    theirs = transformers.AutoTokenizer.from_pretrained(trained_tokenizer_dir, **kwargs)
+    for call in (dict(), dict(padding=True, truncation=True)):
+        assert ours(texts, **call)["input_ids"] == theirs(texts, **call)["input_ids"], (options, call)
+    split = options.get("split_special_tokens", False)
+    assert (ours.convert_tokens_to_ids("<|im_end|>") in ours(texts[0])["input_ids"]) is not split

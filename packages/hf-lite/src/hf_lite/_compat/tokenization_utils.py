@@ -122,14 +122,16 @@ class PreTrainedTokenizer(PreTrainedTokenizerBase):
 
     # ------------------------------------------------------------------ encode / decode
     def _split_on_added_tokens(self, text: str) -> list[tuple[str, bool]]:
-        if not self._added_tokens_encoder:
+        # split_special_tokens: special added tokens are plain text; the others still split
+        tokens = [t for t in self._added_tokens_encoder if not (self.split_special_tokens and t in self._special_added)]
+        if not tokens:
             return [(text, False)] if text else []
-        if self._split_re is None:
+        if self._split_re is None or self._split_re[0] != self.split_special_tokens:
             # Longest alternatives first: at one position the longest added token wins.
-            tokens = sorted(self._added_tokens_encoder, key=len, reverse=True)
-            self._split_re = regex.compile("|".join(regex.escape(t) for t in tokens))
+            tokens = sorted(tokens, key=len, reverse=True)
+            self._split_re = (self.split_special_tokens, regex.compile("|".join(regex.escape(t) for t in tokens)))
         pieces, last = [], 0
-        for match in self._split_re.finditer(text):
+        for match in self._split_re[1].finditer(text):
             if match.start() > last:
                 pieces.append((text[last : match.start()], False))
             pieces.append((match.group(), True))

@@ -48,6 +48,8 @@ INIT_KWARGS = {
     "add_bos_token",
     "add_eos_token",
     "add_prefix_space",
+    "split_special_tokens",
+    "legacy",  # sentencepiece tokenizers' space handling; kept in init_kwargs, no effect on byte-level BPE
 }
 
 __all__ = ["BatchEncoding", "PreTrainedTokenizerBase"]
@@ -66,6 +68,7 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, PushToHubMixin, abc.ABC):
                 raise ValueError(f"{name} should be 'left' or 'right', got {side!r}")
         self.chat_template = kwargs.pop("chat_template", None)
         self.clean_up_tokenization_spaces = kwargs.pop("clean_up_tokenization_spaces", False)
+        self.split_special_tokens = kwargs.pop("split_special_tokens", False)  # special tokens in text as plain text
         self._add_bos_token = kwargs.pop("add_bos_token", None)
         self._add_eos_token = kwargs.pop("add_eos_token", None)
         self._template = SpecialTokensTemplate.from_post_processor(None)

@@ -102,7 +102,9 @@ class PreTrainedTokenizerFast(PreTrainedTokenizerBase):
         return self._tokenizer.add_tokens(objs)
 
     def _encode_texts(self, texts: list[str], add_prefix_space: bool | None = None) -> list[list[int]]:
-        return [e.ids for e in self._backend(add_prefix_space).encode_batch(texts, add_special_tokens=False)]
+        backend = self._backend(add_prefix_space)
+        backend.encode_special_tokens = self.split_special_tokens
+        return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         if skip_special_tokens:
