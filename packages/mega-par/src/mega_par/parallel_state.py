@@ -153,28 +153,37 @@ def _rank_in(kind) -> int:
     return _state().group_ranks[kind].index(dist.get_rank())
 
 
-def get_tensor_model_parallel_group():
-    return _group("tp")
+def _maybe(kind, check_initialized: bool):
+    """Megatron's ``check_initialized=False``: None instead of an error before the grid exists."""
+    if not check_initialized and _STATE is None:
+        return None
+    return _group(kind)
 
 
-def get_pipeline_model_parallel_group():
-    return _group("pp")
+def get_tensor_model_parallel_group(check_initialized: bool = True):
+    return _maybe("tp", check_initialized)
+
+
+def get_pipeline_model_parallel_group(check_initialized: bool = True):
+    return _maybe("pp", check_initialized)
 
 
 def get_data_parallel_group(with_context_parallel: bool = False):
     return _group("dp_cp" if with_context_parallel else "dp")
 
 
-def get_context_parallel_group():
-    return _group("cp")
+def get_context_parallel_group(check_initialized: bool = True):
+    return _maybe("cp", check_initialized)
 
 
-def get_model_parallel_group():
-    return _group("mp")
+def get_model_parallel_group(check_initialized: bool = True):
+    return _maybe("mp", check_initialized)
 
 
-def get_embedding_group():
+def get_embedding_group(check_initialized: bool = True):
     """The first+last stage group of tied embeddings; None on middle stages, which are in none."""
+    if not check_initialized and _STATE is None:
+        return None
     return _state().groups.get("embedding")
 
 
@@ -256,24 +265,46 @@ def set_virtual_pipeline_model_parallel_rank(rank: int | None) -> None:
     _state().virtual_pipeline_rank = rank
 
 
-def is_pipeline_first_stage(ignore_virtual: bool = False) -> bool:
+def _virtual_rank(vp_stage: int | None) -> int | None:
+    return _state().virtual_pipeline_rank if vp_stage is None else vp_stage
+
+
+def is_pipeline_first_stage(ignore_virtual: bool = False, vp_stage: int | None = None) -> bool:
+    """The first pipeline stage (and, unless ``ignore_virtual``, its first virtual chunk: ``vp_stage`` if
+    given, else the current virtual rank)."""
     s = _state()
-    if not ignore_virtual and s.vpp is not None and s.virtual_pipeline_rank != 0:
+    if not ignore_virtual and s.vpp is not None and _virtual_rank(vp_stage) != 0:
         return False
     return get_pipeline_model_parallel_rank() == 0
 
 
-def is_pipeline_last_stage(ignore_virtual: bool = False) -> bool:
+def is_pipeline_last_stage(ignore_virtual: bool = False, vp_stage: int | None = None) -> bool:
     s = _state()
-    if not ignore_virtual and s.vpp is not None and s.virtual_pipeline_rank != s.vpp - 1:
+    if not ignore_virtual and s.vpp is not None and _virtual_rank(vp_stage) != s.vpp - 1:
         return False
     return get_pipeline_model_parallel_rank() == s.pp - 1
 
 
-def is_rank_in_embedding_group(ignore_virtual: bool = False) -> bool:
+def is_rank_in_embedding_group(ignore_virtual: bool = False, vp_stage: int | None = None) -> bool:
     s = _state()
     if dist.get_rank() not in s.group_ranks.get("embedding", ()):
         return False
     if ignore_virtual:
         return True
-    return is_pipeline_first_stage() or is_pipeline_last_stage()
+    return is_pipeline_first_stage(vp_stage=vp_stage) or is_pipeline_last_stage(vp_stage=vp_stage)
+
+
+def is_initialized() -> bool:
+    """Whether the grid is set up (Megatron's, for code that runs with or without it)."""
+    return model_parallel_is_initialized()
+
+
+def get_expert_model_parallel_world_size() -> int:
+    """1: mega_par has no expert parallelism, so every rank holds all experts (Megatron's value at EP=1)."""
+    _state()
+    return 1
+
+
+def get_expert_model_parallel_rank() -> int:
+    _state()
+    return 0

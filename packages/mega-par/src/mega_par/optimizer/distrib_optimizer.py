@@ -97,6 +97,34 @@ class DistributedOptimizer(MegatronOptimizer):
                 bucket.param_data.copy_(gathered)
         return True, grad_norm, None
 
+    def get_main_grads_for_grad_norm(self) -> list:
+        return [x.bucket.grad_data[x.lo:x.hi] for x in self.pieces if x.in_grad_norm]
+
+    @torch.no_grad()
+    def clip_grad_norm(self, clip_grad: float) -> float:
+        """As ``MegatronOptimizer``'s, over the gradient buffers (each DP rank scales its whole buffer alike)."""
+        norm = self.get_grad_norm()
+        coeff = clip_coefficient(norm, clip_grad)
+        if coeff is not None:
+            for bucket, _, _ in self.shards:
+                bucket.grad_data.mul_(coeff)
+        return norm
+
+    def count_zeros(self) -> float:
+        n = torch.zeros((), dtype=torch.float32)
+        for g in self.get_main_grads_for_grad_norm():
+            n += g.numel() - torch.count_nonzero(g).item()
+        for group in (ps.get_data_parallel_group(), ps.get_model_parallel_group()):
+            if dist.get_world_size(group) > 1:
+                dist.all_reduce(n, group=group)
+        return float(n)
+
+    @torch.no_grad()
+    def reload_model_params(self) -> None:
+        """The fp32 master pieces from the model's parameters again (after the model was loaded)."""
+        for x in self.pieces:
+            x.main.copy_(x.bucket.param_data[x.lo:x.hi])
+
     def sharded_state_dict(self) -> dict:
         """This rank's shard of the optimizer state and master weights (saved per rank)."""
         return {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else {},

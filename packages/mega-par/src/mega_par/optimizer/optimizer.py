@@ -122,6 +122,50 @@ class MegatronOptimizer:
             p.grad = None
         return True, grad_norm, None
 
+    # --- Megatron's MegatronOptimizer surface around the step ----------------------------------------------
+    @property
+    def param_groups(self) -> list:
+        """The torch optimizer's groups (learning-rate schedulers set ``lr`` here)."""
+        return self.optimizer.param_groups if self.optimizer is not None else []
+
+    def get_parameters(self) -> list:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def get_loss_scale(self) -> torch.Tensor:
+        """1.0: these optimizers step in fp32 without loss scaling (Megatron's ``FP32Optimizer``)."""
+        return torch.ones(1, dtype=torch.float32)
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.get_loss_scale().to(loss.device) * loss
+
+    def get_main_grads_for_grad_norm(self) -> list:
+        """The gradients the norm counts: each parameter once (not TP duplicates, not a tied copy)."""
+        return [g for p, g in self._grads() if g is not None and param_is_not_tensor_parallel_duplicate(p)
+                and param_is_not_shared(p)]
+
+    @torch.no_grad()
+    def clip_grad_norm(self, clip_grad: float) -> float:
+        """Scale the gradients so their global norm is at most ``clip_grad``; returns the norm before."""
+        norm = self.get_grad_norm()
+        coeff = clip_coefficient(norm, clip_grad)
+        if coeff is not None:
+            for _, g in self._grads():
+                if g is not None:
+                    g.mul_(coeff)
+        return norm
+
+    def count_zeros(self) -> float:
+        """Zero entries over the gradients the norm counts, summed over the model-parallel group."""
+        n = torch.zeros((), dtype=torch.float32)
+        for g in self.get_main_grads_for_grad_norm():
+            n += g.numel() - torch.count_nonzero(g).item()
+        if dist.get_world_size(ps.get_model_parallel_group()) > 1:
+            dist.all_reduce(n, group=ps.get_model_parallel_group())
+        return float(n)
+
+    def reload_model_params(self) -> None:
+        """Nothing to reload: this optimizer steps the model's own fp32 parameters."""
+
     def zero_grad(self) -> None:
         for m in self.model_chunks:
             if hasattr(m, "zero_grad_buffer"):

@@ -44,10 +44,10 @@ def scaled_init_method_normal(sigma: float, num_layers: int):
     return init_method_normal(sigma / math.sqrt(2.0 * num_layers))
 
 
-def set_tensor_model_parallel_attributes(param: nn.Parameter, is_parallel: bool, dim: int, stride: int) -> None:
-    param.tensor_model_parallel = is_parallel
-    param.partition_dim = dim
-    param.partition_stride = stride
+def set_tensor_model_parallel_attributes(tensor: torch.Tensor, is_parallel: bool, dim: int, stride: int) -> None:
+    tensor.tensor_model_parallel = is_parallel
+    tensor.partition_dim = dim
+    tensor.partition_stride = stride
 
 
 _MODEL_PARALLEL_ATTRIBUTE_DEFAULTS = {"tensor_model_parallel": False, "partition_dim": -1, "partition_stride": 1}

@@ -89,6 +89,9 @@ class TransformerBlock(MegatronModule):
             return hidden_states, context
         return run
 
+    def has_final_layernorm_in_this_stage(self) -> bool:
+        return self.final_layernorm is not None
+
     def set_input_tensor(self, input_tensor) -> None:
         """The activation received from the previous pipeline stage replaces the embedding output."""
         self.input_tensor = input_tensor

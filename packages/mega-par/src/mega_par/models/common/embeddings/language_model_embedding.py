@@ -63,6 +63,12 @@ class LanguageModelEmbedding(MegatronModule):
             # the whole sequence's gradient; summing it over TP again would double it.
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
 
+    def zero_parameters(self) -> None:
+        """Zero the tables and mark them ``shared`` (Megatron's, for a stage that receives a copy)."""
+        for p in self.parameters():
+            p.data.fill_(0)
+            p.shared = True
+
     def forward(self, input_ids, position_ids, tokentype_ids=None):
         if tokentype_ids is not None:
             raise ValueError("LanguageModelEmbedding: tokentype_ids are not supported")

@@ -1,0 +1,137 @@
+"""The names users of Megatron-core reach for around mega_par's modules (found by ``shared/tools/api_gap.py``), on 2
+gloo ranks: ``megatron.core``'s top-level exports; ``parallel_state.is_initialized``, ``check_initialized=False``,
+``vp_stage`` on the stage predicates, the expert-parallel size (1: no expert parallelism); the optimizers'
+``param_groups``, ``get_parameters``, ``get_loss_scale`` / ``scale_loss``, ``clip_grad_norm``, ``count_zeros``,
+``reload_model_params`` (plain and distributed, each checked against a direct computation);
+``TransformerBlock.has_final_layernorm_in_this_stage``, ``LanguageModelEmbedding.zero_parameters``."""
+
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+import harness
+
+_spec = importlib.util.spec_from_file_location("mega_par_test_helpers", pathlib.Path(__file__).with_name("_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
+
+
+def _exports(rank, world):
+    import mega_par
+    from mega_par import DistributedDataParallel, ModelParallelConfig, parallel_state, tensor_parallel
+    from mega_par.distributed import DistributedDataParallel as DDP
+    from mega_par.transformer import MegatronModule, ModuleSpec, TransformerLayerSubmodules, build_module
+
+    assert DistributedDataParallel is DDP and ModelParallelConfig.__name__ == "ModelParallelConfig"
+    assert parallel_state is mega_par.parallel_state and tensor_parallel.broadcast_data
+    assert MegatronModule and ModuleSpec and TransformerLayerSubmodules and build_module
+
+
+def _parallel_state(rank, world):
+    from mega_par import parallel_state as ps
+
+    assert not ps.is_initialized()
+    assert ps.get_tensor_model_parallel_group(check_initialized=False) is None
+    assert ps.get_embedding_group(check_initialized=False) is None
+    with pytest.raises(RuntimeError, match="not initialised"):
+        ps.get_tensor_model_parallel_group()
+    ps.initialize_model_parallel(1, 2, virtual_pipeline_model_parallel_size=2)
+    try:
+        assert ps.is_initialized() and ps.get_expert_model_parallel_world_size() == 1
+        assert ps.get_expert_model_parallel_rank() == 0
+        first, last = rank == 0, rank == 1
+        assert [ps.is_pipeline_first_stage(vp_stage=v) for v in (0, 1)] == [first, False]
+        assert [ps.is_pipeline_last_stage(vp_stage=v) for v in (0, 1)] == [False, last]
+        assert ps.is_pipeline_first_stage(ignore_virtual=True, vp_stage=1) == first
+        assert [ps.is_rank_in_embedding_group(vp_stage=v) for v in (0, 1)] == [first, last]
+    finally:
+        ps.destroy_model_parallel()
+
+
+def _model_and_optimizer(distributed: bool):
+    from mega_par.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from mega_par.models.gpt import GPTModel, get_gpt_layer_local_spec
+    from mega_par.optimizer import OptimizerConfig, get_megatron_optimizer
+    from mega_par.transformer import TransformerConfig
+
+    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2, hidden_dropout=0.0,
+                               attention_dropout=0.0)
+    model = GPTModel(config, get_gpt_layer_local_spec(), 32, 8, seed=0)
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=distributed,
+                                                                        bucket_size=300), model)
+    opt = get_megatron_optimizer(OptimizerConfig(lr=0.1, use_distributed_optimizer=distributed), [ddp])
+    ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
+    ddp(ids, None, None, labels=ids).mean().backward()
+    ddp.finish_grad_sync()
+    return model, opt
+
+
+def _optimizer(rank, world):
+    from mega_par import parallel_state as ps
+
+    ps.initialize_model_parallel(1, 1)
+    try:
+        for distributed in (False, True):
+            model, opt = _model_and_optimizer(distributed)
+            assert torch.equal(opt.get_loss_scale(), torch.ones(1))
+            assert opt.scale_loss(torch.tensor(3.0)).item() == 3.0
+            opt.param_groups[0]["lr"] = 0.05
+            assert opt.optimizer.param_groups[0]["lr"] == 0.05
+            grads = [p.main_grad for p in model.parameters()]
+            zeros = sum(g.numel() - torch.count_nonzero(g).item() for g in grads)
+            if not distributed:
+                assert set(map(id, opt.get_parameters())) == set(map(id, model.parameters()))
+            # the ranks ran the same batch, so the reduced gradients have the local ones' zeros; the distributed
+            # optimizer counts its shard on each DP rank and sums them
+            assert zeros > 0 and opt.count_zeros() == zeros
+            norm = opt.get_grad_norm()
+            assert norm > 0
+            assert opt.clip_grad_norm(norm / 2) == pytest.approx(norm)
+            assert opt.get_grad_norm() == pytest.approx(norm / 2, rel=1e-5)
+            if distributed:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.fill_(0.25)
+                opt.reload_model_params()
+                assert all(torch.equal(x.main, torch.full_like(x.main, 0.25)) for x in opt.pieces)
+    finally:
+        ps.destroy_model_parallel()
+
+
+def _block_and_embedding(rank, world):
+    from mega_par import parallel_state as ps
+    from mega_par.models.gpt import GPTModel, get_gpt_layer_local_spec
+    from mega_par.transformer import TransformerConfig
+
+    ps.initialize_model_parallel(1, 2)
+    try:
+        config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2,
+                                   pipeline_model_parallel_size=2, pipeline_dtype=torch.float32)
+        model = GPTModel(config, get_gpt_layer_local_spec(), 32, 8, pre_process=rank == 0, post_process=rank == 1,
+                         seed=0)
+        assert model.decoder.has_final_layernorm_in_this_stage() == (rank == 1)
+        if rank == 0:
+            model.embedding.zero_parameters()
+            assert all(not p.any() and p.shared for p in model.embedding.parameters())
+    finally:
+        ps.destroy_model_parallel()
+
+
+CASES = {"exports": _exports, "parallel_state": _parallel_state, "optimizer": _optimizer,
+         "block_and_embedding": _block_and_embedding}
+
+
+def _rank_main(rank, world):
+    return H.run_cases({name: (lambda f=f: f(rank, world)) for name, f in CASES.items()})
+
+
+@pytest.fixture(scope="module")
+def results():
+    return harness.run_ranks(_rank_main, 2, backend="gloo", timeout=300)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_api_surface_case(results, case):
+    H.assert_case(results, case)
