@@ -101,6 +101,7 @@ class FlatParamHandle:
         self.post_backward_calls = 0
         self._kept = False  # flat_param.grad holds what no_sync() accumulated (sharded: the unsharded gradient)
         self._saved_grad_shard: torch.Tensor | None = None  # a synced shard set aside meanwhile (torch's name)
+        self.comm_hook: tuple | None = None  # (state, hook) from FSDP.register_comm_hook
 
     # -- flattening ----------------------------------------------------------------------------------------------
 
@@ -236,13 +237,19 @@ class FlatParamHandle:
         if self._kept and self.sharded:
             fp.grad, self._saved_grad_shard = self._saved_grad_shard, None
         self._kept = False
+        world = 1 if self.comm_hook is not None else world  # (a hook divides as it chooses)
         if self.padded_numel == self.numel and grad.dtype == self.reduce_dtype:
             padded = flat.div_(world)  # divide first: no overflow in fp16 (the gradient is ours to change)
         else:
             padded = torch.empty(self.padded_numel, dtype=self.reduce_dtype, device=self.device)
             padded.narrow(0, self.numel, self.padded_numel - self.numel).zero_()  # the padding's gradient
             torch.div(flat, world, out=padded.narrow(0, 0, self.numel))
-        if self.sharded and self.shard_group.size() > 1:
+        if self.comm_hook is not None:  # FSDP.register_comm_hook's (state, hook) reduces in place of the collective
+            state, hook = self.comm_hook
+            out = torch.empty(self.shard_numel, dtype=self.reduce_dtype, device=self.device) if self.sharded else padded
+            hook(state, padded, *([out] if self.sharded else []))
+            work = None
+        elif self.sharded and self.shard_group.size() > 1:
             out = torch.empty(self.shard_numel, dtype=self.reduce_dtype, device=self.device)
             work = self.shard_group.reduce_scatter_tensor(out, padded, async_op=True)
         else:

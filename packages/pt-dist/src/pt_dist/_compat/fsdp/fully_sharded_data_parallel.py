@@ -149,6 +149,24 @@ class FullyShardedDataParallel(_runtime_utils.FullyShardedDataParallel):
         for name, p in super().named_parameters(*args, **kwargs):
             yield (name.replace(FSDP_WRAPPED_MODULE + ".", "") if clean else name), p
 
+    def register_comm_hook(self, state: object, hook: callable) -> None:
+        """Every unit's gradient reduction done by ``hook(state, grad[, output])`` instead (the root only, before
+        training; not with the hybrid strategies), as torch's; default hooks in
+        ``pt_dist.algorithms._comm_hooks.default_hooks``."""
+        if not self.check_is_root():
+            raise AssertionError("register_comm_hook can only be called on a root instance.")
+        for unit in self._units:
+            if unit.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+                raise AssertionError(f"Communication hook is not supported for hybrid strategies: "
+                                     f"{unit.sharding_strategy}")
+            if unit._handle is not None and unit._handle.comm_hook is not None:
+                raise AssertionError("A communication hook is already registered")
+            if not callable(hook):
+                raise ValueError(f"The communication hook must be callable but got {hook}")
+        for unit in self._units:
+            if unit._handle is not None:
+                unit._handle.comm_hook = (state, hook)
+
     def check_is_root(self) -> bool:
         """Whether this unit is the root (the first one run, or asked, decides it, as torch's)."""
         self._lazy_init()
