@@ -194,6 +194,7 @@ def test_collective_rpc_apply_model_metrics_and_repr(llm, checkpoint, monkeypatc
     assert isinstance(after["vllm:prompt_tokens"], Counter) and isinstance(after["vllm:num_requests_running"], Gauge)
     assert after["vllm:prompt_tokens"].value - before["vllm:prompt_tokens"].value == len(out.prompt_token_ids)
     assert after["vllm:generation_tokens"].value - before["vllm:generation_tokens"].value == 4
+    assert after["vllm:prompt_tokens"].labels == {"model_name": llm.model_config.model, "engine": "0"}
     path, _ = checkpoint("llama")
     with pytest.raises(AssertionError, match="Stat logging disabled"):  # LLM's default, as vLLM's
         LLM(path, num_gpu_blocks=16).get_metrics()

@@ -128,7 +128,7 @@ class LLM:
         """The engine's counters and gauges under vLLM's metric names (vLLM ``v1/metrics/reader.py``)."""
         if not self.log_stats:
             raise AssertionError("Stat logging disabled")  # vLLM's LLMEngine.get_metrics, as LLM defaults
-        return snapshot_metrics(self.llm_engine.get_stats())
+        return snapshot_metrics(self.llm_engine.get_stats(), {"model_name": self.model_config.model, "engine": "0"})
 
     def init_weight_transfer_engine(self, request) -> None:
         raise NotImplementedError("weight transfer for RL training is not supported: paged_serve loads checkpoints")

@@ -112,9 +112,8 @@ class Gauge(Metric):
     value: float
 
 
-def snapshot_metrics(stats: Stats, labels: dict[str, str] | None = None) -> list[Metric]:
-    """The engine's ``Stats`` as vLLM's metric objects, under vLLM v1's metric names."""
-    labels = labels or {"engine": "0"}
+def snapshot_metrics(stats: Stats, labels: dict[str, str]) -> list[Metric]:
+    """The engine's ``Stats`` as vLLM's metric objects, under vLLM v1's metric names and labels."""
     return [
         Gauge("vllm:num_requests_running", labels, float(stats.num_running)),
         Gauge("vllm:num_requests_waiting", labels, float(stats.num_waiting)),
