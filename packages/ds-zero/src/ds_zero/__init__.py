@@ -5,7 +5,8 @@ from ds_zero import accelerator, checkpoint, checkpointing, comm, moe, ops, pipe
 from ds_zero._compat.arguments import add_config_arguments, config_from_args
 from ds_zero._compat.comm import init_distributed
 from ds_zero._compat.config import DeepSpeedConfig
-from ds_zero._compat.engine import DeepSpeedEngine
+from ds_zero._compat.engine import DeepSpeedEngine, PipelineEngine
+from ds_zero._compat.init_on_device import OnDevice
 from ds_zero._compat.initialize import initialize
 from ds_zero.accelerator import get_accelerator
 from ds_zero.pipe import PipelineModule
@@ -15,5 +16,6 @@ from ds_zero.runtime.config_utils import DeepSpeedConfigError
 __version__ = "0.1.0"
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "config_from_args", "DeepSpeedEngine",
+           "OnDevice", "PipelineEngine",
            "get_accelerator", "DeepSpeedConfig", "DeepSpeedConfigError", "PipelineModule", "accelerator",
            "checkpoint", "checkpointing", "comm", "moe", "ops", "pipe", "runtime", "utils", "zero"]
