@@ -329,3 +329,33 @@ def test_auto_tokenizer_options_match_transformers(trained_tokenizer_dir, use_fa
         assert ours(texts, **call)["input_ids"] == theirs(texts, **call)["input_ids"], (options, call)
     split = options.get("split_special_tokens", False)
     assert (ours.convert_tokens_to_ids("<|im_end|>") in ours(texts[0])["input_ids"]) is not split
+
+
+def test_signatures_scripts_call_match_transformers(tmp_path, trained_tokenizer_dir):
+    """Methods whose arguments hf-lite lacked (api_gap): now the same parameter names as transformers'."""
+    pairs = [(hf_lite.Trainer.train, transformers.Trainer.train),
+             (hf_lite.AutoTokenizer.register, transformers.AutoTokenizer.register),
+             (hf_lite.BatchEncoding.to, transformers.BatchEncoding.to)]
+    for ours, theirs in pairs:
+        assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters), ours
+    # use_diff (write only non-default values) is not there: hf-lite writes the whole config
+    assert list(inspect.signature(hf_lite.PretrainedConfig.to_json_file).parameters) == list(
+        inspect.signature(transformers.PretrainedConfig.to_json_file).parameters)[:2]
+    for lib in (hf_lite, transformers):
+        tok = lib.AutoTokenizer.from_pretrained(trained_tokenizer_dir, pad_token="<pad>")
+        tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+        tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]}, replace_extra_special_tokens=False)
+        batch = tok(["a b", "c"], padding=True, return_tensors="pt", verbose=False).to("cpu", non_blocking=True)
+        assert tok.pad(dict(batch), verbose=False, return_tensors="pt")["input_ids"].shape == batch["input_ids"].shape
+        if lib is hf_lite:
+            ours = (sorted(tok.all_special_tokens), batch["input_ids"].tolist())
+        else:
+            theirs = (sorted(tok.all_special_tokens), batch["input_ids"].tolist())
+    assert ours == theirs
+    config = hf_lite.LlamaConfig(vocab_size=10)
+    config.to_json_file(json_file_path=tmp_path / "c.json")
+    assert hf_lite.LlamaConfig.from_pretrained(tmp_path / "c.json").vocab_size == 10
+    trainer = hf_lite.Trainer(trainer_model(), hf_lite.TrainingArguments(output_dir=str(tmp_path / "t"),
+                                                                         report_to="none"))
+    with pytest.raises(ValueError, match="trial: hf-lite's Trainer has no hyperparameter_search"):
+        trainer.train(trial={"learning_rate": 1e-3})

@@ -131,8 +131,8 @@ class PretrainedConfig(PushToHubMixin):
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
-    def to_json_file(self, path: str | os.PathLike) -> None:
-        atomic_write_text(path, self.to_json_string())
+    def to_json_file(self, json_file_path: str | os.PathLike) -> None:
+        atomic_write_text(json_file_path, self.to_json_string())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__} {self.to_json_string()}"

@@ -21,8 +21,9 @@ class BatchEncoding(UserDict):
         except KeyError as err:
             raise AttributeError(item) from err
 
-    def to(self, device) -> BatchEncoding:
-        self.data = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.data.items()}
+    def to(self, device, *, non_blocking: bool = False) -> BatchEncoding:
+        self.data = {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+                     for k, v in self.data.items()}
         return self
 
     def convert_to_tensors(self, tensor_type: str | None) -> BatchEncoding:

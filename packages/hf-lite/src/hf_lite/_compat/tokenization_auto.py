@@ -71,7 +71,12 @@ class AutoTokenizer:
         return GPT2Tokenizer, PreTrainedTokenizerFast
 
     @staticmethod
-    def register(config_class, slow_tokenizer_class=None, fast_tokenizer_class=None, exist_ok: bool = False) -> None:
+    def register(config_class, tokenizer_class=None, slow_tokenizer_class=None, fast_tokenizer_class=None,
+                 exist_ok: bool = False) -> None:
+        if tokenizer_class is not None:  # transformers 5: one class, sorted into the slow or the fast slot
+            is_fast = issubclass(tokenizer_class, PreTrainedTokenizerFast)
+            fast_tokenizer_class = tokenizer_class if is_fast else fast_tokenizer_class
+            slow_tokenizer_class = slow_tokenizer_class if is_fast else tokenizer_class
         if slow_tokenizer_class is None and fast_tokenizer_class is None:
             raise ValueError("You need to pass either a `slow_tokenizer_class` or a `fast_tokenizer_class`")
         model_type = getattr(config_class, "model_type", None)

@@ -66,8 +66,12 @@ class SpecialTokensMixin:
     def all_special_ids(self) -> list[int]:
         return [self._token_to_id(t) for t in self.all_special_tokens]
 
-    def add_special_tokens(self, special_tokens_dict: dict, replace_additional_special_tokens: bool = True) -> int:
-        """Add (if new) and assign special tokens; keys must be known attributes (like transformers)."""
+    def add_special_tokens(self, special_tokens_dict: dict, replace_extra_special_tokens: bool = True,
+                           replace_additional_special_tokens: bool | None = None) -> int:
+        """Add (if new) and assign special tokens; keys must be known attributes (like transformers).
+        ``replace_additional_special_tokens`` is transformers 4's name of ``replace_extra_special_tokens``."""
+        if replace_additional_special_tokens is None:
+            replace_additional_special_tokens = replace_extra_special_tokens
         allowed = set(SPECIAL_TOKENS_ATTRIBUTES) | {"additional_special_tokens"}
         added = 0
         for key, value in special_tokens_dict.items():

@@ -187,8 +187,10 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, PushToHubMixin, abc.ABC):
         return_special_tokens_mask: bool = False,
         return_length: bool = False,
         add_prefix_space: bool | None = None,
+        verbose: bool = True,
     ) -> BatchEncoding:
-        """One text, a text pair, or a batch of either (a list of texts, or of ``(text, pair)`` tuples)."""
+        """One text, a text pair, or a batch of either (a list of texts, or of ``(text, pair)`` tuples).
+        ``verbose`` is transformers' switch for its warnings; hf-lite's go through logging either way."""
         batched = isinstance(text, (list, tuple))
         texts = list(text) if batched else [text]
         pairs = None
@@ -276,6 +278,7 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, PushToHubMixin, abc.ABC):
         padding_side: str | None = None,
         return_attention_mask: bool | None = None,
         return_tensors: str | None = None,
+        verbose: bool = True,
     ) -> BatchEncoding:
         """Pad already-encoded examples (what data collators call): a dict of lists or a list of dicts. Keys other
         than the model inputs and masks (labels) are passed through unpadded, as in transformers."""

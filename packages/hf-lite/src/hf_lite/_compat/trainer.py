@@ -121,6 +121,13 @@ class Trainer(TrainerLoop):
         if args.push_to_hub:
             self.init_hf_repo()
 
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None):
+        """The core ``train`` with transformers' signature; ``trial`` belongs to hyper-parameter search, which
+        hf-lite has not."""
+        if trial is not None:
+            raise ValueError("trial: hf-lite's Trainer has no hyperparameter_search; call train() without a trial")
+        return super().train(resume_from_checkpoint, ignore_keys_for_eval)
+
     def add_callback(self, callback) -> None:
         self.callback_handler.add_callback(callback)
 
