@@ -359,3 +359,55 @@ def test_signatures_scripts_call_match_transformers(tmp_path, trained_tokenizer_
                                                                          report_to="none"))
     with pytest.raises(ValueError, match="trial: hf-lite's Trainer has no hyperparameter_search"):
         trainer.train(trial={"learning_rate": 1e-3})
+
+
+@pytest.mark.parametrize("kind", ["TextIteratorStreamer", "AsyncTextIteratorStreamer"])
+def test_streamers_yield_the_chunks_transformers_yields(tmp_path, trained_tokenizer_dir, kind):
+    """transformers 5's chunking: whole words and CJK characters at once, the rest up to the last space, the
+    newline's token kept; an empty chunk for every step that finalises nothing, and at the end."""
+    import asyncio
+    import threading
+
+    ours_model = make_model("gpt2", vocab_size=800)
+    ours_model.save_pretrained(tmp_path)
+    theirs_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+
+    def run(lib, model, streamer, prompt):
+        torch.manual_seed(3)
+        kwargs = dict(**prompt, max_new_tokens=40, streamer=streamer, do_sample=True, top_k=0, pad_token_id=0)
+        thread = threading.Thread(target=model.generate, kwargs=kwargs)
+        thread.start()
+        return thread
+
+    async def pieces_async(lib, model, tok, prompt):
+        streamer = lib.AsyncTextIteratorStreamer(tok, skip_prompt=True, timeout=60)
+        thread = run(lib, model, streamer, prompt)
+        pieces = [piece async for piece in streamer]
+        thread.join()
+        return pieces
+
+    results = []
+    for lib, model in ((hf_lite, ours_model), (transformers, theirs_model)):
+        tok = lib.AutoTokenizer.from_pretrained(trained_tokenizer_dir)
+        prompt = tok("def main():\n    return", return_tensors="pt")
+        if kind == "AsyncTextIteratorStreamer":
+            results.append(asyncio.run(pieces_async(lib, model, tok, prompt)))
+        else:
+            streamer = lib.TextIteratorStreamer(tok, skip_prompt=True, timeout=60)
+            thread = run(lib, model, streamer, prompt)
+            results.append(list(streamer))
+            thread.join()
+    ours, theirs = results
+    assert ours == theirs and len("".join(ours).strip()) > 10
+
+
+def test_hf_argument_parser_parse_yaml_file_matches_transformers(tmp_path):
+    (tmp_path / "args.yaml").write_text(f"output_dir: {tmp_path / 'out'}\nlearning_rate: 0.001\nmax_steps: 7\n"
+                                        "report_to: none\nhub_strategy: checkpoint\n")
+    (ours,) = hf_lite.HfArgumentParser(hf_lite.TrainingArguments).parse_yaml_file(tmp_path / "args.yaml")
+    (theirs,) = transformers.HfArgumentParser(transformers.TrainingArguments).parse_yaml_file(tmp_path / "args.yaml")
+    for name in ("output_dir", "learning_rate", "max_steps", "hub_strategy"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    (tmp_path / "bad.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ValueError, match="expected a YAML mapping"):
+        hf_lite.HfArgumentParser(hf_lite.TrainingArguments).parse_yaml_file(tmp_path / "bad.yaml")

@@ -24,6 +24,7 @@ from .data import (
     group_texts,
 )
 from .generation import (
+    AsyncTextIteratorStreamer,
     EosTokenCriteria,
     EpsilonLogitsWarper,
     EtaLogitsWarper,
@@ -136,6 +137,7 @@ from .utils import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncTextIteratorStreamer",
     "Pipeline",
     "TextClassificationPipeline",
     "TextGenerationPipeline",

@@ -158,3 +158,13 @@ class HfArgumentParser(ArgumentParser):
         if not isinstance(data, dict):
             raise ValueError(f"{json_file}: expected a JSON object of argument names, got {type(data).__name__}")
         return self.parse_dict(data, allow_extra_keys=allow_extra_keys)
+
+    def parse_yaml_file(self, yaml_file: str | os.PathLike, allow_extra_keys: bool = False) -> tuple:
+        """The dataclasses from a YAML mapping of argument names (as ``parse_json_file``)."""
+        import yaml
+
+        with open(yaml_file, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+        if not isinstance(data, dict):
+            raise ValueError(f"{yaml_file}: expected a YAML mapping of argument names, got {type(data).__name__}")
+        return self.parse_dict(data, allow_extra_keys=allow_extra_keys)

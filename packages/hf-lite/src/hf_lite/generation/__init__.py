@@ -38,10 +38,11 @@ from .stopping_criteria import (
     StoppingCriteriaList,
     StopStringCriteria,
 )
-from .streamers import BaseStreamer, TextIteratorStreamer, TextStreamer
+from .streamers import AsyncTextIteratorStreamer, BaseStreamer, TextIteratorStreamer, TextStreamer
 from .utils import GenerationMixin
 
 __all__ = [
+    "AsyncTextIteratorStreamer",
     "BaseStreamer",
     "EosTokenCriteria",
     "EpsilonLogitsWarper",
