@@ -1,7 +1,8 @@
 """DeepSpeedEngine methods users reach for beyond the training step, side by side with DeepSpeed on the same JSON
 (2 gloo ranks, ZeRO stages 1 and 3): ``get_batch_info``, ``set_train_batch_size`` / ``set_train_micro_batch_size``,
 ``zero_gather_16bit_weights_on_model_save``, ``zero_offload_optimizer`` / ``zero_offload_param``,
-``dataloader_drop_last`` (and the loader ``initialize(training_data=)`` builds with it), ``save_16bit_model`` (the
+``dataloader_drop_last`` (and the loader ``initialize(training_data=)`` builds with it), ``deepspeed_io`` (the same
+samples in the same order per route), ``is_map_style_dataset``, ``save_16bit_model`` (the
 file's tensors equal DeepSpeed's after a step; at stage 3 without the gather flag neither saves) and
 ``load_module_state_dict``."""
 
@@ -59,7 +60,12 @@ def _run(rank, world, root):
                     r = {"batch": tuple(get() for get in engine.get_batch_info()),  # DeepSpeed returns getters
                          "gather": engine.zero_gather_16bit_weights_on_model_save(),
                          "offload": (engine.zero_offload_optimizer(), engine.zero_offload_param()),
-                         "drop_last": engine.dataloader_drop_last(), "loader batches": len(loader)}
+                         "drop_last": engine.dataloader_drop_last(), "loader batches": len(loader),
+                         "map style": engine.is_map_style_dataset(data),
+                         "iterable style": engine.is_iterable_style_dataset(data)}
+                    for route in ("train", "eval"):  # this rank's samples, in the order each loader gives them
+                        r[f"deepspeed_io {route}"] = torch.cat([b[0] for b in engine.deepspeed_io(data, route=route)])
+                    r["deepspeed_io batch 3"] = [len(b[0]) for b in engine.deepspeed_io(data, batch_size=3)]
                     lib.train_ds(engine, x, y, rank, world, 4, 1)
                     save_dir = os.path.join(root, f"{impl}-{stage}-{gather}")
                     r["saved"] = engine.save_16bit_model(save_dir)
@@ -99,6 +105,8 @@ def test_engine_methods_answer_as_deepspeeds(tmp_path):
                     for name, t in want.items():
                         assert ours[key][name].dtype == t.dtype, name
                         torch.testing.assert_close(ours[key][name], t, rtol=1e-5, atol=1e-6)
+                elif isinstance(want, torch.Tensor):
+                    assert torch.equal(ours[key], want), (rank, stage, gather, key)
                 else:
                     assert ours[key] == want, (rank, stage, gather, key, ours[key], want)
         assert out[(3, False, "ds_zero")]["saved"] is False and out[(3, True, "ds_zero")]["saved"] is True

@@ -218,6 +218,29 @@ class DeepSpeedEngineAPI:
     def zero_offload_param(self):
         return self._config.zero.offload_param if self._config.zero.offload_param.device != "none" else None
 
+    @staticmethod
+    def is_map_style_dataset(obj) -> bool:
+        return hasattr(obj, "__getitem__") and hasattr(obj, "__len__")
+
+    @staticmethod
+    def is_iterable_style_dataset(obj) -> bool:
+        return isinstance(obj, torch.utils.data.IterableDataset)
+
+    def deepspeed_io(self, dataset, batch_size=None, route: str = "train", pin_memory: bool = True, data_sampler=None,
+                     collate_fn=None, num_local_io_workers=None):
+        """A loader of this data-parallel rank's share of ``dataset`` in micro-batches, as DeepSpeed's engine builds
+        one: shuffled (torch's ``DistributedSampler``, seed 0) for ``route="train"``, in order for ``"eval"`` /
+        ``"predict"``; ``dataloader_drop_last`` from the config."""
+        if not (self.is_map_style_dataset(dataset) or self.is_iterable_style_dataset(dataset)):
+            raise ValueError("Training data must be a torch Dataset")
+        if data_sampler is None and not self.is_iterable_style_dataset(dataset):
+            data_sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=self.dp_world_size,
+                                                               rank=self.groups.dp_rank, shuffle=route == "train")
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(), sampler=data_sampler,
+            collate_fn=collate_fn or getattr(self, "collate_fn", None), num_workers=num_local_io_workers or 0,
+            pin_memory=pin_memory and get_accelerator().device_name() != "cpu", drop_last=self.dataloader_drop_last())
+
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:
         """The model's 16-bit (its own dtype) state dict in ``save_dir/save_filename``, written by rank 0; every rank

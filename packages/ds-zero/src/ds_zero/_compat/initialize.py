@@ -65,6 +65,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine.client_optimizer, engine.client_lr_scheduler = client, client_scheduler
     if args is not None and hasattr(args, "local_rank"):
         args.local_rank = engine.local_rank  # DeepSpeed aligns it with LOCAL_RANK
+    engine.collate_fn = collate_fn  # DeepSpeed's engine keeps it for deepspeed_io
     engine.training_dataloader = build_dataloader(engine, training_data, collate_fn, pipeline=pipeline)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
