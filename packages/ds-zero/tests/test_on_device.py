@@ -44,15 +44,15 @@ def test_on_device_builds_what_deepspeeds_builds(dtype, device):
 
 
 def test_top_level_names():
-    """``OnDevice`` where DeepSpeed has it (top level, ``deepspeed.utils``); ``deepspeed.runtime.zero``'s ZeRO-3
-    helpers are ``deepspeed.zero``'s."""
+    """``OnDevice`` where DeepSpeed has it (top level, ``deepspeed.utils``); ``deepspeed.runtime.zero``'s
+    ``GatheredParameters`` and ``ZeroParamStatus`` are ``deepspeed.zero``'s."""
     import deepspeed.runtime.zero as theirs_zero
     import deepspeed.utils
     import ds_zero.runtime.zero as ours_zero
     import ds_zero.utils
 
     assert ds_zero.utils.OnDevice is ds_zero.OnDevice and deepspeed.utils.OnDevice is deepspeed.OnDevice
-    for name in ("GatheredParameters", "Init", "ZeroParamStatus"):
+    for name in ("GatheredParameters", "ZeroParamStatus"):
         assert getattr(ours_zero, name) is getattr(ds_zero.zero, name)
         assert getattr(theirs_zero, name) is getattr(deepspeed.zero, name)
     assert issubclass(ds_zero.PipelineEngine, ds_zero.DeepSpeedEngine.__mro__[1])  # the engine API both share

@@ -1,6 +1,6 @@
-"""``deepspeed.runtime.zero`` (``deepspeed.zero`` is this package): the ZeRO-3 user helpers."""
+"""``deepspeed.runtime.zero``: the ZeRO-3 user helpers of the core (``Init``, with DeepSpeed's signature, is
+``ds_zero.zero.Init``: importing it here would close a cycle, since it is built over this package)."""
 
-from ds_zero._compat.zero_init import Init
 from ds_zero.runtime.zero.partition_parameters import GatheredParameters, ZeroParamStatus
 
-__all__ = ["GatheredParameters", "Init", "ZeroParamStatus"]
+__all__ = ["GatheredParameters", "ZeroParamStatus"]
