@@ -411,3 +411,17 @@ def test_hf_argument_parser_parse_yaml_file_matches_transformers(tmp_path):
     (tmp_path / "bad.yaml").write_text("- a\n- b\n")
     with pytest.raises(ValueError, match="expected a YAML mapping"):
         hf_lite.HfArgumentParser(hf_lite.TrainingArguments).parse_yaml_file(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("use_fast", [True, False])
+def test_added_vocab_and_cleanup_match_transformers(trained_tokenizer_dir, use_fast):
+    seen = []
+    for lib in (hf_lite, transformers):
+        tok = lib.AutoTokenizer.from_pretrained(trained_tokenizer_dir, use_fast=use_fast, pad_token="<pad>")
+        tok.add_tokens(["newtok"])
+        tok.add_special_tokens({"additional_special_tokens": ["<x>"]})
+        decoder = tok.added_tokens_decoder
+        seen.append((tok.get_added_vocab(), {i: (t.content, t.special) for i, t in decoder.items()},
+                     tok.clean_up_tokenization("Hello , world . It 's i 've we 're n't ?"), tok.added_tokens_encoder))
+    assert seen[0] == seen[1]
+    assert seen[0][0]["newtok"] == 800 and seen[0][1][801] == ("<x>", True)

@@ -80,7 +80,7 @@ def test_vocab_merges_files_and_tokenizer_json_give_the_same_tokenizer(trio, tmp
     )
     (tmp_path / "tokenizer.json").rename(tmp_path / "elsewhere.json")
     # the special tokens live in tokenizer.json's added_tokens; vocab.json/merges.txt + added_tokens.json carry them
-    added = {t: i for i, t in pure.added_tokens_decoder.items()}
+    added = pure.get_added_vocab()  # {content: id}, as added_tokens.json holds it
     (tmp_path / "added_tokens.json").write_text(json.dumps(added))
     from_files = GPT2Tokenizer.from_pretrained(tmp_path)
     text = "x = {'a': 1}<|endoftext|>  # comment\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 
 import regex
+from tokenizers import AddedToken
 
 from .tokenization_utils_base import PreTrainedTokenizerBase
 
@@ -93,8 +94,9 @@ class PreTrainedTokenizer(PreTrainedTokenizerBase):
         return dict(self._added_tokens_encoder)
 
     @property
-    def added_tokens_decoder(self) -> dict[int, str]:
-        return dict(sorted(self._added_tokens_decoder.items()))
+    def added_tokens_decoder(self) -> dict[int, AddedToken]:
+        return {i: AddedToken(c, special=c in self._special_added, normalized=c not in self._special_added)
+                for i, c in sorted(self._added_tokens_decoder.items())}
 
     def get_vocab(self) -> dict[str, int]:
         tokens = ((self._convert_id_to_token(i), i) for i in range(self.vocab_size))

@@ -314,20 +314,19 @@ class PreTrainedTokenizerBase(SpecialTokensMixin, PushToHubMixin, abc.ABC):
         text = self._decode([t for t in token_ids if t < vocab_size], skip_special_tokens)
         clean = clean_up_tokenization_spaces
         if clean if clean is not None else self.clean_up_tokenization_spaces:
-            for a, b in (
-                (" .", "."),
-                (" ?", "?"),
-                (" !", "!"),
-                (" ,", ","),
-                (" ' ", "'"),
-                (" n't", "n't"),
-                (" 'm", "'m"),
-                (" 's", "'s"),
-                (" 've", "'ve"),
-                (" 're", "'re"),
-            ):
-                text = text.replace(a, b)
+            text = self.clean_up_tokenization(text)
         return text
+
+    def clean_up_tokenization(self, text: str) -> str:
+        """English spacing before punctuation and contractions removed (``clean_up_tokenization_spaces``)."""
+        for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                     (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+            text = text.replace(a, b)
+        return text
+
+    def get_added_vocab(self) -> dict[str, int]:
+        """The added tokens (special ones included) by id order, as ``{content: id}``."""
+        return {str(token): index for index, token in sorted(self.added_tokens_decoder.items())}
 
     def batch_decode(self, sequences, skip_special_tokens: bool = False, clean_up_tokenization_spaces=None):
         if isinstance(sequences, torch.Tensor):

@@ -89,6 +89,15 @@ class PreTrainedTokenizerFast(PreTrainedTokenizerBase):
         special = set(self.all_special_ids) | self._added_special_ids()
         return [self._tokenizer.id_to_token(i) for i in ids if not (skip_special_tokens and i in special)]
 
+    @property
+    def added_tokens_decoder(self) -> dict:
+        """``{id: AddedToken}`` of the Rust tokenizer's added tokens, by id."""
+        return dict(sorted(self._tokenizer.get_added_tokens_decoder().items()))
+
+    @property
+    def added_tokens_encoder(self) -> dict[str, int]:
+        return {token.content: index for index, token in self.added_tokens_decoder.items()}
+
     def _added_special_ids(self) -> set[int]:
         return {i for i, tok in self._tokenizer.get_added_tokens_decoder().items() if tok.special}
 
