@@ -3,7 +3,8 @@ gloo ranks: ``megatron.core``'s top-level exports; ``parallel_state.is_initializ
 ``vp_stage`` on the stage predicates, the expert-parallel size (1: no expert parallelism); the optimizers'
 ``param_groups``, ``get_parameters``, ``get_loss_scale`` / ``scale_loss``, ``clip_grad_norm``, ``count_zeros``,
 ``reload_model_params`` (plain and distributed, each checked against a direct computation);
-``TransformerBlock.has_final_layernorm_in_this_stage``, ``LanguageModelEmbedding.zero_parameters``."""
+``TransformerBlock.has_final_layernorm_in_this_stage``, ``LanguageModelEmbedding.zero_parameters``;
+``ProcessGroupCollection`` (``process_groups_config.py``) and ``GPTModel(pg_collection=)``."""
 
 import importlib.util
 import pathlib
@@ -119,8 +120,38 @@ def _block_and_embedding(rank, world):
         ps.destroy_model_parallel()
 
 
-CASES = {"exports": _exports, "parallel_state": _parallel_state, "optimizer": _optimizer,
-         "block_and_embedding": _block_and_embedding}
+def _pg_collection(rank, world):
+    """``ProcessGroupCollection.use_mpu_process_groups()`` holds parallel_state's groups; GPTModel takes it, and
+    refuses one whose groups are not parallel_state's (its layers use those)."""
+    import torch.distributed as dist
+    from mega_par import parallel_state as ps
+    from mega_par.models.gpt import GPTModel, get_gpt_layer_local_spec
+    from mega_par.process_groups_config import ProcessGroupCollection
+    from mega_par.transformer import TransformerConfig
+
+    assert ProcessGroupCollection.use_mpu_process_groups().tp is None  # before the grid: None, as Megatron's
+    other = dist.new_group([0, 1])
+    ps.initialize_model_parallel(1, 1)
+    try:
+        pgc = ProcessGroupCollection.use_mpu_process_groups()
+        assert pgc.tp is ps.get_tensor_model_parallel_group() and pgc.dp is ps.get_data_parallel_group()
+        assert ProcessGroupCollection.use_mpu_process_groups(["tp"]).pp is None
+        config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2)
+        model = GPTModel(config, get_gpt_layer_local_spec(), 32, 8, seed=0, pg_collection=pgc)
+        assert model.pg_collection is pgc and model.tp_group is pgc.tp
+        with pytest.raises(ValueError, match="pg_collection.tp is not parallel_state's tp group"):
+            GPTModel(config, get_gpt_layer_local_spec(), 32, 8, seed=0,
+                     pg_collection=ProcessGroupCollection(tp=other, pp=pgc.pp, cp=pgc.cp))
+        with pytest.raises(ValueError, match="Unknown attribute: ep"):
+            ProcessGroupCollection(ep=other)
+        with pytest.raises(ValueError, match=r"Invalid process groups requested: \['hcp'\]"):
+            ProcessGroupCollection.use_mpu_process_groups(["tp", "hcp"])
+    finally:
+        ps.destroy_model_parallel()
+
+
+CASES = {"exports": _exports, "pg_collection": _pg_collection, "parallel_state": _parallel_state,
+         "optimizer": _optimizer, "block_and_embedding": _block_and_embedding}
 
 
 def _rank_main(rank, world):

@@ -42,7 +42,7 @@ class GPTModel(LanguageModule):
                              f"got {position_embedding_type!r}")
         for name, value, default in (("rotary_percent", rotary_percent, 1.0), ("rope_scaling", rope_scaling, False),
                                      ("seq_len_interpolation_factor", seq_len_interpolation_factor, None),
-                                     ("mtp_block_spec", mtp_block_spec, None), ("pg_collection", pg_collection, None)):
+                                     ("mtp_block_spec", mtp_block_spec, None)):
             if value != default:
                 raise ValueError(f"GPTModel: {name}={value!r} is not supported by mega_par (only {default!r})")
         if ps.get_context_parallel_world_size() != 1:
@@ -51,7 +51,13 @@ class GPTModel(LanguageModule):
         if vocab_size % ps.get_tensor_model_parallel_world_size():
             raise ValueError(f"vocab_size ({vocab_size}) must be divisible by the tensor-parallel size "
                              f"({ps.get_tensor_model_parallel_world_size()}); pad the vocabulary")
-        super().__init__(config=config)
+        if pg_collection is not None:  # the layers communicate over parallel_state's groups
+            for name, group in (("tp", ps.get_tensor_model_parallel_group()), ("cp", ps.get_context_parallel_group()),
+                                ("pp", ps.get_pipeline_model_parallel_group())):
+                if getattr(pg_collection, name, None) is not group:
+                    raise ValueError(f"GPTModel: pg_collection.{name} is not parallel_state's {name} group; mega_par's "
+                                     "layers communicate over parallel_state's groups only")
+        super().__init__(config=config, pg_collection=pg_collection)
         self.transformer_layer_spec = transformer_layer_spec
         self.vocab_size, self.max_sequence_length = vocab_size, max_sequence_length
         self.pre_process, self.post_process, self.parallel_output = pre_process, post_process, parallel_output
