@@ -71,6 +71,27 @@ def _comm_counts(lib, tp, mesh, rank, path):
     return mlp, ({str(k): v for k, v in mode.get_comm_counts().items()}, mode.get_total_counts())
 
 
+class _Checkpointed(nn.Module):
+    """A TP block under a reentrant activation checkpoint: only its input is saved (what input_reshard is for)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=True)
+
+
+def _as_torch_cpu(counts: dict) -> dict:
+    """Our counts as torch's CPU groups would have them: a Shard -> Shard all-to-all is an all-gather there
+    ("CPU process group does not support alltoall yet, falling back with allgather + chunk")."""
+    out = dict(counts)
+    n = out.pop("_dtensor.shard_dim_alltoall", 0)
+    if n:
+        out["c10d_functional.all_gather_into_tensor"] = out.get("c10d_functional.all_gather_into_tensor", 0) + n
+    return out
+
+
 def _breadth(rank, world, root):
     import pt_dist.tensor as pt
     import pt_dist.tensor.debug  # noqa: F401
@@ -142,6 +163,23 @@ def _breadth(rank, world, root):
                 [lib.Shard(0)], [lib.Replicate()]), redistribute_inputs=True)(x.redistribute(m, [lib.Replicate()]), w)
             res.append((type(y).__name__, str(y.placements), y.full_tensor(), mismatch, again.full_tensor()))
         out["local_map"] = res
+        # input_reshard: what a TP module saves kept sharded, gathered back in backward
+        from pt_dist.tensor.parallel.input_reshard import input_reshard as pt_reshard
+        from torch.distributed.tensor.parallel.input_reshard import input_reshard as tt_reshard
+
+        res = []
+        for lib, tp, m, reshard in ((pt, pt_tp, mesh, pt_reshard), (tt, tt_tp, tmesh, tt_reshard)):
+            for use in (False, True):
+                model = _Checkpointed(tp.parallelize_module(_mlp(), m, {"0": tp.ColwiseParallel(),
+                                                                       "2": tp.RowwiseParallel()}))
+                if use:
+                    reshard(model, m, 0)
+                xin = torch.randn(4, 6, generator=torch.Generator().manual_seed(9)).requires_grad_()  # replicated
+                with lib.debug.CommDebugMode() as mode:
+                    model(xin).sum().backward()
+                res.append(({str(k): v for k, v in mode.get_comm_counts().items()}, xin.grad,
+                            [p.grad.full_tensor() for p in model.parameters()]))
+        out["input_reshard"] = res
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             pt.debug.visualize_sharding(pt.distribute_tensor(torch.ones(4, 6), mesh, [pt.Shard(0)]))
@@ -177,5 +215,14 @@ def test_tensor_breadth_matches_torchs_in_the_same_ranks(tmp_path):
         (kind, p, full, mismatch, again), (t_kind, t_p, t_full, t_mismatch, t_again) = out["local_map"]
         assert kind == "DTensor" and p == t_p and torch.equal(full, t_full) and torch.equal(again, t_again)
         assert mismatch is True and t_mismatch is True
+        (plain, resharded, t_plain, t_resharded) = out["input_reshard"]
+        for (counts, xgrad, grads), (t_counts, t_xgrad, t_grads) in ((plain, t_plain), (resharded, t_resharded)):
+            assert _as_torch_cpu(counts) == t_counts, (counts, t_counts)
+            assert torch.allclose(xgrad, t_xgrad, rtol=1e-5, atol=1e-6)
+            assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(grads, t_grads))
+        # the same gradients, and the saved input gathered back: one more all-gather than without
+        assert torch.allclose(resharded[1], plain[1], rtol=1e-5, atol=1e-6)
+        assert sum(resharded[0].values()) == sum(plain[0].values()) + 1, (plain[0], resharded[0])
+        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(resharded[2], plain[2]))
     assert "Row 0-1" in results[0]["visualize"] and "cpu:1" in results[0]["visualize"]
     assert results[1]["visualize"] == ""  # printed by the mesh's first rank only, as torch's

@@ -120,9 +120,11 @@ def foreach_reduce(fsdp_params: list[FSDPParam], unsharded_grads: list[torch.Ten
 
 
 @torch.no_grad()
-def foreach_reduce_finish(pending: PendingReduce, partial_reduce_output: torch.Tensor | None) -> torch.Tensor | None:
+def foreach_reduce_finish(pending: PendingReduce, partial_reduce_output: torch.Tensor | None,
+                          all_reduce_hook=None) -> torch.Tensor | None:
     """Wait for the reduce-scatter; for HSDP all-reduce it over the replicate dim (or, without all-reduce, add it to
-    ``partial_reduce_output`` and return that); then set each parameter's sharded gradient. Returns the partial."""
+    ``partial_reduce_output`` and return that); ``all_reduce_hook`` (``set_all_reduce_hook``) on the reduced flat
+    output; then set each parameter's sharded gradient. Returns the partial."""
     if pending.work is not None:
         pending.work.wait()
     reduce_output = pending.reduce_output
@@ -135,6 +137,8 @@ def foreach_reduce_finish(pending: PendingReduce, partial_reduce_output: torch.T
         if partial_reduce_output is not None:
             reduce_output += partial_reduce_output
         c10d.all_reduce(reduce_output, op=pending.all_reduce_op, group=pending.all_reduce_group)
+    if all_reduce_hook is not None:
+        all_reduce_hook(reduce_output)
     if pending.postdivide_factor is not None and pending.postdivide_factor != 1:
         reduce_output.div_(pending.postdivide_factor)
     offset = 0

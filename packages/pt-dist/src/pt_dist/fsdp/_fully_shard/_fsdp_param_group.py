@@ -79,6 +79,7 @@ class FSDPParamGroup:
         self.all_reduce_grads = True  # set_requires_all_reduce (HSDP)
         self.reshard_after_backward = True
         self.gradient_divide_factor: float | None = None
+        self._all_reduce_hook = None  # set_all_reduce_hook
         self.force_sum_reduction_for_comms = False
         self.unshard_async_op = False
         self.unshard_in_backward = True
@@ -222,7 +223,8 @@ class FSDPParamGroup:
         if self._partial_reduce_output is not None and pending.fsdp_params != self._partial_reduce_params:
             raise NotImplementedError(f"FSDP HSDP without all-reduce: the parameters with gradients changed between "
                                       f"backwards in {self._module_fqn!r}")
-        self._partial_reduce_output = foreach_reduce_finish(pending, self._partial_reduce_output)
+        self._partial_reduce_output = foreach_reduce_finish(pending, self._partial_reduce_output,
+                                                            self._all_reduce_hook)
         self._partial_reduce_params = pending.fsdp_params if self._partial_reduce_output is not None else []
 
     def finalize_backward(self) -> None:

@@ -8,6 +8,7 @@ bottom-up: per block, then on the root.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 
 from torch import nn
@@ -181,6 +182,17 @@ class FSDPModule:
     def set_gradient_divide_factor(self, factor: float) -> None:
         for group in self._get_fsdp_state()._fsdp_param_groups:
             group.gradient_divide_factor = factor
+
+    def set_all_reduce_hook(self, hook, *, stream=None) -> None:
+        """``hook(reduce_output)`` on each reduced flat gradient: after the reduce-scatter, or HSDP's all-reduce."""
+        if stream is not None:
+            raise ValueError("set_all_reduce_hook: stream is a CUDA stream; pt_dist reduces on the group's thread")
+        for group in self._get_fsdp_state()._fsdp_param_groups:
+            group._all_reduce_hook = hook
+
+    def set_reduce_scatter_divide_factor(self, factor: float) -> None:
+        warnings.warn("Use `set_gradient_divide_factor` instead", DeprecationWarning, stacklevel=2)
+        self.set_gradient_divide_factor(factor)
 
     def set_force_sum_reduction_for_comms(self, enable: bool) -> None:
         for group in self._get_fsdp_state()._fsdp_param_groups:
