@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -80,3 +81,22 @@ def test_load_sharded_optimizer_state_dict_resumes_fsdp1_as_torchs(tmp_path):
         assert torch.allclose(torch.tensor(going_on), torch.tensor(t_going_on), rtol=1e-5)
         assert torch.allclose(torch.tensor(resumed), torch.tensor(t_resumed), rtol=1e-5)
         assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(params, t_params))
+
+
+def test_find_tensor_shard_and_resolve_bytes_as_torchs():
+    """checkpoint.utils.find_tensor_shard (a plain tensor at the origin is itself, at another offset an error
+    naming it) and LoadPlanner.resolve_bytes (optional: NotImplementedError unless a planner gives it), beside
+    torch's."""
+    import pt_dist.checkpoint as ours
+    import torch.distributed.checkpoint as theirs
+    from pt_dist.checkpoint.utils import find_tensor_shard
+    from torch.distributed.checkpoint.utils import find_tensor_shard as torch_find_tensor_shard
+
+    t = torch.ones(3)
+    for find, lib in ((find_tensor_shard, ours), (torch_find_tensor_shard, theirs)):
+        assert find(t, lib.metadata.MetadataIndex("w", torch.Size([0]))) is t
+        with pytest.raises(ValueError, match="can't find by offset"):
+            find(t, lib.metadata.MetadataIndex("w", torch.Size([1])))
+        planner = lib.DefaultLoadPlanner()
+        with pytest.raises(NotImplementedError, match="resolve_bytes"):
+            planner.resolve_bytes(None)

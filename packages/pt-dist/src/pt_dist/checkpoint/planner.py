@@ -124,6 +124,10 @@ class LoadPlanner(abc.ABC):
     @abc.abstractmethod
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None: ...
 
+    def resolve_bytes(self, read_item: ReadItem) -> io.BytesIO:
+        """The BytesIO a storage reader fills for ``read_item`` (optional, as torch's: not implemented by default)."""
+        raise NotImplementedError("LoadPlanner.resolve_bytes is not implemented")
+
     @abc.abstractmethod
     def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor: ...
 

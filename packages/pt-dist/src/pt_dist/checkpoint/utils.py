@@ -43,6 +43,15 @@ def find_state_dict_object(state_dict: dict, index: MetadataIndex) -> Any:
     return obj
 
 
+def find_tensor_shard(tensor: torch.Tensor, index: MetadataIndex) -> torch.Tensor:
+    """The part of ``tensor`` this rank holds for ``index`` (a DTensor's local tensor; a plain tensor at offset 0)."""
+    if isinstance(tensor, DTensor):
+        return tensor.to_local()
+    if index.offset is not None and any(index.offset):
+        raise ValueError(f"FQN: '{index.fqn}' is not a ShardedTensor, can't find by offset: '{index.offset}'")
+    return tensor
+
+
 class _DistWrapper:
     """One pt_dist group (or one process, ``use_dist=False``) with the coordinator's rank in it: torch's object
     collectives over it, and the save's and load's collective steps (``pt_dist/_infra/collective_steps.py``:
