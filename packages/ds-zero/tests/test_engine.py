@@ -95,21 +95,21 @@ DEFAULTS_STEPS = 3
 
 def _defaults_cases(rank, world):
     """Stages 1-2 on DeepSpeed's default zero_optimization (only the stage: 5e8-element buckets, no overlap_comm),
-    with its default clipping; stage 1 again with gloo's all-gather piece cap lowered to ``CAPPED`` bytes. Every
-    collective of each step, with the tensors it writes (data pointer, elements)."""
+    with its default clipping; stages 1 and 3 again with gloo's all-gather piece cap lowered to ``CAPPED`` bytes.
+    Every collective of each step, with the tensors it writes (data pointer, elements)."""
     import ds_zero
     import torch.distributed as dist
-    from ds_zero.runtime.zero import stage_1_and_2
+    from ds_zero.runtime.zero import partition_parameters
 
     out = {}
     x, y = lib.make_data(DEFAULTS_STEPS, 2 * world)
     real = {name: getattr(dist, name) for name in COLLECTIVES}
-    real_cap = stage_1_and_2.GLOO_ALLGATHER_PIECE_BYTES
-    for stage, cap in ((1, None), (2, None), (1, CAPPED)):
+    real_cap = partition_parameters.GLOO_ALLGATHER_PIECE_BYTES
+    for stage, cap in ((1, None), (2, None), (1, CAPPED), (3, CAPPED)):
         cfg = lib.base_config(stage, world, micro=2, gradient_clipping=1.0)
-        cfg["zero_optimization"] = {"stage": stage}
+        cfg["zero_optimization"] = {"stage": stage, **({"stage3_param_persistence_threshold": 0} if stage == 3 else {})}
         engine, *_ = ds_zero.initialize(model=lib.make_model(), config=cfg)
-        flat = engine.optimizer.flat_groups[0]
+        flat = engine.optimizer.flat_groups[0] if stage < 3 else torch.empty(0)
         calls = []
 
         def record(name, *a, calls=calls, **k):
@@ -120,12 +120,12 @@ def _defaults_cases(rank, world):
 
         for name in COLLECTIVES:
             setattr(dist, name, lambda *a, name=name, **k: record(name, *a, **k))
-        stage_1_and_2.GLOO_ALLGATHER_PIECE_BYTES = cap or real_cap
+        partition_parameters.GLOO_ALLGATHER_PIECE_BYTES = cap or real_cap
         try:
             with lib.one_thread():
                 losses = lib.train_ds(engine, x, y, rank, world, 2, 1)
         finally:
-            stage_1_and_2.GLOO_ALLGATHER_PIECE_BYTES = real_cap
+            partition_parameters.GLOO_ALLGATHER_PIECE_BYTES = real_cap
             for name, fn in real.items():
                 setattr(dist, name, fn)
         out[stage, cap] = (losses, lib.full_params(engine), calls, flat.data_ptr(), flat.numel(), flat.element_size())
@@ -135,8 +135,8 @@ def _defaults_cases(rank, world):
 
 def test_stages_1_and_2_on_deepspeed_defaults_gather_in_place():
     """One gradient bucket, and the updated partitions gathered straight into the flat parameter buffer, as
-    DeepSpeed's ``all_gather_dp_groups``: no copy of the gathered parameters. On gloo the all-gather goes in equal
-    pieces of at most ``GLOO_ALLGATHER_PIECE_BYTES`` per rank (gloo's all-gather slows down past ~12 MiB)."""
+    DeepSpeed's ``all_gather_dp_groups``: no copy of the gathered parameters. On gloo every all-gather (ZeRO-3's
+    too) goes in equal pieces of at most ``GLOO_ALLGATHER_PIECE_BYTES`` per rank (gloo's slows down past ~12 MiB)."""
     world = 2
     results = run_ranks(_defaults_cases, world, timeout=240)
     x, y = lib.make_data(DEFAULTS_STEPS, 2 * world)
@@ -150,6 +150,10 @@ def test_stages_1_and_2_on_deepspeed_defaults_gather_in_place():
             torch.testing.assert_close(results[1][stage, cap][1][name], results[0][stage, cap][1][name], rtol=0, atol=0)
         for r in results:
             _, _, calls, ptr, numel, size = r[stage, cap]
+            if stage == 3:  # each coalesced gather of parameter chunks, in pieces of at most the cap
+                pieces = [n for name, ps in calls if name.startswith("all_gather") for _, n in ps]
+                assert pieces and max(pieces) * 4 <= cap
+                continue
             # per step: the gradients' all-reduce (gloo), the norm's, then the gather
             gathers = [c for c in calls if c[0] not in ("all_reduce",)]
             assert [name for name, _ in calls if name == "all_reduce"] == ["all_reduce"] * 2 * DEFAULTS_STEPS

@@ -19,15 +19,11 @@ buffers (:mod:`offload`) and the step runs there.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ds_zero.runtime.zero.base_optimizer import ZeroOptimizerBase
 from ds_zero.runtime.zero.flat_reducer import FlatGradientReducer
+from ds_zero.runtime.zero.partition_parameters import all_gather_rows
 from ds_zero.runtime.zero.reduce_scatter import GradientBucketReducer, prefer_all_reduce
-
-# gloo's all-gather slows down past ~12 MiB per rank (8.4M fp32 elements over 2 ranks: 130-154 ms in one piece,
-# 35-39 ms in pieces of 1-2M elements; its all-reduce has no such step), so on gloo a piece is at most 8 MiB per rank.
-GLOO_ALLGATHER_PIECE_BYTES = 8 << 20
 
 
 class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
@@ -167,20 +163,11 @@ class DeepSpeedZeroOptimizer(ZeroOptimizerBase):
     def _after_write_back(self) -> None:
         if not self.partition_optimizer or self.world_size == 1:
             return
-        on_gloo = dist.get_backend(self.dp_process_group) == "gloo"
         for flat, psize in zip(self.flat_groups, self.partition_size):
-            piece = max(1, self.allgather_bucket_size // self.world_size)
-            if on_gloo and piece * flat.element_size() > GLOO_ALLGATHER_PIECE_BYTES:
-                count = -(-psize * flat.element_size() // GLOO_ALLGATHER_PIECE_BYTES)
-                piece = -(-psize // count)  # equal pieces of at most the cap
-            if piece >= psize > 0:  # one piece: in place, into the flat buffer (DeepSpeed's all_gather_dp_groups)
-                dist.all_gather_into_tensor(flat, flat[self.my_part * psize:(self.my_part + 1) * psize],
-                                            group=self.dp_process_group)
-                continue
-            rows = flat.view(self.world_size, psize)
-            for start in range(0, psize, piece):
-                pieces = list(rows[:, start:start + piece].unbind(0))  # each rank's piece, written in place
-                dist.all_gather(pieces, pieces[self.my_part], group=self.dp_process_group)
+            if psize:  # in place into the flat buffer, as DeepSpeed's all_gather_dp_groups
+                rows = flat.view(self.world_size, psize)
+                all_gather_rows(rows, rows[self.my_part], self.dp_process_group,
+                                max(1, self.allgather_bucket_size // self.world_size))
 
     def layout(self) -> dict:
         """Enough to rebuild full params from all ranks' master partitions (zero_to_fp32)."""
