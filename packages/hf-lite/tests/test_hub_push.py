@@ -333,3 +333,38 @@ def test_push_to_hub_keeps_transformers_4_arguments(tmp_path, hub, monkeypatch):
     assert sorted(files) == ["README.md", "config.json", "generation_config.json", "pytorch_model.bin"]
     state = torch.load(io.BytesIO(files["pytorch_model.bin"]), weights_only=True)
     assert torch.equal(state["model.embed_tokens.weight"], model.model.embed_tokens.weight)
+
+
+def _card_without_versions(text: str) -> str:
+    return text.split("### Framework versions")[0]
+
+
+@pytest.mark.parametrize("card_kwargs", [
+    dict(model_name="tiny", tags="x", finetuned_from="org/base", dataset="my_data", license="mit", language="en"),
+    dict(tasks="text-generation", dataset_tags=["wikitext", "c4"], dataset=["WikiText", "C4"], tags=["a", "b"]),
+    dict(),
+])
+def test_create_model_card_writes_transformers_card(tmp_path, blocks, trained_tokenizer_dir, card_kwargs):
+    pytest.importorskip("accelerate", reason="transformers' Trainer requires accelerate (the dev group has it)")
+
+    def accuracy(pred):
+        return {"accuracy": float((pred.predictions.argmax(-1) == pred.label_ids).mean())}
+
+    ours = trainer_model()
+    ours.save_pretrained(tmp_path / "init")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "init")
+    common = dict(per_device_train_batch_size=4, max_steps=4, eval_strategy="steps", eval_steps=2, logging_steps=1,
+                  report_to="none", disable_tqdm=True, save_strategy="no", gradient_accumulation_steps=2,
+                  warmup_steps=1, optim="adamw_torch", seed=3)
+    cards = []
+    for lib, model, name in ((transformers, theirs, "t"), (hf_lite, ours, "o")):
+        args = lib.TrainingArguments(output_dir=str(tmp_path / name / "run"), **common)
+        trainer = lib.Trainer(model=model, args=args, train_dataset=blocks, eval_dataset=blocks[:8],
+                              compute_metrics=accuracy)
+        trainer.train()
+        trainer.create_model_card(**card_kwargs)
+        cards.append((tmp_path / name / "run" / "README.md").read_text())
+    theirs_card, ours_card = cards
+    assert _card_without_versions(ours_card) == _card_without_versions(theirs_card)
+    assert "| Training Loss | Epoch | Step | Validation Loss | Accuracy |" in ours_card
+    assert "### Framework versions\n\n- hf-lite" in ours_card

@@ -67,10 +67,11 @@ def evaluation_loop(trainer, dataloader, padded_batches: int, description: str, 
         all_losses = torch.cat(losses)
         finite = torch.isfinite(all_losses)
         # numpy's float32 mean, as transformers takes it (torch sums in another order)
-        metrics["loss"] = (all_losses[finite] if args.logging_nan_inf_filter and finite.any() else all_losses
-                           ).float().numpy().mean().item()
+        kept = all_losses[finite] if args.logging_nan_inf_filter and finite.any() else all_losses
+        metrics[f"{metric_key_prefix}_loss"] = kept.float().numpy().mean().item()
+    # Prefixed keys first, then the others prefixed, in transformers' order (it pops and re-inserts them).
     metrics = {k if k.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{k}": v
-               for k, v in metrics.items()}
+               for k, v in sorted(metrics.items(), key=lambda kv: not kv[0].startswith(f"{metric_key_prefix}_"))}
     return EvalLoopOutput(predictions=all_preds, label_ids=all_labels, metrics=metrics, num_samples=num_samples)
 
 

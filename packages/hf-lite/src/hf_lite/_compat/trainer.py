@@ -37,20 +37,13 @@ from ..trainer_utils import (
 )
 from .data_collator import DataCollatorWithPadding, default_data_collator
 from .integrations import get_reporting_integration_callbacks
+from .modelcard import card_tags, trainer_model_card
 from .torch_ddp import TorchDDPPlugin, destroy_distributed, init_distributed
 from .trainer_callbacks import PrinterCallback, ProgressCallback
 from .trainer_utils import enable_full_determinism
 from .training_args import HubStrategy, TrainingArguments
 
 logger = logging.getLogger(__name__)
-
-
-def _format(key: str, value):
-    if "_memory_" in key:
-        return f"{value >> 20}MB"
-    if key == "total_flos":
-        return f"{value / 1e9:.0f}GF" if value >= 1e9 else f"{value:.0f}"
-    return f"{value:.4g}" if isinstance(value, float) else value
 
 
 def _check_datasets(args, train_dataset, eval_dataset) -> None:
@@ -246,35 +239,19 @@ class Trainer(TrainerLoop):
         dataset: str | list[str] | None = None,
         dataset_args: str | list[str] | None = None,
     ) -> None:
-        """A README.md in ``output_dir``: YAML metadata, what was trained from what, the last evaluation and the
-        hyper-parameters (the sections of transformers' generated card; written locally, never pushed)."""
+        """README.md in ``output_dir``: transformers' generated card (``_compat/modelcard.py``): metadata with
+        ``generated_from_trainer``, the last evaluation, the hyper-parameters, the evaluations during training."""
         if not self.is_world_process_zero():
             return
-        name = model_name or os.path.basename(os.path.abspath(self.args.output_dir))
-        meta = {"library_name": "hf-lite", "license": license, "language": language, "base_model": finetuned_from,
-                "tags": [tags] if isinstance(tags, str) else tags, "datasets": dataset_tags,
-                "pipeline_tag": tasks if isinstance(tasks, str) else None}
-        lines = ["---", *(f"{k}: {json.dumps(v)}" for k, v in meta.items() if v), "---", "", f"# {name}", ""]
-        source = f"a fine-tuned version of [{finetuned_from}]({finetuned_from})" if finetuned_from else "trained"
-        on = f" on the {dataset} dataset" if dataset else ""
-        lines += [f"This model is {source}{on}.", ""]
-        evals = [h for h in self.state.log_history if "eval_loss" in h]
-        if evals:
-            lines += ["It achieves the following results on the evaluation set:"]
-            lines += [f"- {k.removeprefix('eval_')}: {_format(k, v)}" for k, v in sorted(evals[-1].items())
-                      if k.startswith("eval_")]
-            lines.append("")
-        args = self.args
-        hyper = {"learning_rate": args.learning_rate, "train_batch_size": args.per_device_train_batch_size,
-                 "eval_batch_size": args.per_device_eval_batch_size, "seed": args.seed,
-                 "gradient_accumulation_steps": args.gradient_accumulation_steps,
-                 "optimizer": args.optim.value if hasattr(args.optim, "value") else args.optim,
-                 "lr_scheduler_type": getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type),
-                 "num_epochs": args.num_train_epochs}
-        if args.max_steps > 0:
-            hyper["training_steps"] = args.max_steps
-        lines += ["## Training hyperparameters", "", *(f"- {k}: {v}" for k, v in hyper.items()), ""]
-        atomic_write_text(os.path.join(args.output_dir, "README.md"), "\n".join(lines))
+        path = os.path.join(self.args.output_dir, "README.md")
+        if os.path.exists(path) and tags is not None:  # the tags of the card already there are kept
+            existing = card_tags(path)
+            tags = [tags] if isinstance(tags, str) else list(tags)
+            tags += [tag for tag in existing if tag not in tags]
+        card = trainer_model_card(self, self.parallelism.unwrap_model(self.model), language, license, tags,
+                                  model_name, finetuned_from, tasks, dataset_tags, dataset, dataset_args)
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        atomic_write_text(path, card)
 
     # ------------------------------------------------------------------ hub pushes (transformers' trainer.py)
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
