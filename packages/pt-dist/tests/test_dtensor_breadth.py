@@ -71,6 +71,20 @@ def _comm_counts(lib, tp, mesh, rank, path):
     return mlp, ({str(k): v for k, v in mode.get_comm_counts().items()}, mode.get_total_counts())
 
 
+def _rowscale_op():
+    """A custom op (each row scaled by its sum), made once per process."""
+    if not hasattr(torch.ops.ptdist_breadth, "rowscale"):
+        @torch.library.custom_op("ptdist_breadth::rowscale", mutates_args=())
+        def rowscale(x: torch.Tensor, scale: float) -> torch.Tensor:
+            return x * scale / x.sum(dim=1, keepdim=True)
+
+        @rowscale.register_fake
+        def _(x, scale):
+            return torch.empty_like(x)
+
+    return torch.ops.ptdist_breadth.rowscale.default
+
+
 class _Checkpointed(nn.Module):
     """A TP block under a reentrant activation checkpoint: only its input is saved (what input_reshard is for)."""
 
@@ -163,6 +177,19 @@ def _breadth(rank, world, root):
                 [lib.Shard(0)], [lib.Replicate()]), redistribute_inputs=True)(x.redistribute(m, [lib.Replicate()]), w)
             res.append((type(y).__name__, str(y.placements), y.full_tensor(), mismatch, again.full_tensor()))
         out["local_map"] = res
+        # register_sharding: a custom op DTensor has no rule for, given one by the user
+        rowscale = _rowscale_op()
+        res = []
+        for lib, m, exp in ((pt, mesh, pt_exp), (tt, tmesh, tt_exp)):
+            def strategies(x, scale, lib=lib):
+                return [([lib.Replicate()], [lib.Replicate(), None]), ([lib.Shard(0)], [lib.Shard(0), None])]
+
+            exp.register_sharding(rowscale)(strategies)
+            for p in (lib.Shard(0), lib.Shard(1), lib.Replicate()):
+                x = lib.distribute_tensor(torch.arange(1.0, 25.0).reshape(4, 6), m, [p])
+                y = rowscale(x, 2.0)
+                res.append((str(y.placements), y.full_tensor()))
+        out["register_sharding"] = res
         # input_reshard: what a TP module saves kept sharded, gathered back in backward
         from pt_dist.tensor.parallel.input_reshard import input_reshard as pt_reshard
         from torch.distributed.tensor.parallel.input_reshard import input_reshard as tt_reshard
@@ -215,6 +242,11 @@ def test_tensor_breadth_matches_torchs_in_the_same_ranks(tmp_path):
         (kind, p, full, mismatch, again), (t_kind, t_p, t_full, t_mismatch, t_again) = out["local_map"]
         assert kind == "DTensor" and p == t_p and torch.equal(full, t_full) and torch.equal(again, t_again)
         assert mismatch is True and t_mismatch is True
+        ours_rs, theirs_rs = out["register_sharding"][:3], out["register_sharding"][3:]
+        want = torch.arange(1.0, 25.0).reshape(4, 6)
+        want = want * 2.0 / want.sum(dim=1, keepdim=True)
+        for (p, full), (t_p, t_full) in zip(ours_rs, theirs_rs):
+            assert p == t_p and torch.allclose(full, want) and torch.allclose(t_full, want), (p, t_p)
         (plain, resharded, t_plain, t_resharded) = out["input_reshard"]
         for (counts, xgrad, grads), (t_counts, t_xgrad, t_grads) in ((plain, t_plain), (resharded, t_resharded)):
             assert _as_torch_cpu(counts) == t_counts, (counts, t_counts)

@@ -1,7 +1,9 @@
 """``torch.distributed.tensor.experimental`` (torch's ``experimental/__init__.py`` and ``_func_map.py``):
 ``implicit_replication`` (plain tensors meeting DTensors taken as replicated, the core dispatcher's
-``allow_implicit_replication``) and ``local_map`` (a function written for local tensors applied to DTensors'
-local parts, its outputs wrapped with ``out_placements``)."""
+``allow_implicit_replication``), ``local_map`` (a function written for local tensors applied to DTensors'
+local parts, its outputs wrapped with ``out_placements``) and ``register_sharding`` (a user's list of acceptable
+(output, input) placements for an op, made a sharding rule: on each mesh dim the one needing the cheapest
+redistribution, as torch's strategy expansion picks by cost)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from torch.utils import _pytree as pytree
 
 from pt_dist.tensor import _dispatch
 from pt_dist.tensor._api import DTensor
+from pt_dist.tensor._ops.utils import OpCall, OutputSharding, pick, register_prop_rule
 
-__all__ = ["implicit_replication", "local_map"]
+__all__ = ["implicit_replication", "local_map", "register_sharding"]
 
 
 @contextlib.contextmanager
@@ -92,3 +95,29 @@ def _local_map_wrapped(func, out_placements, in_placements, in_grad_placements, 
         else:
             wrapped.append(o)
     return pytree.tree_unflatten(wrapped, out_spec)
+
+
+def register_sharding(op):
+    """Decorator: ``fn(*args, **kwargs)``, called with each DTensor argument's spec in its place, returns
+    ``[(output_placements, input_placements), ...]`` (one placement per output / per argument, None for a
+    non-tensor), the layouts ``op`` accepts on one mesh dim; it becomes ``op``'s sharding rule, over any existing."""
+
+    def wrapper(fn):
+        @register_prop_rule(op if isinstance(op, list) else [op])
+        def rule(call: OpCall) -> OutputSharding:
+            def as_spec(a):
+                return a._spec if isinstance(a, DTensor) else a
+
+            strategies = fn(*pytree.tree_map(as_spec, call.args), **pytree.tree_map(as_spec, call.kwargs))
+            tensors = [i for i, a in enumerate(call.args) if isinstance(a, torch.Tensor)]
+            choices = [(*(inputs[i] for i in tensors), *outputs) for outputs, inputs in strategies]
+            n = len(call.specs)
+            picked = [pick(call.specs, choices, m) for m in range(call.mesh_ndim)]
+            outs = [tuple(best[j] for best in picked) for j in range(n, len(picked[0]))]
+            return OutputSharding([tuple(best[i] for best in picked) for i in range(n)],
+                                  outs[0] if len(outs) == 1 else outs)
+
+        _dispatch._CACHE.clear()  # (decisions made under the former rule)
+        return fn
+
+    return wrapper
