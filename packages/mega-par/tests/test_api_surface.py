@@ -4,7 +4,8 @@ gloo ranks: ``megatron.core``'s top-level exports; ``parallel_state.is_initializ
 ``param_groups``, ``get_parameters``, ``get_loss_scale`` / ``scale_loss``, ``clip_grad_norm``, ``count_zeros``,
 ``reload_model_params`` (plain and distributed, each checked against a direct computation);
 ``TransformerBlock.has_final_layernorm_in_this_stage``, ``LanguageModelEmbedding.zero_parameters``;
-``ProcessGroupCollection`` (``process_groups_config.py``) and ``GPTModel(pg_collection=)``."""
+``ProcessGroupCollection`` (``process_groups_config.py``) and ``GPTModel(pg_collection=)``; Megatron's parameter
+names and defaults where mega_par's differed."""
 
 import importlib.util
 import pathlib
@@ -150,8 +151,38 @@ def _pg_collection(rank, world):
         ps.destroy_model_parallel()
 
 
-CASES = {"exports": _exports, "pg_collection": _pg_collection, "parallel_state": _parallel_state,
-         "optimizer": _optimizer, "block_and_embedding": _block_and_embedding}
+def _signatures(rank, world):
+    """Megatron's parameters: ``scaled_init_method_normal(multiplier=)``, ``get_transformer_layer_offset`` and
+    ``get_num_layers_to_build`` for another stage (``pp_rank=``), ``TransformerBlock(post_layer_norm=False)``, the
+    mappings' ``input_``."""
+    from mega_par import parallel_state as ps
+    from mega_par.models.gpt import get_gpt_layer_local_spec
+    from mega_par.tensor_parallel import copy_to_tensor_model_parallel_region, scaled_init_method_normal
+    from mega_par.transformer import TransformerBlock, TransformerConfig
+    from mega_par.transformer.transformer_block import get_num_layers_to_build, get_transformer_layer_offset
+
+    for multiplier, std in ((2.0, 0.02 / 8 ** 0.5), (1.0, 0.01)):
+        w = torch.empty(400, 400)
+        torch.manual_seed(0)
+        scaled_init_method_normal(0.02, 4, multiplier=multiplier)(w)
+        assert abs(w.std().item() - std) < 0.02 * std, (multiplier, w.std().item())
+    ps.initialize_model_parallel(1, 2)
+    try:
+        config = TransformerConfig(num_layers=4, hidden_size=16, num_attention_heads=2,
+                                   pipeline_model_parallel_size=2, pipeline_dtype=torch.float32)
+        assert [get_transformer_layer_offset(config, pp_rank=r) for r in (0, 1)] == [0, 2]
+        assert get_transformer_layer_offset(config) == 2 * rank and get_num_layers_to_build(config, pp_rank=0) == 2
+        block = TransformerBlock(config, get_gpt_layer_local_spec(), post_layer_norm=False, post_process=True)
+        assert block.final_layernorm is None and not block.has_final_layernorm_in_this_stage()
+        x = torch.ones(2, requires_grad=True)
+        copy_to_tensor_model_parallel_region(input_=x).sum().backward()
+        assert torch.equal(x.grad, torch.ones(2))
+    finally:
+        ps.destroy_model_parallel()
+
+
+CASES = {"exports": _exports, "signatures": _signatures, "pg_collection": _pg_collection,
+         "parallel_state": _parallel_state, "optimizer": _optimizer, "block_and_embedding": _block_and_embedding}
 
 
 def _rank_main(rank, world):

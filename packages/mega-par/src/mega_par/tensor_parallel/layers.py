@@ -39,9 +39,9 @@ def init_method_normal(sigma: float):
     return lambda w: nn.init.normal_(w, mean=0.0, std=sigma)
 
 
-def scaled_init_method_normal(sigma: float, num_layers: int):
-    """Megatron's output-layer initialiser: N(0, sigma / sqrt(2 * num_layers))."""
-    return init_method_normal(sigma / math.sqrt(2.0 * num_layers))
+def scaled_init_method_normal(sigma: float, num_layers: int, multiplier: float = 2.0):
+    """Megatron's output-layer initialiser: N(0, sigma / sqrt(multiplier * num_layers))."""
+    return init_method_normal(sigma / math.sqrt(multiplier * num_layers))
 
 
 def set_tensor_model_parallel_attributes(tensor: torch.Tensor, is_parallel: bool, dim: int, stride: int) -> None:

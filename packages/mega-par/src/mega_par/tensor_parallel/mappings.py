@@ -171,29 +171,29 @@ class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
         return _gather_along_first_dim(grad)
 
 
-def copy_to_tensor_model_parallel_region(x):
-    return _CopyToModelParallelRegion.apply(x)
+def copy_to_tensor_model_parallel_region(input_):
+    return _CopyToModelParallelRegion.apply(input_)
 
 
-def reduce_from_tensor_model_parallel_region(x):
-    return _ReduceFromModelParallelRegion.apply(x)
+def reduce_from_tensor_model_parallel_region(input_):
+    return _ReduceFromModelParallelRegion.apply(input_)
 
 
-def scatter_to_tensor_model_parallel_region(x):
-    return _ScatterToModelParallelRegion.apply(x)
+def scatter_to_tensor_model_parallel_region(input_):
+    return _ScatterToModelParallelRegion.apply(input_)
 
 
-def gather_from_tensor_model_parallel_region(x):
-    return _GatherFromModelParallelRegion.apply(x)
+def gather_from_tensor_model_parallel_region(input_):
+    return _GatherFromModelParallelRegion.apply(input_)
 
 
-def scatter_to_sequence_parallel_region(x):
-    return _ScatterToSequenceParallelRegion.apply(x)
+def scatter_to_sequence_parallel_region(input_):
+    return _ScatterToSequenceParallelRegion.apply(input_)
 
 
-def gather_from_sequence_parallel_region(x, tensor_parallel_output_grad: bool = True):
-    return _GatherFromSequenceParallelRegion.apply(x, tensor_parallel_output_grad)
+def gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad: bool = True):
+    return _GatherFromSequenceParallelRegion.apply(input_, tensor_parallel_output_grad)
 
 
-def reduce_scatter_to_sequence_parallel_region(x):
-    return _ReduceScatterToSequenceParallelRegion.apply(x)
+def reduce_scatter_to_sequence_parallel_region(input_):
+    return _ReduceScatterToSequenceParallelRegion.apply(input_)

@@ -22,7 +22,8 @@ from mega_par.transformer.torch_norm import WrappedTorchNorm
 from mega_par.transformer.utils import replace_prefix_for_sharding, sharded_state_dict_default
 
 
-def get_num_layers_to_build(config, vp_stage: int | None = None) -> int:
+def get_num_layers_to_build(config, vp_stage: int | None = None, pp_rank: int | None = None) -> int:
+    """Layers per stage (or virtual chunk): the same on every stage here (no uneven first/last stage)."""
     pp = ps.get_pipeline_model_parallel_world_size()
     vpp = ps.get_virtual_pipeline_model_parallel_world_size() or 1
     if config.num_layers % (pp * vpp):
@@ -31,8 +32,9 @@ def get_num_layers_to_build(config, vp_stage: int | None = None) -> int:
     return config.num_layers // (pp * vpp)
 
 
-def get_transformer_layer_offset(config, vp_stage: int | None = None) -> int:
-    pp_rank = ps.get_pipeline_model_parallel_rank()
+def get_transformer_layer_offset(config, vp_stage: int | None = None, pp_rank: int | None = None) -> int:
+    """The 0-based index of the first layer of ``pp_rank``'s stage (default this rank's), chunk ``vp_stage``."""
+    pp_rank = ps.get_pipeline_model_parallel_rank() if pp_rank is None else pp_rank
     vpp = ps.get_virtual_pipeline_model_parallel_world_size()
     per_chunk = get_num_layers_to_build(config)
     if vpp is None:
@@ -59,8 +61,9 @@ def _get_block_submodules(config, spec) -> TransformerBlockSubmodules:
 
 
 class TransformerBlock(MegatronModule):
-    def __init__(self, config, spec, post_process: bool = True, pre_process: bool = True,
-                 pg_collection=None, vp_stage: int | None = None, layer_seed: int | None = None):
+    def __init__(self, config, spec, post_layer_norm: bool = True, pre_process: bool = True,
+                 post_process: bool = True, pg_collection=None, vp_stage: int | None = None,
+                 layer_seed: int | None = None):
         """``layer_seed`` (mega_par's): when given, layer ``L`` is initialised under ``torch.manual_seed(layer_seed
         + L)``, so its weights do not depend on which stage builds it (reproducible across pipeline layouts)."""
         super().__init__(config=config)
@@ -78,7 +81,7 @@ class TransformerBlock(MegatronModule):
         self.layers = nn.ModuleList(layers)
         self.final_layernorm = build_module(self.submodules.layer_norm or WrappedTorchNorm, config=config,
                                             hidden_size=config.hidden_size, eps=config.layernorm_epsilon) \
-            if post_process else None
+            if post_process and post_layer_norm else None
         self.input_tensor = None
 
     def _run_layers(self, start: int, end: int, kwargs: dict):
