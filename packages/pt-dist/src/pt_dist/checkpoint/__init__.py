@@ -8,6 +8,7 @@ The mechanism: ``_checkpointer.py`` (the save's and the load's steps), ``default
 ``save`` / ``load`` with torch's arguments and the state-dict plumbing are in ``pt_dist/_compat/checkpoint/``."""
 
 import pt_dist._compat.checkpoint.torch_format  # noqa: F401  (.metadata in torch's format)
+from pt_dist._compat.checkpoint.hf_storage import HuggingFaceStorageReader
 from pt_dist._compat.checkpoint.optimizer import load_sharded_optimizer_state_dict
 from pt_dist._compat.checkpoint.state_dict_loader import load, load_state_dict
 from pt_dist._compat.checkpoint.state_dict_saver import async_save, save, save_state_dict
@@ -35,6 +36,7 @@ __all__ = [
     "DefaultSavePlanner",
     "FileSystemReader",
     "FileSystemWriter",
+    "HuggingFaceStorageReader",
     "LoadPlan",
     "LoadPlanner",
     "Metadata",
