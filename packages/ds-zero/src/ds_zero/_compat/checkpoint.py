@@ -55,6 +55,26 @@ def optim_file(rank: int, mp_rank: int = 0) -> str:
     return f"zero_pp_rank_{rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
 
 
+# deepspeed.checkpoint.constants' file-name parts, and deepspeed.checkpoint.utils' names built from them
+MODEL_FILE_PREFIX, MODEL_FILE_SUFFIX = "mp_rank_", "_model_states.pt"
+ZERO_FILE_PREFIX, OPTIM_FILE_SUFFIX = "zero_pp_rank_", "_optim_states.pt"
+
+
+def get_model_ckpt_name_for_rank(base_folder, mp_rank_str) -> str:
+    """``base_folder/mp_rank_<mp_rank_str>_model_states.pt`` (``mp_rank_str`` as written, e.g. ``"00"``)."""
+    return os.path.join(base_folder, MODEL_FILE_PREFIX + mp_rank_str + MODEL_FILE_SUFFIX)
+
+
+def get_zero_ckpt_name_for_rank(base_folder, dp_rank, mp_rank) -> str:
+    """``base_folder/zero_pp_rank_<dp>_mp_rank_<mp:02d>_optim_states.pt``, the file :func:`optim_file` names."""
+    return os.path.join(base_folder, optim_file(dp_rank, mp_rank))
+
+
+def get_layer_ckpt_name_for_rank(base_folder, layer_id, tp_rank) -> str:
+    """A pipeline layer's file, ``base_folder/<layer_id>-model_<tp:02d>_model_states.pt``."""
+    return os.path.join(base_folder, f"{layer_id}-model_{tp_rank:02d}{MODEL_FILE_SUFFIX}")
+
+
 def _model_states(engine, client_state: dict) -> dict:
     names = {id(p): n for n, p in engine.module.named_parameters()}
     groups = engine.optimizer.trainable_param_groups
