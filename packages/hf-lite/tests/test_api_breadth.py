@@ -425,3 +425,30 @@ def test_added_vocab_and_cleanup_match_transformers(trained_tokenizer_dir, use_f
                      tok.clean_up_tokenization("Hello , world . It 's i 've we 're n't ?"), tok.added_tokens_encoder))
     assert seen[0] == seen[1]
     assert seen[0][0]["newtok"] == 800 and seen[0][1][801] == ("<x>", True)
+
+
+def test_optimizer_cls_and_kwargs_trains_as_transformers(tmp_path, trained_tokenizer_dir):
+    from hf_lite_testing import corpus_blocks
+
+    pytest.importorskip("accelerate")
+    blocks = corpus_blocks(trained_tokenizer_dir, n_blocks=12)
+    ours = trainer_model()
+    ours.save_pretrained(tmp_path / "init")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "init")
+    common = dict(per_device_train_batch_size=4, max_steps=3, logging_steps=1, report_to="none", disable_tqdm=True,
+                  save_strategy="no", weight_decay=0.1, seed=5)
+    cls_kwargs = (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9})
+    losses, groups = [], []
+    for lib, model in ((transformers, theirs), (hf_lite, ours)):
+        trainer = lib.Trainer(model=model, args=lib.TrainingArguments(output_dir=str(tmp_path / lib.__name__),
+                                                                      **common),
+                              train_dataset=blocks, optimizer_cls_and_kwargs=cls_kwargs)
+        trainer.train()
+        assert isinstance(getattr(trainer.optimizer, "optimizer", trainer.optimizer), torch.optim.SGD)  # accelerate's
+        losses.append([h["loss"] for h in trainer.state.log_history if "loss" in h])
+        groups.append([(len(g["params"]), g["weight_decay"], g["momentum"]) for g in trainer.optimizer.param_groups])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5) and groups[1] == groups[0]
+    with pytest.raises(RuntimeError, match="Passing both `optimizers` and `optimizer_cls_and_kwargs`"):
+        hf_lite.Trainer(ours, hf_lite.TrainingArguments(output_dir=str(tmp_path / "x"), report_to="none"),
+                        optimizers=(torch.optim.SGD(ours.parameters(), lr=0.1), None),
+                        optimizer_cls_and_kwargs=cls_kwargs)

@@ -84,7 +84,8 @@ class Trainer(TrainerLoop):
 
     def __init__(self, model=None, args: TrainingArguments | None = None, data_collator=None, train_dataset=None,
                  eval_dataset=None, processing_class=None, compute_loss_func=None, compute_metrics=None,
-                 callbacks=None, optimizers=(None, None), preprocess_logits_for_metrics=None, parallelism=None):
+                 callbacks=None, optimizers=(None, None), optimizer_cls_and_kwargs=None,
+                 preprocess_logits_for_metrics=None, parallelism=None):
         if args is None:
             args = TrainingArguments(output_dir="tmp_trainer")
         if not isinstance(args, TrainingArguments):
@@ -110,6 +111,9 @@ class Trainer(TrainerLoop):
             compute_metrics, callbacks, optimizers, preprocess_logits_for_metrics,
             parallelism if parallelism is not None else TorchDDPPlugin(),
         )
+        if optimizer_cls_and_kwargs is not None and optimizers[0] is not None:
+            raise RuntimeError("Passing both `optimizers` and `optimizer_cls_and_kwargs` arguments is incompatible.")
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self.hub_model_id, self.push_in_progress = None, None  # set by init_hf_repo
         if args.push_to_hub:
             self.init_hf_repo()
@@ -158,6 +162,19 @@ class Trainer(TrainerLoop):
                 if any(param is p for p in group["params"]):
                     return group
         return [group["params"] for group in self.optimizer.param_groups]
+
+    def create_optimizer(self, model=None):
+        """The core's AdamW groups (decay / no decay); with ``optimizer_cls_and_kwargs`` the same groups go to that
+        class with those kwargs alone (as in transformers: no learning rate is added)."""
+        if model is not None and model is not self.model:
+            raise ValueError("create_optimizer(model=...): hf-lite builds the optimizer of Trainer.model only")
+        if self.optimizer is not None or self.optimizer_cls_and_kwargs is None:
+            return super().create_optimizer()
+        adamw_groups = super().create_optimizer().param_groups
+        optimizer_cls, optimizer_kwargs = self.optimizer_cls_and_kwargs
+        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in adamw_groups]
+        self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        return self.optimizer
 
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
         self.create_optimizer()
