@@ -152,19 +152,18 @@ class HfArgumentParser(ArgumentParser):
             raise ValueError(f"Some keys are not used by the HfArgumentParser: {unused}")
         return tuple(self._to_dataclasses(args))
 
-    def parse_json_file(self, json_file: str | os.PathLike, allow_extra_keys: bool = False) -> tuple:
-        with open(json_file, encoding="utf-8") as fh:
-            data = json.load(fh)
+    def _parse_file(self, path, load, what: str, allow_extra_keys: bool) -> tuple:
+        with open(path, encoding="utf-8") as fh:
+            data = load(fh)
         if not isinstance(data, dict):
-            raise ValueError(f"{json_file}: expected a JSON object of argument names, got {type(data).__name__}")
+            raise ValueError(f"{path}: expected a {what} of argument names, got {type(data).__name__}")
         return self.parse_dict(data, allow_extra_keys=allow_extra_keys)
+
+    def parse_json_file(self, json_file: str | os.PathLike, allow_extra_keys: bool = False) -> tuple:
+        return self._parse_file(json_file, json.load, "JSON object", allow_extra_keys)
 
     def parse_yaml_file(self, yaml_file: str | os.PathLike, allow_extra_keys: bool = False) -> tuple:
         """The dataclasses from a YAML mapping of argument names (as ``parse_json_file``)."""
         import yaml
 
-        with open(yaml_file, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-        if not isinstance(data, dict):
-            raise ValueError(f"{yaml_file}: expected a YAML mapping of argument names, got {type(data).__name__}")
-        return self.parse_dict(data, allow_extra_keys=allow_extra_keys)
+        return self._parse_file(yaml_file, yaml.safe_load, "YAML mapping", allow_extra_keys)
