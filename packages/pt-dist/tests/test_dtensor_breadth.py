@@ -207,6 +207,27 @@ def _breadth(rank, world, root):
                 res.append(({str(k): v for k, v in mode.get_comm_counts().items()}, xin.grad,
                             [p.grad.full_tensor() for p in model.parameters()]))
         out["input_reshard"] = res
+        # DeviceMesh.abort: a root mesh's own groups (a permuted 1-D mesh has one of its own), not a sub-mesh's
+        import pt_dist
+        from pt_dist.device_mesh import DeviceMesh as PtMesh
+        from torch.distributed.device_mesh import init_device_mesh as torch_init
+
+        errors = []
+        for make in (lambda: init_device_mesh("cpu", (1, world), mesh_dim_names=("a", "b"))["b"],
+                     lambda: torch_init("cpu", (1, world), mesh_dim_names=("a", "b"))["b"]):
+            try:
+                make().abort()
+            except RuntimeError as e:
+                errors.append(str(e))
+        perm = PtMesh("cpu", list(reversed(range(world))))
+        perm.abort()
+        try:
+            pt_dist.all_reduce(torch.ones(2), group=perm.get_group())
+            errors.append("all_reduce ran")
+        except Exception as e:  # noqa: BLE001  (the group's failure, whatever its type)
+            errors.append(f"{type(e).__name__}: {e}")
+        pt_dist.all_reduce(torch.ones(2))  # the world is not the mesh's: it goes on
+        out["abort"] = errors
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             pt.debug.visualize_sharding(pt.distribute_tensor(torch.ones(4, 6), mesh, [pt.Shard(0)]))
@@ -256,5 +277,8 @@ def test_tensor_breadth_matches_torchs_in_the_same_ranks(tmp_path):
         assert torch.allclose(resharded[1], plain[1], rtol=1e-5, atol=1e-6)
         assert sum(resharded[0].values()) == sum(plain[0].values()) + 1, (plain[0], resharded[0])
         assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(resharded[2], plain[2]))
+        sub, t_sub, after = out["abort"]
+        assert sub == t_sub and "not supported on a submesh" in sub, (sub, t_sub)
+        assert "abort" in after, after  # the aborted mesh's group refuses, naming why
     assert "Row 0-1" in results[0]["visualize"] and "cpu:1" in results[0]["visualize"]
     assert results[1]["visualize"] == ""  # printed by the mesh's first rank only, as torch's

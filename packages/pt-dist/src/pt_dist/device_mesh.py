@@ -70,6 +70,7 @@ class DeviceMesh:
         self._strides = _strides if _strides is not None else tuple(tensor.stride())
         self._flatten_rank_map = tuple(flat)
         self._dim_groups = self._init_process_groups() if _init_backend else list(_dim_groups or [])
+        self._root_mesh: DeviceMesh | None = None  # the mesh a sub-mesh was cut from
         self._rank = c10d.get_rank() if _rank is None else _rank
         hits = (tensor == self._rank).nonzero()
         self._coordinate_on_dim = tuple(hits[0].tolist()) if hits.size(0) else None
@@ -170,9 +171,19 @@ class DeviceMesh:
         if self._coordinate_on_dim is None:
             raise RuntimeError(f"rank {self._rank} is not in mesh {self.mesh.tolist()}: no sub-mesh {names}")
         index = tuple(slice(None) if d in dims else self._coordinate_on_dim[d] for d in range(self.ndim))
-        return DeviceMesh(self.device_type, self.mesh[index].contiguous(), mesh_dim_names=names, _init_backend=False,
-                          _rank=self._rank, _dim_groups=[self._dim_groups[d] for d in dims],
-                          _strides=tuple(self._strides[d] for d in dims))
+        sub = DeviceMesh(self.device_type, self.mesh[index].contiguous(), mesh_dim_names=names, _init_backend=False,
+                         _rank=self._rank, _dim_groups=[self._dim_groups[d] for d in dims],
+                         _strides=tuple(self._strides[d] for d in dims))
+        sub._root_mesh = self._root_mesh or self
+        return sub
+
+    def abort(self) -> None:
+        """Abort this mesh's groups (torch's ``DeviceMesh.abort``): ranks waiting on a peer that died fail instead
+        of hanging. A root mesh only (what a sub-mesh's abort would reach is ambiguous)."""
+        if self._root_mesh is not None:
+            raise RuntimeError("abort() is not supported on a submesh. Call abort() on the root mesh instead.")
+        for group in dict.fromkeys(g for g in self._dim_groups if g is not None):
+            group.abort()
 
     @staticmethod
     def from_group(group, device_type: str, mesh=None, *, mesh_dim_names: tuple[str, ...] | None = None
