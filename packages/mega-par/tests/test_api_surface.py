@@ -88,6 +88,11 @@ def _optimizer(rank, world):
             # the ranks ran the same batch, so the reduced gradients have the local ones' zeros; the distributed
             # optimizer counts its shard on each DP rank and sums them
             assert zeros > 0 and opt.count_zeros() == zeros
+            if not distributed:  # DistributedDataParallel.scale_gradients: every buffered gradient times the factor
+                before = [g.clone() for g in grads]
+                opt.model_chunks[0].scale_gradients(0.5)
+                assert all(torch.equal(g, b * 0.5) for g, b in zip(grads, before))
+                opt.model_chunks[0].scale_gradients(2.0)
             norm = opt.get_grad_norm()
             assert norm > 0
             assert opt.clip_grad_norm(norm / 2) == pytest.approx(norm)
@@ -143,6 +148,13 @@ def _pg_collection(rank, world):
         with pytest.raises(ValueError, match="pg_collection.tp is not parallel_state's tp group"):
             GPTModel(config, get_gpt_layer_local_spec(), 32, 8, seed=0,
                      pg_collection=ProcessGroupCollection(tp=other, pp=pgc.pp, cp=pgc.cp))
+        from mega_par.distributed.finalize_model_grads import finalize_model_grads
+
+        finalize_model_grads(model=[model], pg_collection=pgc)  # Megatron's keywords; parallel_state's groups
+        with pytest.raises(ValueError, match="force_all_reduce=True is not supported"):
+            finalize_model_grads([model], force_all_reduce=True)
+        with pytest.raises(ValueError, match="pg_collection.tp is not parallel_state's"):
+            finalize_model_grads([model], pg_collection=ProcessGroupCollection(tp=other))
         with pytest.raises(ValueError, match="Unknown attribute: ep"):
             ProcessGroupCollection(ep=other)
         with pytest.raises(ValueError, match=r"Invalid process groups requested: \['hcp'\]"):

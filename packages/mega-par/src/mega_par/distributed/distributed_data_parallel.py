@@ -111,6 +111,10 @@ class DistributedDataParallel(nn.Module):
             if shard is not None:
                 bucket.grad_data[start:end].copy_(shard)
 
+    def scale_gradients(self, scaling_factor: float) -> None:
+        """Multiply every gradient in the buffer by ``scaling_factor`` (Megatron's, e.g. 1 / tokens)."""
+        self.buffer.grad_data.mul_(scaling_factor)
+
     def zero_grad_buffer(self) -> None:
         self.buffer.reset()
         for p in self.buffer.params:

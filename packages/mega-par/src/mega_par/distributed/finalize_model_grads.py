@@ -52,11 +52,19 @@ def _allreduce_embedding_grads(model_chunks) -> None:
     dist.all_reduce(_grad(weight), group=ps.get_embedding_group())
 
 
-def finalize_model_grads(model_chunks, num_tokens=None) -> None:
-    """Megatron's signature; ``num_tokens`` (the per-token loss normalisation of
-    ``calculate_per_token_loss``) is not implemented, so it must be None."""
+def finalize_model_grads(model, num_tokens=None, pg_collection=None, force_all_reduce: bool = False) -> None:
+    """Megatron's signature (``model``: the list of model chunks). Refused by name: ``num_tokens`` (the per-token
+    loss normalisation of ``calculate_per_token_loss``), a ``pg_collection`` whose groups are not parallel_state's,
+    and ``force_all_reduce=True`` (an all-reduce where the distributed optimizer reduce-scatters)."""
+    model_chunks = model
+    if force_all_reduce:
+        raise ValueError("finalize_model_grads: force_all_reduce=True is not supported by mega_par (the DP sync is "
+                         "the buckets' own: all-reduce, or reduce-scatter with the distributed optimizer)")
     if num_tokens is not None:
         raise ValueError("finalize_model_grads: num_tokens (calculate_per_token_loss) is not supported by mega_par")
+    if pg_collection is not None and getattr(pg_collection, "tp", None) is not ps.get_tensor_model_parallel_group():
+        raise ValueError("finalize_model_grads: pg_collection.tp is not parallel_state's tp group; mega_par syncs "
+                         "over parallel_state's groups only")
     if not isinstance(model_chunks, (list, tuple)):
         raise TypeError(f"finalize_model_grads expects a list of model chunks, got {type(model_chunks).__name__}")
     for m in model_chunks:
