@@ -86,3 +86,24 @@ def test_invalid_inputs_raise_as_transformers(tmp_path, trained_tokenizer_dir):
             pipe([["a", "b", "c"]])
         with pytest.raises(KeyError):
             pipe(TEXTS[0], function_to_apply="tanh")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_feature_extraction_matches_transformers(tmp_path, trained_tokenizer_dir, family):
+    """``pipeline("feature-extraction")`` (transformers' test_pipelines_feature_extraction.py): the base model's
+    hidden states per text, as lists or tensors, one text, a list, batches, truncation."""
+    directory = _checkpoint(tmp_path, trained_tokenizer_dir, family)
+    ours = pipeline("feature-extraction", model=directory, device="cpu")
+    theirs = transformers.pipeline("feature-extraction", model=directory, device="cpu")
+    assert type(ours.model).__name__ == type(theirs.model).__name__  # the base model, from AutoModel
+    for args, kwargs in [((TEXTS[0],), {}), ((TEXTS,), {}), ((TEXTS,), {"batch_size": 2}),
+                         ((TEXTS[2],), {"truncation": True, "tokenize_kwargs": {"max_length": 3}}),
+                         ((TEXTS[1],), {"return_tensors": True})]:
+        got, expected = ours(*args, **kwargs), theirs(*args, **kwargs)
+        if isinstance(args[0], str):
+            got, expected = [got], [expected]
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):  # texts of different lengths: one array each
+            torch.testing.assert_close(torch.as_tensor(g), torch.as_tensor(e), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="truncation parameter defined twice"):
+        ours(TEXTS[0], truncation=True, tokenize_kwargs={"truncation": True})

@@ -138,12 +138,13 @@ def test_generator_input_streams_results(ckpt):
 
 
 def test_unsupported_task_raises_transformers_key_error(ckpt):
-    with pytest.raises(KeyError, match=r"Unknown task fill-mask, available tasks are \['sentiment-analysis', "
-                       r"'text-classification', 'text-generation'\]"):
+    with pytest.raises(KeyError, match=r"Unknown task fill-mask, available tasks are \['feature-extraction', "
+                       r"'sentiment-analysis', 'text-classification', 'text-generation'\]"):
         pipeline("fill-mask", model=ckpt)
     with pytest.raises(KeyError, match="has been removed from transformers"):
         pipeline("summarization", model=ckpt)
-    assert get_supported_tasks() == ["sentiment-analysis", "text-classification", "text-generation"]
+    assert get_supported_tasks() == ["feature-extraction", "sentiment-analysis", "text-classification",
+                                     "text-generation"]
 
 
 def test_invalid_arguments_raise_as_in_transformers(ckpt):

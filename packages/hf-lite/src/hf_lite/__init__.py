@@ -109,7 +109,13 @@ from .optimization import (
     get_linear_schedule_with_warmup,
     get_scheduler,
 )
-from .pipelines import Pipeline, TextClassificationPipeline, TextGenerationPipeline, pipeline
+from .pipelines import (
+    FeatureExtractionPipeline,
+    Pipeline,
+    TextClassificationPipeline,
+    TextGenerationPipeline,
+    pipeline,
+)
 from .tokenization_gpt2 import GPT2Tokenizer
 from .tokenization_utils import PreTrainedTokenizer
 from .tokenization_utils_base import BatchEncoding, PreTrainedTokenizerBase
@@ -139,6 +145,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncTextIteratorStreamer",
     "Pipeline",
+    "FeatureExtractionPipeline",
     "TextClassificationPipeline",
     "TextGenerationPipeline",
     "pipeline",

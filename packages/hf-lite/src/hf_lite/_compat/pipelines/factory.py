@@ -1,6 +1,7 @@
 """``pipeline(task, model=..., tokenizer=...)``: the task's pipeline class over a loaded model and tokenizer
-(transformers' ``pipelines/__init__.py``). hf-lite has ``"text-generation"`` and ``"text-classification"`` (alias
-``"sentiment-analysis"``); any other name raises transformers' ``KeyError`` naming it and the supported tasks."""
+(transformers' ``pipelines/__init__.py``). hf-lite has ``"text-generation"``, ``"text-classification"`` (alias
+``"sentiment-analysis"``) and ``"feature-extraction"``; any other name raises transformers' ``KeyError`` naming it
+and the supported tasks."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import torch
 
 from ...configuration_utils import PretrainedConfig
 from ...models.auto.configuration_auto import AutoConfig
-from ...models.auto.modeling_auto import AutoModelForCausalLM
+from ...models.auto.modeling_auto import AutoModel, AutoModelForCausalLM
 from ..models.auto import AutoModelForSequenceClassification
 from ..tokenization_auto import AutoTokenizer
 from .base import Pipeline, PipelineRegistry
+from .feature_extraction import FeatureExtractionPipeline
 from .text_classification import TextClassificationPipeline
 from .text_generation import TextGenerationPipeline
 
@@ -23,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 TASK_ALIASES: dict[str, str] = {"sentiment-analysis": "text-classification"}
 SUPPORTED_TASKS: dict[str, Any] = {
+    "feature-extraction": {"impl": FeatureExtractionPipeline, "pt": (AutoModel,), "type": "text"},
     "text-classification": {"impl": TextClassificationPipeline, "pt": (AutoModelForSequenceClassification,),
                             "type": "text"},
     "text-generation": {"impl": TextGenerationPipeline, "pt": (AutoModelForCausalLM,), "type": "text"},
