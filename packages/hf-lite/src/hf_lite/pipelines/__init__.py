@@ -15,7 +15,7 @@ from .._compat.pipelines.text_classification import TextClassificationPipeline
 from .._compat.pipelines.text_generation import TextGenerationPipeline
 
 __all__ = [
-    "PIPELINE_REGISTRY", "SUPPORTED_TASKS", "TASK_ALIASES", "FeatureExtractionPipeline", "Pipeline", "PipelineException",
-    "PipelineRegistry", "TextClassificationPipeline", "TextGenerationPipeline", "check_task", "get_supported_tasks",
-    "pipeline",
+    "PIPELINE_REGISTRY", "SUPPORTED_TASKS", "TASK_ALIASES", "FeatureExtractionPipeline", "Pipeline",
+    "PipelineException", "PipelineRegistry", "TextClassificationPipeline", "TextGenerationPipeline", "check_task",
+    "get_supported_tasks", "pipeline",
 ]
