@@ -5,7 +5,7 @@ gloo ranks: ``megatron.core``'s top-level exports; ``parallel_state.is_initializ
 ``reload_model_params`` (plain and distributed, each checked against a direct computation);
 ``TransformerBlock.has_final_layernorm_in_this_stage``, ``LanguageModelEmbedding.zero_parameters``;
 ``ProcessGroupCollection`` (``process_groups_config.py``) and ``GPTModel(pg_collection=)``; Megatron's parameter
-names and defaults where mega_par's differed."""
+names and defaults where mega_par's differed; ``utils.py``'s helpers."""
 
 import importlib.util
 import pathlib
@@ -193,7 +193,39 @@ def _signatures(rank, world):
         ps.destroy_model_parallel()
 
 
-CASES = {"exports": _exports, "signatures": _signatures, "pg_collection": _pg_collection,
+def _utils(rank, world):
+    """``megatron.core.utils``: ``divide``, ``get_attr_wrapped_model`` / ``get_model_config`` through the DDP and
+    Float16Module wrappers, ``is_torch_min_version``."""
+    from mega_par import parallel_state as ps
+    from mega_par.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from mega_par.models.gpt import GPTModel, get_gpt_layer_local_spec
+    from mega_par.transformer import TransformerConfig
+    from mega_par.transformer.module import Float16Module
+    from mega_par.utils import divide, get_attr_wrapped_model, get_model_config, is_torch_min_version
+
+    assert divide(12, 4) == 3
+    with pytest.raises(ValueError, match="12 is not divisible by 5"):
+        divide(12, 5)
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    assert is_torch_min_version(f"{major}.{minor}") and not is_torch_min_version(f"{major}.{minor}", False)
+    assert not is_torch_min_version(f"{major + 1}.0")
+    ps.initialize_model_parallel(1, 1)
+    try:
+        config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2, bf16=True)
+        model = GPTModel(config, get_gpt_layer_local_spec(), 32, 8, seed=0)
+        wrapped = DistributedDataParallel(config, DistributedDataParallelConfig(), Float16Module(config, model))
+        assert get_model_config(wrapped) is config
+        assert get_attr_wrapped_model(wrapped, "decoder") is model.decoder
+        assert get_attr_wrapped_model(wrapped, "decoder", return_model_obj=True) is model
+        with pytest.raises(RuntimeError, match="couldn't find attribute no_such"):
+            get_attr_wrapped_model(wrapped, "no_such")
+        with pytest.raises(RuntimeError, match="given a list of models"):
+            get_model_config([wrapped])
+    finally:
+        ps.destroy_model_parallel()
+
+
+CASES = {"exports": _exports, "utils": _utils, "signatures": _signatures, "pg_collection": _pg_collection,
          "parallel_state": _parallel_state, "optimizer": _optimizer, "block_and_embedding": _block_and_embedding}
 
 
