@@ -1,5 +1,6 @@
-"""``deepspeed/runtime/utils.py``'s ``set_random_seed``; it lives in :mod:`ds_zero._compat.runtime_utils`."""
+"""``deepspeed/runtime/utils.py``'s ``set_random_seed``, ``ensure_directory_exists``, ``get_global_norm``,
+``empty_cache``; they live in :mod:`ds_zero._compat.runtime_utils`."""
 
-from ds_zero._compat.runtime_utils import set_random_seed
+from ds_zero._compat.runtime_utils import empty_cache, ensure_directory_exists, get_global_norm, set_random_seed
 
-__all__ = ["set_random_seed"]
+__all__ = ["empty_cache", "ensure_directory_exists", "get_global_norm", "set_random_seed"]
