@@ -36,3 +36,27 @@ def test_empty_cache_asks_the_accelerator_as_deepspeeds(monkeypatch):
         monkeypatch.setattr(accel, name, lambda *a, n=name: calls.append(n))
     ours.empty_cache()
     assert calls == ["empty_cache", "reset_peak_memory_stats"]
+
+
+def test_instrument_w_nvtx_brackets_each_call_with_a_named_range(monkeypatch):
+    """Each call pushes a range named by the function's ``__qualname__`` and pops it after, as DeepSpeed's; the
+    function's result and metadata are kept."""
+    import deepspeed.utils
+    import ds_zero.utils
+    from ds_zero.accelerator import get_accelerator
+
+    calls = []
+    accel = get_accelerator()
+    monkeypatch.setattr(accel, "range_push", lambda msg, **kw: calls.append(("push", msg, kw)))
+    monkeypatch.setattr(accel, "range_pop", lambda **kw: calls.append(("pop", kw)))
+
+    def add(a, b=1):
+        """adds"""
+        calls.append(("call", a, b))
+        return a + b
+
+    wrapped = ds_zero.utils.instrument_w_nvtx(add)
+    assert wrapped(2, b=3) == 5 and wrapped.__doc__ == "adds"
+    name = "test_instrument_w_nvtx_brackets_each_call_with_a_named_range.<locals>.add"
+    assert calls == [("push", name, {}), ("call", 2, 3), ("pop", {})]
+    assert deepspeed.utils.instrument_w_nvtx(add)(2) == wrapped(2)  # DeepSpeed's gives the same result
