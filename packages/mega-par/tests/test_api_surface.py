@@ -5,7 +5,8 @@ gloo ranks: ``megatron.core``'s top-level exports; ``parallel_state.is_initializ
 ``reload_model_params`` (plain and distributed, each checked against a direct computation);
 ``TransformerBlock.has_final_layernorm_in_this_stage``, ``LanguageModelEmbedding.zero_parameters``;
 ``ProcessGroupCollection`` (``process_groups_config.py``) and ``GPTModel(pg_collection=)``; Megatron's parameter
-names and defaults where mega_par's differed; ``utils.py``'s helpers."""
+names and defaults where mega_par's differed (``RotaryEmbedding`` at Megatron's path and in its argument order);
+``utils.py``'s helpers."""
 
 import importlib.util
 import pathlib
@@ -225,8 +226,34 @@ def _utils(rank, world):
         ps.destroy_model_parallel()
 
 
-CASES = {"exports": _exports, "utils": _utils, "signatures": _signatures, "pg_collection": _pg_collection,
-         "parallel_state": _parallel_state, "optimizer": _optimizer, "block_and_embedding": _block_and_embedding}
+def _rotary(rank, world):
+    """``RotaryEmbedding`` with Megatron's signature at Megatron's path: ``rotary_percent`` second (``(64, 1.0)``
+    means what it means there; the partial, interleaved, interpolated and scaled variants refused by name), the angles
+    as ``[s, 1, 1, d]`` from ``offset``; ``apply_rotary_pos_emb`` takes them in that shape or as ``[s, d]``."""
+    from mega_par.models.common.embeddings import RotaryEmbedding as Exported
+    from mega_par.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding, apply_rotary_pos_emb
+
+    assert Exported is RotaryEmbedding
+    rope = RotaryEmbedding(8, 1.0)
+    assert torch.equal(rope.inv_freq, RotaryEmbedding(8, rotary_base=10000).inv_freq)
+    assert not torch.equal(rope.inv_freq, RotaryEmbedding(8, rotary_base=500000).inv_freq)
+    emb = rope(5)
+    assert emb.shape == (5, 1, 1, 8) and torch.equal(rope(3, offset=2), emb[2:])
+    assert torch.equal(emb[:, 0, 0, :4], torch.outer(torch.arange(5.0), rope.inv_freq))
+    t = torch.randn(5, 2, 3, 8)
+    assert torch.equal(apply_rotary_pos_emb(t, emb), apply_rotary_pos_emb(t, emb[:, 0, 0, :]))
+    assert torch.equal(apply_rotary_pos_emb(t[:1], emb[:1]), t[:1])  # position 0: no rotation
+    for kw, name in ((dict(rotary_percent=0.5), "rotary_percent=0.5"), (dict(rotary_interleaved=True),
+                     "rotary_interleaved=True"), (dict(rope_scaling=True), "rope_scaling=True")):
+        with pytest.raises(ValueError, match=name):
+            RotaryEmbedding(8, **kw)
+    with pytest.raises(ValueError, match="packed_seq=True"):
+        rope(5, packed_seq=True)
+
+
+CASES = {"exports": _exports, "rotary": _rotary, "utils": _utils, "signatures": _signatures,
+         "pg_collection": _pg_collection, "parallel_state": _parallel_state, "optimizer": _optimizer,
+         "block_and_embedding": _block_and_embedding}
 
 
 def _rank_main(rank, world):

@@ -23,21 +23,37 @@ from mega_par.transformer.spec_utils import build_module
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (RoFormer), rotate-half convention as in Llama."""
+    """Rotary position embedding (RoFormer), rotate-half convention as in Llama; Megatron's signature
+    (``models/common/embeddings/rotary_pos_embedding.py``), its variants other than the whole head refused by name."""
 
-    def __init__(self, kv_channels: int, rotary_base: float = 10000.0):
+    def __init__(self, kv_channels: int, rotary_percent: float = 1.0, rotary_interleaved: bool = False,
+                 seq_len_interpolation_factor: float | None = None, rotary_base: float = 10000,
+                 rope_scaling: bool = False, rope_scaling_factor: float = 8.0, use_cpu_initialization: bool = False,
+                 cp_group=None):
         super().__init__()
+        for name, value, default in (("rotary_percent", rotary_percent, 1.0),
+                                     ("rotary_interleaved", rotary_interleaved, False),
+                                     ("seq_len_interpolation_factor", seq_len_interpolation_factor, None),
+                                     ("rope_scaling", rope_scaling, False)):
+            if value != default:
+                raise ValueError(f"RotaryEmbedding: {name}={value!r} is not supported by mega_par (only {default!r})")
         inv_freq = 1.0 / (rotary_base ** (torch.arange(0, kv_channels, 2, dtype=torch.float32) / kv_channels))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, seq_len: int) -> torch.Tensor:
-        freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=self.inv_freq.device), self.inv_freq)
-        return torch.cat([freqs, freqs], dim=-1)  # [s, d]
+    def forward(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False) -> torch.Tensor:
+        """The angles of positions ``offset .. offset + max_seq_len - 1``: ``[s, 1, 1, d]``, as Megatron's."""
+        if packed_seq:
+            raise ValueError("RotaryEmbedding: packed_seq=True is not supported by mega_par")
+        pos = torch.arange(offset, offset + max_seq_len, dtype=torch.float32, device=self.inv_freq.device)
+        freqs = torch.outer(pos, self.inv_freq)
+        return torch.cat([freqs, freqs], dim=-1)[:, None, None, :]
 
 
 def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """t: [s, b, heads, d]; freqs: [s, d]."""
-    cos, sin = freqs.cos()[:, None, None, :].to(t.dtype), freqs.sin()[:, None, None, :].to(t.dtype)
+    """t: [s, b, heads, d]; freqs: [s, 1, 1, d] (or [s, d])."""
+    if freqs.dim() == 2:
+        freqs = freqs[:, None, None, :]
+    cos, sin = freqs.cos().to(t.dtype), freqs.sin().to(t.dtype)
     x1, x2 = t.chunk(2, dim=-1)
     return t * cos + torch.cat([-x2, x1], dim=-1) * sin
 

@@ -72,7 +72,7 @@ class GPTModel(LanguageModule):
             self.embedding = LanguageModelEmbedding(config, vocab_size, max_sequence_length, position_embedding_type,
                                                     scatter_to_sequence_parallel=scatter_embedding_sequence_parallel,
                                                     seed=emb_seed)
-        self.rotary_pos_emb = RotaryEmbedding(config.kv_channels, rotary_base) \
+        self.rotary_pos_emb = RotaryEmbedding(config.kv_channels, rotary_base=rotary_base) \
             if position_embedding_type == "rope" else None
         self.decoder = TransformerBlock(config, transformer_layer_spec, pre_process=pre_process,
                                         post_process=post_process, vp_stage=vp_stage, layer_seed=seed + 10)
