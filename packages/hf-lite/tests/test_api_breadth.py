@@ -452,3 +452,33 @@ def test_optimizer_cls_and_kwargs_trains_as_transformers(tmp_path, trained_token
         hf_lite.Trainer(ours, hf_lite.TrainingArguments(output_dir=str(tmp_path / "x"), report_to="none"),
                         optimizers=(torch.optim.SGD(ours.parameters(), lr=0.1), None),
                         optimizer_cls_and_kwargs=cls_kwargs)
+
+
+def test_model_init_trains_a_fresh_model_as_transformers(tmp_path, trained_tokenizer_dir):
+    from hf_lite_testing import corpus_blocks
+
+    pytest.importorskip("accelerate")
+    blocks = corpus_blocks(trained_tokenizer_dir, n_blocks=8)
+    trainer_model().save_pretrained(tmp_path / "init")
+    common = dict(per_device_train_batch_size=4, max_steps=2, logging_steps=1, report_to="none", disable_tqdm=True,
+                  save_strategy="no", seed=11, optim="adamw_torch")
+    runs = []
+    def model_init_of(lib):
+        def init():  # no argument: transformers passes a trial to a one-argument model_init
+            return lib.AutoModelForCausalLM.from_pretrained(tmp_path / "init")
+
+        return init
+
+    for lib in (transformers, hf_lite):
+        init = model_init_of(lib)
+        trainer = lib.Trainer(None, lib.TrainingArguments(output_dir=str(tmp_path / lib.__name__), **common), None,
+                              blocks, None, None, init)  # model_init in transformers' position
+        first, losses = trainer.model, []
+        for _ in range(2):  # the second train() starts again from a fresh model: the same losses
+            trainer.train()
+            losses += [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        assert trainer.model is not first and len(losses) == 4
+        runs.append(losses)
+    assert runs[1] == pytest.approx(runs[0], rel=1e-6) and runs[1][:2] == runs[1][2:]
+    with pytest.raises(RuntimeError, match="requires either a `model` or `model_init`"):
+        hf_lite.Trainer(None, hf_lite.TrainingArguments(output_dir=str(tmp_path / "x"), report_to="none"))

@@ -13,6 +13,7 @@ calls are in ``_infra/hub.py``). It overrides no step of the loop."""
 from __future__ import annotations
 
 import datetime
+import inspect
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from ..trainer_utils import (
     PredictionOutput,
     SaveStrategy,
     has_length,
+    set_seed,
 )
 from .data_collator import DataCollatorWithPadding, default_data_collator
 from .integrations import get_reporting_integration_callbacks
@@ -83,15 +85,25 @@ class Trainer(TrainerLoop):
     stepped on several ranks. The default is torch's DDP over the default process group."""
 
     def __init__(self, model=None, args: TrainingArguments | None = None, data_collator=None, train_dataset=None,
-                 eval_dataset=None, processing_class=None, compute_loss_func=None, compute_metrics=None,
-                 callbacks=None, optimizers=(None, None), optimizer_cls_and_kwargs=None,
+                 eval_dataset=None, processing_class=None, model_init=None, compute_loss_func=None,
+                 compute_metrics=None, callbacks=None, optimizers=(None, None), optimizer_cls_and_kwargs=None,
                  preprocess_logits_for_metrics=None, parallelism=None):
         if args is None:
             args = TrainingArguments(output_dir="tmp_trainer")
         if not isinstance(args, TrainingArguments):
             raise TypeError(f"args must be a TrainingArguments, got {type(args).__name__}")
+        self.model_init = model_init
+        if model_init is not None and optimizers[0] is not None:
+            raise RuntimeError("Passing a `model_init` is incompatible with providing the `optimizers` argument. You "
+                               "should subclass `Trainer` and override the `create_optimizer_and_scheduler` method.")
         if model is None:
-            raise ValueError("Trainer requires a `model`")
+            if model_init is None:
+                raise RuntimeError("`Trainer` requires either a `model` or `model_init` argument")
+            self._seed(args)
+            model = self.call_model_init()
+        elif model_init is not None:
+            logger.warning("`Trainer` requires either a `model` or `model_init` argument, but not both. `model_init` "
+                           "will overwrite your model when calling the `train` method.")
         args.check_supported()
         if args.full_determinism:
             enable_full_determinism(args.seed)
@@ -118,11 +130,32 @@ class Trainer(TrainerLoop):
         if args.push_to_hub:
             self.init_hf_repo()
 
+    @staticmethod
+    def _seed(args) -> None:
+        (enable_full_determinism if args.full_determinism else set_seed)(args.seed)
+
+    def call_model_init(self, trial=None):
+        """A fresh model from ``model_init()`` (or ``model_init(trial)``)."""
+        takes_trial = len(inspect.signature(self.model_init).parameters) > 0
+        model = self.model_init(trial) if takes_trial else self.model_init()
+        if model is None:
+            raise RuntimeError("model_init should not return None.")
+        return model
+
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None):
-        """The core ``train`` with transformers' signature; ``trial`` belongs to hyper-parameter search, which
-        hf-lite has not."""
+        """The core ``train`` with transformers' signature. With ``model_init`` the model is made anew first (after
+        seeding) with a new optimizer and schedule, as in transformers. ``trial`` belongs to hyper-parameter search,
+        which hf-lite has not."""
         if trial is not None:
             raise ValueError("trial: hf-lite's Trainer has no hyperparameter_search; call train() without a trial")
+        if self.model_init is not None:
+            self._seed(self.args)
+            model = self.call_model_init().to(self.args.device)
+            if getattr(model, "config", None) is not None:
+                model.config.use_cache = self.args.use_cache
+            self.model = self.model_wrapped = self.callback_handler.model = model
+            self.optimizer = self.lr_scheduler = None
+            self.callback_handler.optimizer = self.callback_handler.lr_scheduler = None
         return super().train(resume_from_checkpoint, ignore_keys_for_eval)
 
     def add_callback(self, callback) -> None:
