@@ -482,3 +482,23 @@ def test_model_init_trains_a_fresh_model_as_transformers(tmp_path, trained_token
     assert runs[1] == pytest.approx(runs[0], rel=1e-6) and runs[1][:2] == runs[1][2:]
     with pytest.raises(RuntimeError, match="requires either a `model` or `model_init`"):
         hf_lite.Trainer(None, hf_lite.TrainingArguments(output_dir=str(tmp_path / "x"), report_to="none"))
+
+
+def test_logging_helpers_match_transformers():
+    import hf_lite.utils.logging as ours
+    import transformers.utils.logging as theirs
+
+    assert ours.get_log_levels_dict() == theirs.get_log_levels_dict()
+    for lib in (ours, theirs):
+        handler = logging.NullHandler()
+        lib.add_handler(handler)
+        assert handler in lib.get_logger().handlers
+        lib.remove_handler(handler)
+        assert handler not in lib.get_logger().handlers
+        lib.disable_progress_bar()
+        assert not lib.is_progress_bar_enabled() and lib.tqdm(range(3)).disable
+        lib.enable_progress_bar()
+        assert lib.is_progress_bar_enabled() and list(lib.tqdm(range(3), disable=True)) == [0, 1, 2]
+        lib.captureWarnings(True)
+        assert logging.getLogger("py.warnings").handlers
+        lib.captureWarnings(False)

@@ -94,3 +94,57 @@ def enable_propagation() -> None:
 
 def disable_propagation() -> None:
     _root().propagate = False
+
+
+def get_log_levels_dict() -> dict[str, int]:
+    return {"detail": DEBUG, "debug": DEBUG, "info": INFO, "warning": WARNING, "error": ERROR, "critical": CRITICAL}
+
+
+def add_handler(handler: logging.Handler) -> None:
+    """Add a handler to the library's root logger."""
+    _configure_library_root_logger()
+    if handler is None:
+        raise ValueError("add_handler needs a logging.Handler, got None")
+    _root().addHandler(handler)
+
+
+def remove_handler(handler: logging.Handler) -> None:
+    _configure_library_root_logger()
+    if handler is None or handler not in _root().handlers:
+        raise ValueError(f"{handler!r} is not a handler of the {_LIBRARY!r} logger")
+    _root().removeHandler(handler)
+
+
+def captureWarnings(capture: bool) -> None:  # noqa: N802  (the stdlib's and transformers' name)
+    """Route ``warnings`` through the ``py.warnings`` logger, at the library's level, with its default handler."""
+    _configure_library_root_logger()
+    logger = logging.getLogger("py.warnings")
+    if not logger.handlers:
+        logger.addHandler(_default_handler)
+    logger.setLevel(_root().level)
+    logging.captureWarnings(capture)
+
+
+_progress_bars = True
+
+
+def disable_progress_bar() -> None:
+    """Bars made with this module's ``tqdm`` off for the process (the Trainer's follow ``disable_tqdm``)."""
+    global _progress_bars
+    _progress_bars = False
+
+
+def enable_progress_bar() -> None:
+    global _progress_bars
+    _progress_bars = True
+
+
+def is_progress_bar_enabled() -> bool:
+    return _progress_bars
+
+
+def tqdm(*args, **kwargs):
+    """``tqdm.auto.tqdm``, disabled while ``disable_progress_bar()`` is in effect."""
+    from tqdm.auto import tqdm as auto_tqdm
+
+    return auto_tqdm(*args, **{**kwargs, "disable": kwargs.get("disable", False) or not _progress_bars})
