@@ -368,3 +368,18 @@ def test_create_model_card_writes_transformers_card(tmp_path, blocks, trained_to
     assert _card_without_versions(ours_card) == _card_without_versions(theirs_card)
     assert "| Training Loss | Epoch | Step | Validation Loss | Accuracy |" in ours_card
     assert "### Framework versions\n\n- hf-lite" in ours_card
+
+
+def test_pipeline_push_to_hub_matches_transformers(tmp_path, hub, trained_tokenizer_dir):
+    theirs, ours = _pair(tmp_path)
+    t_tok, o_tok = _tokenizer_pair(tmp_path, trained_tokenizer_dir)
+    transformers.pipeline("text-generation", model=theirs, tokenizer=t_tok).push_to_hub("org/pipe")
+    expected = hub.take()
+    hf_lite.pipeline("text-generation", model=ours, tokenizer=o_tok).push_to_hub("org/pipe")
+    got = hub.take()
+    assert [c[:3] for c in got] == [c[:3] for c in expected]
+    assert got[-1][2]["commit_message"] == "Upload TextGenerationPipeline"
+    t_files, o_files = expected[-1][3], got[-1][3]
+    assert {"README.md", "config.json", "model.safetensors", "tokenizer.json"} <= set(o_files) & set(t_files)
+    weights = "model.safetensors"
+    _same_weights({weights: t_files[weights]}, {weights: o_files[weights]})
