@@ -281,6 +281,9 @@ def test_trainer_helper_methods_match_transformers(tmp_path, trained_tokenizer_d
     param = ours.model.norm.weight
     assert o.get_optimizer_group(param)["weight_decay"] == 0.0
     assert o.num_examples(o.get_train_dataloader()) == t.num_examples(t.get_train_dataloader()) == 8
+    for name in ("get_tp_size", "get_cp_size", "get_sp_size"):
+        assert getattr(o, name)() == getattr(t, name)() == 1
+    assert o.get_total_train_batch_size(o.args) == t.get_total_train_batch_size(t.args) == 4
     metrics = {"train_runtime": 3725.456, "total_flos": 5 * 2**30 + 7, "train_loss": 1.234567,
                "train_mem_cpu_alloc_delta": 3 << 20, "epoch": 2}
     # transformers binds the module function as a method, so only the function is callable there

@@ -209,6 +209,20 @@ class Trainer(TrainerLoop):
         self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
         return self.optimizer
 
+    def get_tp_size(self) -> int:
+        """Tensor-parallel ranks: 1 (hf-lite parallelises data only; another engine comes through ``parallelism``)."""
+        return 1
+
+    def get_cp_size(self) -> int:
+        return 1
+
+    def get_sp_size(self) -> int:
+        return 1
+
+    def get_total_train_batch_size(self, args) -> int:
+        """Examples per optimizer step over all ranks."""
+        return args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
         self.create_optimizer()
         self.create_scheduler(num_training_steps=num_training_steps)
