@@ -120,7 +120,15 @@ def _assert_same_run(ckpt, mixed_precision, output_dir):
     torch.testing.assert_close(flat, expected, rtol=1e-6, atol=0)
     assert flat[-1] < flat[6], "sanity: the perplexity falls between the epochs"
     for key, value in our_model.state_dict().items():
-        torch.testing.assert_close(value, their_model.state_dict()[key], rtol=1e-5, atol=1e-6, msg=key)
+        want = their_model.state_dict()[key]
+        if key.endswith("attn.c_attn.bias"):
+            # GPT-2's key bias: its gradient is mathematically zero (softmax is shift-invariant per query), so both
+            # runs step it by rounding noise through AdamW (lr 3e-3 x |g| / eps 1e-8, ~1e-7 a step), which depends
+            # on the kernels' summation order (the thread count): compared at that scale, the rest as the others
+            n = value.numel() // 3
+            torch.testing.assert_close(value[n:2 * n], want[n:2 * n], rtol=0, atol=1e-5, msg=key)
+            value, want = torch.cat([value[:n], value[2 * n:]]), torch.cat([want[:n], want[2 * n:]])
+        torch.testing.assert_close(value, want, rtol=1e-5, atol=1e-6, msg=key)
     saved = transformers.AutoModelForCausalLM.from_pretrained(output_dir)  # save_function=accelerator.save
     for key, value in saved.state_dict().items():
         torch.testing.assert_close(value, our_model.state_dict()[key].float(), rtol=0, atol=0, msg=key)
