@@ -1,7 +1,8 @@
 """Run a function on N spawned ranks with torch.distributed initialised, and fail loudly.
 
 The shape of torch's ``MultiProcessTestCase`` and DeepSpeed's ``DistributedTest``: ranks are
-spawned (fork deadlocks with gloo), rendezvous through a TCPStore the parent binds on port 0
+started from a fork server that imported torch (a process that never ran gloo: forking the test process itself
+deadlocks with gloo), rendezvous through a TCPStore the parent binds on port 0
 (no MASTER_PORT races under pytest-xdist), and the parent watches every rank so a raise,
 a death or a hang fails the test with the rank named instead of hanging the run.
 
@@ -63,8 +64,21 @@ class _Pool:
 _pool: _Pool | None = None
 
 
+_PRELOAD = ["torch", "torch.distributed", "harness.worker"]
+
+
+def _context(env: dict | None):
+    """Ranks come from a fork server that has imported torch once (no process group, no threads: safe to fork),
+    so a new rank costs no import; ranks whose ``env`` must be set before anything is imported are spawned."""
+    if env:
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 def _spawn(world_size: int, env: dict | None) -> _Pool:
-    ctx = mp.get_context("spawn")
+    ctx = _context(env)
     pool = _Pool(results=ctx.Queue())
     saved = dict(os.environ)
     try:
