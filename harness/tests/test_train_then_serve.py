@@ -180,19 +180,20 @@ def test_the_default_command_in_reduced_form(default_run):
 
 
 def _rank_children(pid: int) -> set[int]:
-    """The spawned rank processes of ``pid`` (multiprocessing's resource tracker, which leaves with its parent, is
-    not a rank)."""
-    kids = set()
+    """The rank processes of ``pid``: spawned children of it, or children of its multiprocessing fork server
+    (harness.run_ranks forks ranks from one; multiprocessing's resource tracker, which leaves with its parent, and
+    the fork server itself are not ranks)."""
+    procs = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+                procs[int(entry.name)] = (int(fields[1]), (entry / "cmdline").read_bytes().decode(errors="replace"))
             except OSError:
                 continue
-            if int(fields[1]) == pid and "spawn_main" in cmdline and "resource_tracker" not in cmdline:
-                kids.add(int(entry.name))
-    return kids
+    servers = {p for p, (ppid, cmd) in procs.items() if ppid == pid and "forkserver" in cmd}
+    return {p for p, (ppid, cmd) in procs.items()
+            if (ppid == pid and "spawn_main" in cmd and "resource_tracker" not in cmd) or ppid in servers}
 
 
 def _alive(pid: int) -> bool:
