@@ -1,9 +1,8 @@
-"""The transformers names unseen scripts reach for first, side by side with transformers: the logits processors a
-script builds itself, the learning-rate schedules, ``enable_full_determinism``, the collators' signatures,
+"""The transformers names unseen scripts reach for first, side by side with transformers: the learning-rate
+schedules, ``enable_full_determinism``, the collators' signatures,
 ``TrainingArguments``' grouped setters and extra fields, the Trainer's helper methods, and the import paths.
 
-Mirrors transformers' tests/generation/test_logits_process.py (typical, epsilon, eta, forced BOS/EOS, exponential
-decay, normalization, suppress-at-begin, prefix-constrained, sequence bias), tests/optimization/test_optimization.py
+Mirrors transformers' tests/optimization/test_optimization.py
 (ScheduleInitTest), tests/trainer/test_data_collator.py and the setter cases of tests/trainer/test_trainer.py."""
 
 import dataclasses
@@ -16,89 +15,9 @@ import hf_lite.integrations
 import hf_lite.utils
 import pytest
 import torch
-from hf_lite_testing import make_model, trainer_model
+from hf_lite_testing import trainer_model
 
 transformers = pytest.importorskip("transformers")
-
-
-# ---------------------------------------------------------------------- logits processors
-def _scores(batch=3, vocab=40, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    scores = torch.randn(batch, vocab, generator=g) * 3
-    scores[0, 5] = -float("inf")  # a masked token, as after an earlier processor
-    return scores, torch.randint(0, vocab, (batch, 7), generator=g)
-
-
-PROCESSORS = [
-    ("TypicalLogitsWarper", dict(mass=0.6)),
-    ("TypicalLogitsWarper", dict(mass=0.2, min_tokens_to_keep=4)),
-    ("EpsilonLogitsWarper", dict(epsilon=0.03)),
-    ("EpsilonLogitsWarper", dict(epsilon=0.5, min_tokens_to_keep=3, filter_value=-1e4)),
-    ("EtaLogitsWarper", dict(epsilon=0.05)),
-    ("EtaLogitsWarper", dict(epsilon=0.9, min_tokens_to_keep=2)),
-    ("LogitNormalization", dict()),
-    ("ForcedBOSTokenLogitsProcessor", dict(bos_token_id=3)),
-    ("ForcedEOSTokenLogitsProcessor", dict(max_length=8, eos_token_id=[2, 9])),
-    ("ExponentialDecayLengthPenalty", dict(exponential_decay_length_penalty=(2, 1.5), eos_token_id=[5, 7],
-                                           input_ids_seq_length=3)),
-    ("SuppressTokensAtBeginLogitsProcessor", dict(begin_suppress_tokens=[1, 4], begin_index=7)),
-    ("PrefixConstrainedLogitsProcessor", dict(prefix_allowed_tokens_fn=lambda b, s: [b, int(s[-1]) % 40, 5],
-                                              num_beams=1)),
-    ("SequenceBiasLogitsProcessor", dict(sequence_bias=[[[4], 2.5], [[1, 2], -3.0], [[7, 8, 9], 1.0]])),
-    ("SequenceBiasLogitsProcessor", dict(sequence_bias={(11,): -1.5, (3, 12): 4.0})),
-]
-
-
-@pytest.mark.parametrize("name,kwargs", PROCESSORS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(PROCESSORS)])
-def test_logits_processors_match_transformers(name, kwargs):
-    ours, theirs = getattr(hf_lite, name)(**kwargs), getattr(transformers, name)(**kwargs)
-    assert list(inspect.signature(type(ours)).parameters) == list(inspect.signature(type(theirs)).parameters)
-    for seed in range(4):
-        scores, input_ids = _scores(seed=seed)
-        if name == "SequenceBiasLogitsProcessor":  # make the prefixes occur
-            input_ids[0, -2:] = torch.tensor([7, 8])
-            input_ids[1, -1] = 1
-            input_ids[2, -1] = 3
-        for length in (1, 7):  # the forced / begin / decay processors act at one length only
-            ids = input_ids[:, :length]
-            if name == "ExponentialDecayLengthPenalty":
-                ids = torch.cat([input_ids, input_ids], dim=1)
-            expected = theirs(ids, scores.clone())
-            got = ours(ids, scores.clone())
-            torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    assert hf_lite.generation.__dict__[name] is type(ours)
-
-
-def test_processors_from_hf_lite_steer_generate_as_in_transformers(tmp_path):
-    ours = make_model("llama")
-    ours.save_pretrained(tmp_path)
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
-    prompt = torch.tensor([[3, 17, 42, 8]])
-    for lib, model in ((hf_lite, ours), (transformers, theirs)):
-        processors = lib.LogitsProcessorList([lib.SequenceBiasLogitsProcessor([[[11], 5.0]]),
-                                              lib.ExponentialDecayLengthPenalty((2, 2.0), 2, prompt.shape[1])])
-        torch.manual_seed(0)
-        out = model.generate(prompt, max_new_tokens=8, do_sample=True, logits_processor=processors,
-                             pad_token_id=0)
-        if lib is hf_lite:
-            got = out
-        else:
-            expected = out
-    assert torch.equal(got, expected)
-
-
-@pytest.mark.parametrize("name,bad,match", [
-    ("TypicalLogitsWarper", dict(mass=1.5), "typical_p"),
-    ("EpsilonLogitsWarper", dict(epsilon=0.0), "epsilon_cutoff"),
-    ("EtaLogitsWarper", dict(epsilon=0.1, min_tokens_to_keep=0), "min_tokens_to_keep"),
-    ("ForcedEOSTokenLogitsProcessor", dict(max_length=5, eos_token_id=-1), "eos_token_id"),
-    ("SequenceBiasLogitsProcessor", dict(sequence_bias={(1,): 2}), "floats"),
-    ("SequenceBiasLogitsProcessor", dict(sequence_bias=[]), "non-empty"),
-])
-def test_processor_argument_errors_as_transformers(name, bad, match):
-    for lib in (hf_lite, transformers):
-        with pytest.raises(ValueError, match=match):
-            getattr(lib, name)(**bad)
 
 
 # ---------------------------------------------------------------------- schedules
@@ -362,46 +281,6 @@ def test_signatures_scripts_call_match_transformers(tmp_path, trained_tokenizer_
                                                                          report_to="none"))
     with pytest.raises(ValueError, match="trial: hf-lite's Trainer has no hyperparameter_search"):
         trainer.train(trial={"learning_rate": 1e-3})
-
-
-@pytest.mark.parametrize("kind", ["TextIteratorStreamer", "AsyncTextIteratorStreamer"])
-def test_streamers_yield_the_chunks_transformers_yields(tmp_path, trained_tokenizer_dir, kind):
-    """transformers 5's chunking: whole words and CJK characters at once, the rest up to the last space, the
-    newline's token kept; an empty chunk for every step that finalises nothing, and at the end."""
-    import asyncio
-    import threading
-
-    ours_model = make_model("gpt2", vocab_size=800)
-    ours_model.save_pretrained(tmp_path)
-    theirs_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
-
-    def run(lib, model, streamer, prompt):
-        torch.manual_seed(3)
-        kwargs = dict(**prompt, max_new_tokens=40, streamer=streamer, do_sample=True, top_k=0, pad_token_id=0)
-        thread = threading.Thread(target=model.generate, kwargs=kwargs)
-        thread.start()
-        return thread
-
-    async def pieces_async(lib, model, tok, prompt):
-        streamer = lib.AsyncTextIteratorStreamer(tok, skip_prompt=True, timeout=60)
-        thread = run(lib, model, streamer, prompt)
-        pieces = [piece async for piece in streamer]
-        thread.join()
-        return pieces
-
-    results = []
-    for lib, model in ((hf_lite, ours_model), (transformers, theirs_model)):
-        tok = lib.AutoTokenizer.from_pretrained(trained_tokenizer_dir)
-        prompt = tok("def main():\n    return", return_tensors="pt")
-        if kind == "AsyncTextIteratorStreamer":
-            results.append(asyncio.run(pieces_async(lib, model, tok, prompt)))
-        else:
-            streamer = lib.TextIteratorStreamer(tok, skip_prompt=True, timeout=60)
-            thread = run(lib, model, streamer, prompt)
-            results.append(list(streamer))
-            thread.join()
-    ours, theirs = results
-    assert ours == theirs and len("".join(ours).strip()) > 10
 
 
 def test_hf_argument_parser_parse_yaml_file_matches_transformers(tmp_path):

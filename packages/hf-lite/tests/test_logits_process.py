@@ -3,12 +3,17 @@
 The second half ports transformers' tests/generation/test_logits_process.py for the processors hf-lite has.
 """
 
+import inspect
 import math
 
+import hf_lite
+import hf_lite.generation
 import pytest
 import torch
+import transformers
 import transformers.generation.logits_process as T
 from hf_lite.generation import logits_process as L
+from hf_lite_testing import make_model
 
 INF = -float("inf")
 
@@ -266,3 +271,85 @@ def test_remove_nan_inf_logits_processor():
     finfo = torch.finfo(out.dtype)
     torch.testing.assert_close(out, torch.tensor([[0.0, 0.7, 0.8, 0.0], [0.1, finfo.max, 0.3, finfo.min]]))
     assert not torch.all(scores == out), "not in place"
+
+
+# ---------------------------------------------------------------------- the processors scripts build themselves:
+# transformers' tests of typical, epsilon, eta, forced BOS/EOS, exponential decay, normalization, suppress-at-begin,
+# prefix-constrained and sequence bias
+def _scores(batch=3, vocab=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(batch, vocab, generator=g) * 3
+    scores[0, 5] = -float("inf")  # a masked token, as after an earlier processor
+    return scores, torch.randint(0, vocab, (batch, 7), generator=g)
+
+
+PROCESSORS = [
+    ("TypicalLogitsWarper", dict(mass=0.6)),
+    ("TypicalLogitsWarper", dict(mass=0.2, min_tokens_to_keep=4)),
+    ("EpsilonLogitsWarper", dict(epsilon=0.03)),
+    ("EpsilonLogitsWarper", dict(epsilon=0.5, min_tokens_to_keep=3, filter_value=-1e4)),
+    ("EtaLogitsWarper", dict(epsilon=0.05)),
+    ("EtaLogitsWarper", dict(epsilon=0.9, min_tokens_to_keep=2)),
+    ("LogitNormalization", dict()),
+    ("ForcedBOSTokenLogitsProcessor", dict(bos_token_id=3)),
+    ("ForcedEOSTokenLogitsProcessor", dict(max_length=8, eos_token_id=[2, 9])),
+    ("ExponentialDecayLengthPenalty", dict(exponential_decay_length_penalty=(2, 1.5), eos_token_id=[5, 7],
+                                           input_ids_seq_length=3)),
+    ("SuppressTokensAtBeginLogitsProcessor", dict(begin_suppress_tokens=[1, 4], begin_index=7)),
+    ("PrefixConstrainedLogitsProcessor", dict(prefix_allowed_tokens_fn=lambda b, s: [b, int(s[-1]) % 40, 5],
+                                              num_beams=1)),
+    ("SequenceBiasLogitsProcessor", dict(sequence_bias=[[[4], 2.5], [[1, 2], -3.0], [[7, 8, 9], 1.0]])),
+    ("SequenceBiasLogitsProcessor", dict(sequence_bias={(11,): -1.5, (3, 12): 4.0})),
+]
+
+
+@pytest.mark.parametrize("name,kwargs", PROCESSORS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(PROCESSORS)])
+def test_logits_processors_match_transformers(name, kwargs):
+    ours, theirs = getattr(hf_lite, name)(**kwargs), getattr(transformers, name)(**kwargs)
+    assert list(inspect.signature(type(ours)).parameters) == list(inspect.signature(type(theirs)).parameters)
+    for seed in range(4):
+        scores, input_ids = _scores(seed=seed)
+        if name == "SequenceBiasLogitsProcessor":  # make the prefixes occur
+            input_ids[0, -2:] = torch.tensor([7, 8])
+            input_ids[1, -1] = 1
+            input_ids[2, -1] = 3
+        for length in (1, 7):  # the forced / begin / decay processors act at one length only
+            ids = input_ids[:, :length]
+            if name == "ExponentialDecayLengthPenalty":
+                ids = torch.cat([input_ids, input_ids], dim=1)
+            expected = theirs(ids, scores.clone())
+            got = ours(ids, scores.clone())
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert hf_lite.generation.__dict__[name] is type(ours)
+
+
+def test_processors_from_hf_lite_steer_generate_as_in_transformers(tmp_path):
+    ours = make_model("llama")
+    ours.save_pretrained(tmp_path)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    prompt = torch.tensor([[3, 17, 42, 8]])
+    for lib, model in ((hf_lite, ours), (transformers, theirs)):
+        processors = lib.LogitsProcessorList([lib.SequenceBiasLogitsProcessor([[[11], 5.0]]),
+                                              lib.ExponentialDecayLengthPenalty((2, 2.0), 2, prompt.shape[1])])
+        torch.manual_seed(0)
+        out = model.generate(prompt, max_new_tokens=8, do_sample=True, logits_processor=processors,
+                             pad_token_id=0)
+        if lib is hf_lite:
+            got = out
+        else:
+            expected = out
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("name,bad,match", [
+    ("TypicalLogitsWarper", dict(mass=1.5), "typical_p"),
+    ("EpsilonLogitsWarper", dict(epsilon=0.0), "epsilon_cutoff"),
+    ("EtaLogitsWarper", dict(epsilon=0.1, min_tokens_to_keep=0), "min_tokens_to_keep"),
+    ("ForcedEOSTokenLogitsProcessor", dict(max_length=5, eos_token_id=-1), "eos_token_id"),
+    ("SequenceBiasLogitsProcessor", dict(sequence_bias={(1,): 2}), "floats"),
+    ("SequenceBiasLogitsProcessor", dict(sequence_bias=[]), "non-empty"),
+])
+def test_processor_argument_errors_as_transformers(name, bad, match):
+    for lib in (hf_lite, transformers):
+        with pytest.raises(ValueError, match=match):
+            getattr(lib, name)(**bad)

@@ -2,9 +2,13 @@
 
 import threading
 
+import hf_lite
+import pytest
 import torch
 from hf_lite import GPT2Tokenizer, TextIteratorStreamer, TextStreamer
 from hf_lite_testing import make_model
+
+transformers = pytest.importorskip("transformers")
 
 
 def _model_and_tokenizer(trained_tokenizer_dir):
@@ -78,3 +82,43 @@ def test_streamer_and_stop_strings_survive_ids_past_the_tokenizer(trained_tokeni
     )
     assert (out >= len(tok)).sum() >= 3, "sanity: padded ids were generated"
     assert capsys.readouterr().out == tok.decode(out[0]) + "\n"
+
+
+@pytest.mark.parametrize("kind", ["TextIteratorStreamer", "AsyncTextIteratorStreamer"])
+def test_streamers_yield_the_chunks_transformers_yields(tmp_path, trained_tokenizer_dir, kind):
+    """transformers 5's chunking: whole words and CJK characters at once, the rest up to the last space, the
+    newline's token kept; an empty chunk for every step that finalises nothing, and at the end."""
+    import asyncio
+    import threading
+
+    ours_model = make_model("gpt2", vocab_size=800)
+    ours_model.save_pretrained(tmp_path)
+    theirs_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+
+    def run(lib, model, streamer, prompt):
+        torch.manual_seed(3)
+        kwargs = dict(**prompt, max_new_tokens=40, streamer=streamer, do_sample=True, top_k=0, pad_token_id=0)
+        thread = threading.Thread(target=model.generate, kwargs=kwargs)
+        thread.start()
+        return thread
+
+    async def pieces_async(lib, model, tok, prompt):
+        streamer = lib.AsyncTextIteratorStreamer(tok, skip_prompt=True, timeout=60)
+        thread = run(lib, model, streamer, prompt)
+        pieces = [piece async for piece in streamer]
+        thread.join()
+        return pieces
+
+    results = []
+    for lib, model in ((hf_lite, ours_model), (transformers, theirs_model)):
+        tok = lib.AutoTokenizer.from_pretrained(trained_tokenizer_dir)
+        prompt = tok("def main():\n    return", return_tensors="pt")
+        if kind == "AsyncTextIteratorStreamer":
+            results.append(asyncio.run(pieces_async(lib, model, tok, prompt)))
+        else:
+            streamer = lib.TextIteratorStreamer(tok, skip_prompt=True, timeout=60)
+            thread = run(lib, model, streamer, prompt)
+            results.append(list(streamer))
+            thread.join()
+    ours, theirs = results
+    assert ours == theirs and len("".join(ours).strip()) > 10
